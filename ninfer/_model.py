@@ -1,0 +1,200 @@
+"""The llama transformer in torch, with a paged KV cache.
+
+Shapes: B rows (requests), T query positions per row, D head dim, H query heads,
+G kv heads, P pages per row, S tokens per page. Weights follow the GGUF layout
+([out, in], torch Linear order). Q and K rows are stored in llama.cpp's
+interleaved-pair rotary convention, so rotary embedding rotates adjacent pairs
+(done as a complex multiply) on the weights exactly as stored.
+
+Batch invariance: every op here is row-independent, and the reductions inside
+each row (matmul over the model dimension, attention over the row's keys) do not
+depend on which other rows share the batch in float32 on CPU: a request decoded
+alone or in any batch gets bit-identical logits. Padding keys beyond a row's
+length are masked out and read zeros (the page pool is zeroed as pages are
+handed out), never garbage.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from ninfer._gguf import GGUFFile, ModelArgs
+
+__all__ = ["KVPages", "Transformer", "load_transformer"]
+
+
+@attrs.define(eq=False)
+class Layer:
+    attn_norm: torch.Tensor  # (dim,)
+    wqkv: torch.Tensor  # (dim + 2 * kv_dim, dim)
+    wo: torch.Tensor  # (dim, dim)
+    ffn_norm: torch.Tensor  # (dim,)
+    w_gate_up: torch.Tensor  # (2 * ffn, dim)
+    w_down: torch.Tensor  # (dim, ffn)
+
+
+@attrs.define(eq=False)
+class KVPages:
+    """The key/value page pool: (layers, pages, page_size, kv_heads, head_dim) each.
+
+    Page 0 is reserved as an always-zero padding page; real pages are 1..n_pages.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    page_size: int
+
+    @classmethod
+    def allocate(
+        cls, args: ModelArgs, *, n_pages: int, page_size: int, dtype: torch.dtype, device: str
+    ) -> KVPages:
+        shape = (args.n_layers, n_pages + 1, page_size, args.n_kv_heads, args.head_dim)
+        # empty, not zeros: pages are zeroed when handed out (`zero_pages`), so memory
+        # for pages never used is never touched and does not count in RSS.
+        k = torch.empty(shape, dtype=dtype, device=device)
+        v = torch.empty(shape, dtype=dtype, device=device)
+        k[:, 0].zero_()
+        v[:, 0].zero_()
+        return cls(k=k, v=v, page_size=page_size)
+
+    @property
+    def n_pages(self) -> int:
+        return int(self.k.shape[1]) - 1
+
+    def zero_pages(self, pages: list[int]) -> None:
+        idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
+        self.k.index_fill_(1, idx, 0.0)
+        self.v.index_fill_(1, idx, 0.0)
+
+
+def _rope_table(args: ModelArgs, length: int, device: str) -> torch.Tensor:
+    """(length, D/2) complex64 rotations for positions 0..length-1."""
+    half = args.head_dim // 2
+    inv = 1.0 / (args.rope_base ** (torch.arange(0, half, dtype=torch.float64) * 2 / args.head_dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float64), inv)
+    return torch.polar(torch.ones_like(angles), angles).to(torch.complex64).to(device)
+
+
+def _apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """x (B, T, heads, D) rotated by rot (B, T, D/2) on adjacent pairs."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, T, h, D/2)
+    out = torch.view_as_real(xc * rot.unsqueeze(2)).flatten(3)  # (B, T, h, D)
+    return out.to(x.dtype)
+
+
+@attrs.define(eq=False)
+class Transformer:
+    args: ModelArgs
+    embedding: torch.Tensor  # (vocab, dim)
+    layers: list[Layer]
+    norm: torch.Tensor  # (dim,)
+    lm_head: torch.Tensor  # (vocab, dim), the embedding itself when tied
+    rope: torch.Tensor  # (max_positions, D/2) complex64
+    dtype: torch.dtype
+    device: str
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        page_table: torch.Tensor,
+        kv: KVPages,
+        *,
+        last_only: bool,
+    ) -> torch.Tensor:
+        """Run T new positions for each of B rows; write their K/V, return float32 logits.
+
+        tokens, positions: (B, T) long; positions are absolute per row.
+        page_table: (B, P) long, page ids of each row (padding rows point to page 0).
+        Returns (B, V) logits of each row's last position when `last_only`, else (B, T, V).
+        """
+        a = self.args
+        B, T = tokens.shape
+        P = page_table.shape[1]
+        S = kv.page_size
+        assert positions.shape == (B, T)
+        assert int(positions.max()) < P * S, "positions beyond the row's pages"
+        rot = self.rope[positions]  # (B, T, D/2)
+        # Which page slot each new position writes: (B, T) page ids and offsets.
+        write_page = torch.gather(page_table, 1, positions // S)
+        write_off = positions % S
+        # Key index j of a row is visible to query t iff j <= positions[t].
+        key_pos = torch.arange(P * S, device=self.device)
+        mask = key_pos.view(1, 1, 1, -1) <= positions.view(B, 1, T, 1)  # (B, 1, T, P*S)
+
+        x = F.embedding(tokens, self.embedding)  # (B, T, dim)
+        q_end = a.n_heads * a.head_dim
+        k_end = q_end + a.kv_dim
+        for li, layer in enumerate(self.layers):
+            h = F.rms_norm(x, (a.dim,), layer.attn_norm, a.norm_eps)
+            qkv = F.linear(h, layer.wqkv)  # (B, T, dim + 2*kv_dim)
+            q = qkv[..., :q_end].view(B, T, a.n_heads, a.head_dim)
+            k = qkv[..., q_end:k_end].view(B, T, a.n_kv_heads, a.head_dim)
+            v = qkv[..., k_end:].view(B, T, a.n_kv_heads, a.head_dim)
+            q = _apply_rope(q, rot)
+            k = _apply_rope(k, rot)
+            kv.k[li].index_put_((write_page, write_off), k)
+            kv.v[li].index_put_((write_page, write_off), v)
+            keys = kv.k[li][page_table].view(B, P * S, a.n_kv_heads, a.head_dim)
+            values = kv.v[li][page_table].view(B, P * S, a.n_kv_heads, a.head_dim)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2),  # (B, H, T, D)
+                keys.transpose(1, 2),  # (B, G, P*S, D)
+                values.transpose(1, 2),
+                attn_mask=mask,
+                enable_gqa=True,
+            )  # (B, H, T, D)
+            x = x + F.linear(attn.transpose(1, 2).reshape(B, T, a.dim), layer.wo)
+            h = F.rms_norm(x, (a.dim,), layer.ffn_norm, a.norm_eps)
+            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)  # (B, T, ffn) each
+            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+        if last_only:
+            x = x[:, -1]  # (B, dim)
+        x = F.rms_norm(x, (a.dim,), self.norm, a.norm_eps)
+        return F.linear(x, self.lm_head).float()
+
+
+def load_transformer(
+    gguf: GGUFFile, *, dtype: torch.dtype, device: str, max_positions: int
+) -> Transformer:
+    """Build the model from a GGUF file: dequantize, fuse QKV and gate/up, tie the head."""
+    a = gguf.args
+
+    def w(name: str) -> torch.Tensor:
+        return gguf.tensor(name, dtype).to(device)
+
+    def norm(name: str) -> torch.Tensor:
+        return gguf.tensor(name, torch.float32).to(dtype).to(device)
+
+    layers = []
+    for i in range(a.n_layers):
+        p = f"blk.{i}."
+        wqkv = torch.cat([w(p + "attn_q.weight"), w(p + "attn_k.weight"), w(p + "attn_v.weight")])
+        assert wqkv.shape == (a.n_heads * a.head_dim + 2 * a.kv_dim, a.dim)
+        gate_up = torch.cat([w(p + "ffn_gate.weight"), w(p + "ffn_up.weight")])
+        assert gate_up.shape == (2 * a.ffn_dim, a.dim)
+        layers.append(
+            Layer(
+                attn_norm=norm(p + "attn_norm.weight"),
+                wqkv=wqkv,
+                wo=w(p + "attn_output.weight"),
+                ffn_norm=norm(p + "ffn_norm.weight"),
+                w_gate_up=gate_up,
+                w_down=w(p + "ffn_down.weight"),
+            )
+        )
+    embedding = w("token_embd.weight")
+    assert embedding.shape == (a.vocab_size, a.dim), embedding.shape
+    lm_head = w("output.weight") if gguf.has_tensor("output.weight") else embedding
+    return Transformer(
+        args=a,
+        embedding=embedding,
+        layers=layers,
+        norm=norm("output_norm.weight"),
+        lm_head=lm_head,
+        rope=_rope_table(a, max_positions, device),
+        dtype=dtype,
+        device=device,
+    )

@@ -1,0 +1,99 @@
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, presence/frequency penalties.
+
+Every sampled row draws from its own `torch.Generator`, seeded per request, and
+operates on its own float32 logits row, so a seeded request samples the same
+tokens alone, in any batch and in any process (given bit-identical logits, which
+the model guarantees in its batch-invariant dtype).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import attrs
+import torch
+
+__all__ = ["RowSampler", "SamplingParams", "sample_rows"]
+
+MAX_SEED = 2**63 - 1
+
+
+@attrs.frozen
+class SamplingParams:
+    """How one request picks its tokens. temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    min_p: float = 0.0  # 0.0: off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+@attrs.define(eq=False)
+class RowSampler:
+    """Per-request sampling state: its generator and its output-token counts."""
+
+    params: SamplingParams
+    seed: int
+    generator: torch.Generator | None
+    counts: torch.Tensor | None  # (V,) float32 counts of output tokens, when penalized
+
+    @classmethod
+    def create(cls, params: SamplingParams, vocab_size: int) -> RowSampler:
+        seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED)
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(seed)
+        counts = torch.zeros(vocab_size, dtype=torch.float32) if params.penalized else None
+        return cls(params=params, seed=seed, generator=gen, counts=counts)
+
+    def observe(self, token: int) -> None:
+        if self.counts is not None:
+            self.counts[token] += 1.0
+
+    def pick(self, logits: torch.Tensor) -> int:
+        """Choose one token from a (V,) float32 logits row."""
+        p = self.params
+        if self.counts is not None:
+            logits = logits - p.frequency_penalty * self.counts
+            logits = logits - p.presence_penalty * (self.counts > 0).float()
+        if p.greedy:
+            return int(torch.argmax(logits))
+        logits = logits / p.temperature
+        if p.top_k > 0 and p.top_k < logits.shape[0]:
+            kth = torch.topk(logits, p.top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if p.min_p > 0.0:
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+        if p.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            cum = torch.cumsum(sorted_probs, dim=-1)
+            # Drop a token when the mass before it already reaches top_p (keeps >= 1).
+            drop = (cum - sorted_probs) >= p.top_p * cum[-1]
+            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def sample_rows(logits: torch.Tensor, samplers: list[RowSampler]) -> list[int]:
+    """One token per row of (B, V) float32 logits; plain greedy rows share one argmax."""
+    assert logits.dim() == 2
+    assert logits.shape[0] == len(samplers)
+    plain = [s.params.greedy and s.counts is None for s in samplers]
+    argmax = torch.argmax(logits, dim=-1).tolist() if any(plain) else []
+    out = []
+    for i, s in enumerate(samplers):
+        out.append(int(argmax[i]) if plain[i] else s.pick(logits[i]))
+    return out

@@ -1,0 +1,173 @@
+"""The tokenizer and chat template, built from the GGUF file's own metadata.
+
+The vocabulary and merges become a `tokenizers` byte-level BPE model; control
+tokens (GGUF token type 3) become special added tokens, each a single id. The
+chat template is the GGUF's Jinja source, rendered in Jinja2's immutable sandbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import jinja2
+import jinja2.sandbox
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from ninfer._errors import ArtifactError
+
+__all__ = ["ChatTemplate", "TextTokenizer", "tokenizer_from_metadata"]
+
+_TOKEN_TYPE_CONTROL = 3
+_TOKEN_TYPE_USER_DEFINED = 4
+
+# GGUF `tokenizer.ggml.pre` values whose pre-tokenization ninfer reproduces.
+_PRE_TOKENIZERS = frozenset({"smollm", "gpt2", "default"})
+
+
+def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre == "smollm":
+        # Digits are split one by one before the GPT-2 regex (as in SmolLM2's tokenizer.json).
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    return byte_level
+
+
+@attrs.frozen
+class ChatTemplate:
+    """A Jinja chat template compiled in a sandbox."""
+
+    source: str
+    _template: jinja2.Template = attrs.field(alias="template")
+    bos_token: str
+    eos_token: str
+
+    @classmethod
+    def from_source(cls, source: str, *, bos_token: str, eos_token: str) -> ChatTemplate:
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
+        )
+
+        def raise_exception(message: str) -> None:
+            raise jinja2.TemplateError(message)
+
+        env.globals["raise_exception"] = raise_exception
+        try:
+            template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise ArtifactError(f"the GGUF chat template does not compile: {exc}") from exc
+        return cls(source=source, template=template, bos_token=bos_token, eos_token=eos_token)
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the template reads a `tools` variable at all."""
+        return "tools" in self.source
+
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str:
+        """Render the conversation; a template error becomes ValueError with its message."""
+        try:
+            return self._template.render(
+                messages=[dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"chat template error: {exc}") from exc
+
+
+@attrs.frozen
+class TextTokenizer:
+    """Text <-> token ids for one model, plus its special ids and chat template."""
+
+    tokenizer: Tokenizer
+    eos_ids: frozenset[int]
+    bos_id: int | None
+    chat_template: ChatTemplate | None
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def tokenizer_from_metadata(md: Mapping[str, Any]) -> TextTokenizer:
+    """Build the tokenizer of a GGUF file; an unsupported kind is an error that names it."""
+    kind = md.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ArtifactError(
+            f"unsupported tokenizer type {kind!r}; ninfer reads byte-level BPE ('gpt2')"
+        )
+    pre = str(md.get("tokenizer.ggml.pre", "default"))
+    if pre not in _PRE_TOKENIZERS:
+        raise ArtifactError(
+            f"unsupported pre-tokenizer {pre!r}; ninfer reads: "
+            + ", ".join(sorted(_PRE_TOKENIZERS))
+        )
+    tokens: list[str] = list(md.get("tokenizer.ggml.tokens") or [])
+    merges_raw: list[str] = list(md.get("tokenizer.ggml.merges") or [])
+    if not tokens:
+        raise ArtifactError("GGUF metadata has no tokenizer.ggml.tokens")
+    types: list[int] = list(md.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    merges: list[tuple[str, str]] = []
+    for m in merges_raw:
+        left, sep, right = m.partition(" ")
+        if not sep:
+            raise ArtifactError(f"malformed BPE merge in GGUF metadata: {m!r}")
+        merges.append((left, right))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    tok.pre_tokenizer = _pre_tokenizer(pre)
+    tok.decoder = decoders.ByteLevel()
+    special = [
+        AddedToken(tokens[i], special=True, normalized=False)
+        for i, t in enumerate(types)
+        if t == _TOKEN_TYPE_CONTROL
+    ]
+    user = [
+        AddedToken(tokens[i], special=False, normalized=False)
+        for i, t in enumerate(types)
+        if t == _TOKEN_TYPE_USER_DEFINED
+    ]
+    tok.add_special_tokens(special)
+    if user:
+        tok.add_tokens(user)
+
+    eos = md.get("tokenizer.ggml.eos_token_id")
+    bos = md.get("tokenizer.ggml.bos_token_id")
+    eos_ids = {int(eos)} if eos is not None else set()
+    eot = md.get("tokenizer.ggml.eot_token_id")
+    if eot is not None:
+        eos_ids.add(int(eot))
+    # ChatML models keep writing a new fake turn after <|im_end|>; <|endoftext|> ends
+    # a document. Both end generation when present as control tokens.
+    for name in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>"):
+        i = vocab.get(name)
+        if i is not None and types[i] == _TOKEN_TYPE_CONTROL:
+            eos_ids.add(i)
+    if not eos_ids:
+        raise ArtifactError("GGUF metadata names no end-of-sequence token")
+
+    template_src = md.get("tokenizer.chat_template")
+    template = None
+    if template_src:
+        template = ChatTemplate.from_source(
+            str(template_src),
+            bos_token=tokens[int(bos)] if bos is not None else "",
+            eos_token=tokens[int(eos)] if eos is not None else "",
+        )
+    return TextTokenizer(
+        tokenizer=tok,
+        eos_ids=frozenset(eos_ids),
+        bos_id=int(bos) if bos is not None else None,
+        chat_template=template,
+        vocab_size=len(tokens),
+    )

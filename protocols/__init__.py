@@ -1,0 +1,1 @@
+"""protocols (see DESIGN.md)."""

@@ -1,0 +1,21 @@
+"""Errors of the admission scheduler.
+
+SchedulerError
+└── Overloaded      lifetime capacity is full: refuse at once (HTTP 429), retry later
+"""
+
+from __future__ import annotations
+
+__all__ = ["Overloaded", "SchedulerError"]
+
+
+class SchedulerError(Exception):
+    """Base of the scheduler's errors."""
+
+
+class Overloaded(SchedulerError):
+    """Every place (running plus pending) is taken. `retry_after` is in whole seconds."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"server is at capacity; retry after {retry_after}s")
+        self.retry_after = retry_after

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tinymodel import write_tiny_gguf
+
+from ninfer._artifacts import DEFAULT_MODEL, cache_dir, fetch
+from ninfer._engine import Engine, EngineConfig
+from ninfer._loader import LoadedModel, load_model
+from ninfer._messages import Event, Finish, RequestHandle, TokenDelta
+
+HANG_GUARD_S = 120.0
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def real_gguf() -> Path:
+    """The default model, fetched into the user's cache like `ninfer fetch-model` does."""
+    return fetch(DEFAULT_MODEL, cache_dir(None, os.environ), progress=print)
+
+
+class CollectingSink:
+    """An EventSink for engine tests: gathers events per handle, waits with a hang guard."""
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition()
+        self.tokens: dict[int, list[int]] = {}
+        self.text: dict[int, list[str]] = {}
+        self.finish: dict[int, Finish] = {}
+        self.batches = 0
+        self.events: list[tuple[RequestHandle, Event]] = []
+
+    def deliver(self, events: list[tuple[RequestHandle, Event]]) -> None:
+        with self.cv:
+            self.batches += 1
+            self.events.extend(events)
+            for handle, event in events:
+                if isinstance(event, TokenDelta):
+                    assert handle.id not in self.finish, "event after finish"
+                    self.tokens.setdefault(handle.id, []).extend(event.token_ids)
+                    self.text.setdefault(handle.id, []).append(event.text)
+                else:
+                    assert handle.id not in self.finish, "two finish events"
+                    self.finish[handle.id] = event
+            self.cv.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool]) -> None:
+        with self.cv:
+            assert self.cv.wait_for(predicate, timeout=HANG_GUARD_S), "hang guard tripped"
+
+    def wait_done(self, *handles: RequestHandle) -> list[Finish]:
+        self.wait_for(lambda: all(h.id in self.finish for h in handles))
+        return [self.finish[h.id] for h in handles]
+
+
+class RunningEngine:
+    def __init__(self, engine: Engine, sink: CollectingSink, thread: threading.Thread) -> None:
+        self.engine = engine
+        self.sink = sink
+        self.thread = thread
+
+    @property
+    def model(self) -> LoadedModel:
+        assert self.engine.model is not None
+        return self.engine.model
+
+
+def start_engine(path: Path, config: EngineConfig) -> RunningEngine:
+    sink = CollectingSink()
+    engine = Engine(
+        lambda: load_model(
+            str(path), dtype=getattr(torch, config.dtype), device="cpu", max_positions=8192
+        ),
+        config,
+        sink,
+    )
+    ready = threading.Event()
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            engine.run(on_ready=lambda _m: ready.set())
+        except BaseException as exc:
+            errors.append(exc)
+            ready.set()
+
+    thread = threading.Thread(target=target, name="engine", daemon=True)
+    thread.start()
+    assert ready.wait(HANG_GUARD_S), "engine did not load"
+    assert not errors, errors
+    return RunningEngine(engine, sink, thread)
+
+
+def stop_engine(running: RunningEngine) -> None:
+    running.engine.shutdown()
+    running.thread.join(HANG_GUARD_S)
+    assert not running.thread.is_alive()
+
+
+@pytest.fixture
+def tiny_engine(tiny_gguf: Path) -> Iterator[RunningEngine]:
+    running = start_engine(
+        tiny_gguf, EngineConfig(max_batch=16, kv_capacity=4096, page_size=16, prefill_chunk=8)
+    )
+    yield running
+    stop_engine(running)

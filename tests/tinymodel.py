@@ -1,0 +1,124 @@
+"""Write a tiny random-weight llama GGUF (byte-level BPE vocab, ChatML template).
+
+Used by most tests: it goes through exactly the loading path of a real model,
+with every supported tensor type represented, and runs in milliseconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+WORDS = ["the", "and", "ing", "ion", "Ġthe", "Ġa", "Ġof", "er", "in", "Ġto", "Ġis", "ĠParis"]
+
+
+def _bytes_to_unicode() -> list[str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs, strict=True))
+    return [chr(table[b]) for b in range(256)]
+
+
+def vocab_and_merges() -> tuple[list[str], list[int], list[str]]:
+    tokens = list(SPECIAL) + _bytes_to_unicode()
+    types = [3] * len(SPECIAL) + [1] * 256
+    merges: list[str] = []
+    for word in WORDS:
+        cur = word[0]
+        for ch in word[1:]:
+            merged = cur + ch
+            if merged not in tokens:
+                merges.append(f"{cur} {ch}")
+                tokens.append(merged)
+                types.append(1)
+            cur = merged
+    return tokens, types, merges
+
+
+def write_tiny_gguf(
+    path: Path,
+    *,
+    seed: int = 0,
+    n_layers: int = 2,
+    dim: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    ffn: int = 128,
+    context: int = 512,
+    tied: bool = True,
+    architecture: str = "llama",
+    embed_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0,
+) -> Path:
+    rng = np.random.default_rng(seed)
+    tokens, types, merges = vocab_and_merges()
+    vocab = len(tokens)
+    w = gguf.GGUFWriter(str(path), architecture)
+    w.add_name("tiny-test-llama")
+    w.add_block_count(n_layers)
+    w.add_context_length(context)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template(CHATML)
+
+    def add(name: str, shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType) -> None:
+        data = (rng.standard_normal(shape) * 2.0 / np.sqrt(shape[-1])).astype(np.float32)
+        if qtype == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(name, data.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+    T = gguf.GGMLQuantizationType
+    head_dim = dim // n_heads
+    # Scaled so that the tied head gives logits of order 1: varied, not degenerate, output.
+    emb = (rng.standard_normal((vocab, dim)) * 0.25).astype(np.float32)
+    w.add_tensor("token_embd.weight", gguf.quants.quantize(emb, embed_type), raw_dtype=embed_type)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(dim, dtype=np.float32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(dim, dtype=np.float32))
+        add(p + "attn_q.weight", (n_heads * head_dim, dim), T.Q4_1)
+        add(p + "attn_k.weight", (n_kv_heads * head_dim, dim), T.Q4_0)
+        add(p + "attn_v.weight", (n_kv_heads * head_dim, dim), T.F16)
+        add(p + "attn_output.weight", (dim, dim), T.BF16)
+        add(p + "ffn_gate.weight", (ffn, dim), T.Q8_0)
+        add(p + "ffn_up.weight", (ffn, dim), T.F32)
+        add(p + "ffn_down.weight", (dim, ffn), T.Q4_1)
+    w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
+    if not tied:
+        add("output.weight", (vocab, dim), T.F16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
