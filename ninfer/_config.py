@@ -1,0 +1,375 @@
+"""Server configuration: one frozen attrs object, built once from flags, env or TOML.
+
+Every field is declared once here with its flag, default, bounds and help text;
+`ninfer serve --help`, the `NINFER_*` environment variables and the TOML file are
+all generated from this table, so they cannot drift apart. A refused value
+raises ConfigError naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from ninfer._errors import ConfigError
+
+__all__ = [
+    "SETTINGS",
+    "ServerConfig",
+    "Setting",
+    "add_arguments",
+    "build_config",
+    "config_from_env",
+    "config_from_namespace",
+    "public_settings",
+    "redacted_argv",
+]
+
+
+@attrs.frozen
+class Setting:
+    name: str  # attribute name; flag is --name-with-dashes, env NINFER_NAME
+    kind: type  # int, float, str, bool
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    optional: bool = False  # None allowed (unset)
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "NINFER_" + self.name.upper()
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("host", str, "127.0.0.1", "listen address"),
+    Setting("port", int, 8080, "listen port (0: any free port)", 0, 65535),
+    Setting(
+        "model",
+        str,
+        "smollm2-135m-instruct",
+        "registered model name (fetched on first use) or path to a llama GGUF file",
+    ),
+    Setting(
+        "model_id", str, None, "public model id (default: the artifact's model id)", optional=True
+    ),
+    Setting(
+        "cache_dir", str, None, "model cache (default: $NINFER_CACHE or XDG cache)", optional=True
+    ),
+    Setting("device", str, "cpu", "torch device", choices=("cpu", "cuda")),
+    Setting(
+        "dtype",
+        str,
+        "float32",
+        "weights and activations; float32 is batch-invariant, bfloat16 is faster but a "
+        "batched row can drift from the same row alone",
+        choices=("float32", "bfloat16"),
+    ),
+    Setting(
+        "max_context",
+        int,
+        None,
+        "logical context ceiling of each sequence (default: the model's)",
+        1,
+        optional=True,
+    ),
+    Setting(
+        "kv_capacity",
+        int,
+        None,
+        "KV-cache pool in tokens, shared by all requests (default: --max-context)",
+        1,
+        optional=True,
+    ),
+    Setting("max_concurrency", int, 8, "requests decoding at once (one batch)", 1, 64),
+    Setting(
+        "max_pending_requests", int, 16, "requests allowed to wait behind the running ones", 0, 4096
+    ),
+    Setting(
+        "pending_timeout_ms",
+        int,
+        30000,
+        "absolute deadline from arrival to admission (503 request_queue_timeout)",
+        1,
+    ),
+    Setting("prefill_chunk", int, 256, "prompt tokens per prefill step", 1, 65536),
+    Setting(
+        "max_request_mib", float, 4.0, "request body limit before JSON parsing (413)", 0.001, 1024
+    ),
+    Setting(
+        "default_max_tokens",
+        int,
+        512,
+        "output limit when a request names none (clamped to the context left)",
+        1,
+    ),
+    Setting(
+        "request_log_jsonl",
+        str,
+        None,
+        "append one JSON object per event to FILE",
+        optional=True,
+        metavar="FILE",
+    ),
+    Setting(
+        "log_stats_interval_ms",
+        int,
+        5000,
+        "throughput log interval; 0 disables it",
+        0,
+    ),
+    Setting(
+        "graceful_timeout_s",
+        float,
+        10.0,
+        "on SIGTERM/SIGINT, time in-flight requests get to finish",
+        0,
+        3600,
+    ),
+    Setting(
+        "read_timeout_s", float, 30.0, "deadline for reading a request body (408)", 0.001, 3600
+    ),
+    Setting(
+        "write_timeout_s",
+        float,
+        30.0,
+        "a client that stops reading is cancelled after this long without progress",
+        0.001,
+        3600,
+    ),
+    Setting(
+        "api_key",
+        str,
+        None,
+        "require this key (Bearer or x-api-key) on all but /health, /ready",
+        optional=True,
+        metavar="KEY",
+    ),
+    Setting("cors", bool, False, "permissive browser CORS headers"),
+    Setting(
+        "seed",
+        int,
+        None,
+        "seed for requests that name none (default: a fresh one each)",
+        0,
+        2**31 - 1,
+        optional=True,
+    ),
+    Setting("greedy", bool, False, "force greedy decoding (temperature 0) for every request"),
+    Setting("temperature", float, None, "default temperature (default: 1.0)", 0, 2, optional=True),
+    Setting("top_p", float, None, "default top-p (default: 1.0, off)", 0, 1, optional=True),
+    Setting("top_k", int, None, "default top-k (default: 0, off)", 0, optional=True),
+    Setting(
+        "threads",
+        int,
+        None,
+        "torch threads of the engine (default: torch's choice)",
+        1,
+        1024,
+        optional=True,
+    ),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _check(setting: Setting, value: Any) -> Any:
+    if value is None:
+        if setting.optional:
+            return None
+        raise ConfigError(f"{setting.flag} needs a value")
+    if setting.kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{setting.flag} must be true or false")
+    elif setting.kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{setting.flag} must be an integer")
+    elif setting.kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{setting.flag} must be a number")
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{setting.flag} must be a finite number")
+    elif not isinstance(value, str):
+        raise ConfigError(f"{setting.flag} must be a string")
+    if setting.minimum is not None and value < setting.minimum:
+        raise ConfigError(f"{setting.flag} must be at least {setting.minimum:g}, got {value}")
+    if setting.maximum is not None and value > setting.maximum:
+        raise ConfigError(f"{setting.flag} must be at most {setting.maximum:g}, got {value}")
+    if setting.choices and value not in setting.choices:
+        raise ConfigError(
+            f"{setting.flag} must be one of {', '.join(setting.choices)}, got {value!r}"
+        )
+    return value
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """The whole server configuration; SETTINGS holds each field's flag, bounds and help."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    model: str = "smollm2-135m-instruct"
+    model_id: str | None = None
+    cache_dir: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_context: int | None = None
+    kv_capacity: int | None = None
+    max_concurrency: int = 8
+    max_pending_requests: int = 16
+    pending_timeout_ms: int = 30000
+    prefill_chunk: int = 256
+    max_request_mib: float = 4.0
+    default_max_tokens: int = 512
+    request_log_jsonl: str | None = None
+    log_stats_interval_ms: int = 5000
+    graceful_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    write_timeout_s: float = 30.0
+    api_key: str | None = None
+    cors: bool = False
+    seed: int | None = None
+    greedy: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    threads: int | None = None
+
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.max_request_mib * 1024 * 1024)
+
+
+def build_config(values: Mapping[str, Any]) -> ServerConfig:
+    """A ServerConfig from a mapping of setting names; unknown names and bad values refused."""
+    checked: dict[str, Any] = {}
+    for name, value in values.items():
+        if name not in _BY_NAME:
+            raise ConfigError(f"unknown setting {name!r}")
+        checked[name] = _check(_BY_NAME[name], value)
+    for s in SETTINGS:
+        checked.setdefault(s.name, s.default)
+    cfg = ServerConfig(**checked)
+    if cfg.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is available to torch")
+    return cfg
+
+
+def _parse_env_value(setting: Setting, raw: str) -> Any:
+    if setting.kind is bool:
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{setting.env} must be true or false")
+    if setting.kind is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{setting.env} must be an integer") from None
+    if setting.kind is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{setting.env} must be a number") from None
+    return raw
+
+
+def config_from_env(environ: Mapping[str, str]) -> ServerConfig:
+    """For `hypercorn 'ninfer.app:create_app()'`: NINFER_CONFIG names an optional TOML
+    file of settings; NINFER_<SETTING> variables override it."""
+    values: dict[str, Any] = {}
+    path = environ.get("NINFER_CONFIG")
+    if path:
+        try:
+            with open(path, "rb") as f:
+                table = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"NINFER_CONFIG {path}: {exc}") from None
+        for key, value in table.items():
+            values[key.replace("-", "_")] = value
+    for s in SETTINGS:
+        if s.env in environ:
+            values[s.name] = _parse_env_value(s, environ[s.env])
+    return build_config(values)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for s in SETTINGS:
+        default = "unset" if s.default is None else s.default
+        help_text = f"{s.help} (default: {default})"
+        if s.kind is bool:
+            parser.add_argument(s.flag, action="store_true", default=s.default, help=help_text)
+            continue
+        parser.add_argument(
+            s.flag,
+            type=str,
+            default=None,
+            metavar=s.metavar or s.name.upper(),
+            help=help_text,
+        )
+
+
+def config_from_namespace(ns: argparse.Namespace) -> ServerConfig:
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        raw = getattr(ns, s.name)
+        if raw is None:
+            continue
+        if s.kind is bool:
+            values[s.name] = bool(raw)
+            continue
+        if s.kind is int:
+            try:
+                values[s.name] = int(raw)
+            except ValueError:
+                raise ConfigError(f"{s.flag} must be an integer, got {raw!r}") from None
+        elif s.kind is float:
+            try:
+                values[s.name] = float(raw)
+            except ValueError:
+                raise ConfigError(f"{s.flag} must be a number, got {raw!r}") from None
+        else:
+            values[s.name] = raw
+    return build_config(values)
+
+
+def redacted_argv(argv: Sequence[str]) -> list[str]:
+    """argv with the API key replaced by <redacted>."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("<redacted>")
+            hide_next = False
+        elif arg == "--api-key":
+            out.append(arg)
+            hide_next = True
+        elif arg.startswith("--api-key="):
+            out.append("--api-key=<redacted>")
+        else:
+            out.append(arg)
+    return out
+
+
+def public_settings(cfg: ServerConfig) -> dict[str, Any]:
+    """The configuration for logs: every setting, the API key only as set/unset."""
+    out = attrs.asdict(cfg)
+    if out.get("api_key") is not None:
+        out["api_key"] = "<redacted>"
+    return out

@@ -1,0 +1,103 @@
+"""ASGI plumbing: headers, bounded body reading, plain responses, the disconnect watch."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable
+
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
+
+from protocols import ApiError
+
+__all__ = [
+    "ClientGone",
+    "Headers",
+    "header",
+    "read_body",
+    "request_id_from",
+    "send_bytes",
+]
+
+Headers = list[tuple[bytes, bytes]]
+
+_SANE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
+
+
+def header(scope: HTTPScope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key.lower() == name:
+            return bytes(value)
+    return None
+
+
+def request_id_from(scope: HTTPScope) -> str:
+    """The client's X-Request-Id when it is sane (1-128 of [A-Za-z0-9._:-]), else a new one."""
+    raw = header(scope, b"x-request-id")
+    if raw is not None:
+        try:
+            text = raw.decode("ascii")
+        except UnicodeDecodeError:
+            text = ""
+        if _SANE_ID.fullmatch(text):
+            return text
+    return "req-" + uuid.uuid4().hex
+
+
+class ClientGone(Exception):
+    """The client disconnected; `stage` says when."""
+
+    def __init__(self, stage: str) -> None:
+        super().__init__(stage)
+        self.stage = stage
+
+
+async def read_body(scope: HTTPScope, receive: ASGIReceiveCallable, limit: int) -> bytes:
+    """The whole body, refused with 413 past `limit` bytes: by the declared Content-Length
+    before reading anything, and by counting what arrives (chunked bodies). The caller
+    puts a deadline around this (408)."""
+    declared = header(scope, b"content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise ApiError("malformed_json", "Content-Length is not a number") from None
+        if size > limit:
+            raise ApiError(
+                "payload_too_large",
+                f"the request body of {size} bytes exceeds the limit of {limit} bytes",
+            )
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone("body")
+        chunk = message["body"] if message["type"] == "http.request" else b""
+        total += len(chunk)
+        if total > limit:
+            raise ApiError(
+                "payload_too_large", f"the request body exceeds the limit of {limit} bytes"
+            )
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def send_bytes(
+    send: ASGISendCallable,
+    status: int,
+    body: bytes,
+    headers: Iterable[tuple[bytes, bytes]],
+    *,
+    content_type: bytes = b"application/json",
+) -> None:
+    hdrs: Headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        *headers,
+    ]
+    await send(
+        {"type": "http.response.start", "status": status, "headers": hdrs, "trailers": False}
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,0 +1,165 @@
+"""The native contract: POST /v1/generate.
+
+Request fields (strict JSON types, unknown fields refused):
+  prompt          non-empty string
+  max_new_tokens  integer 1..limit (default: the server's --default-max-tokens)
+  temperature     number 0..2; 0 is greedy (default: the server's)
+  top_k           integer >= 0; 0 is off
+  top_p           number in (0, 1]
+  min_p           number in [0, 1)
+  seed            integer 0..2^31-1
+  stop            array of up to 4 strings, each 1..32 characters
+  stream          boolean
+  ignore_eos      boolean: keep generating past end-of-sequence (benchmarks)
+
+Errors: `{"error": {"type", "message", "param", "request_id"}}` with the status of
+`protocols._errors.KINDS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import cattrs
+
+from protocols._errors import ApiError
+from protocols._json import dumps
+from protocols._strict import InvalidValue, make_converter, register_list, structure
+
+__all__ = [
+    "MAX_SEED",
+    "MAX_STOPS",
+    "MAX_STOP_CHARS",
+    "GenerateRequest",
+    "NativeCodec",
+    "error_body",
+    "response_body",
+]
+
+MAX_STOPS = 4
+MAX_STOP_CHARS = 32
+MAX_SEED = 2**31 - 1
+
+
+def _check_stop(_: object, attr: attrs.Attribute[Any], value: list[str] | None) -> None:
+    if value is None:
+        return
+    if len(value) > MAX_STOPS:
+        raise InvalidValue(f"has {len(value)} strings; at most {MAX_STOPS} are allowed")
+    for s in value:
+        if not 1 <= len(s) <= MAX_STOP_CHARS:
+            raise InvalidValue(f"strings must be 1..{MAX_STOP_CHARS} characters long")
+
+
+@attrs.frozen
+class GenerateRequest:
+    prompt: str
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    stream: bool = False
+    ignore_eos: bool = False
+
+
+def _range_error(param: str, rule: str) -> ApiError:
+    return ApiError("invalid_request", f"{param} {rule}", param=param, code="invalid_value")
+
+
+class NativeCodec:
+    """Parses native requests with its own strict converter (one per app, never global)."""
+
+    def __init__(self) -> None:
+        self._conv = make_converter()
+        register_list(self._conv, str)
+
+    def parse_generate(self, body: Any, *, max_new_tokens_limit: int) -> GenerateRequest:
+        return parse_generate(self._conv, body, max_new_tokens_limit=max_new_tokens_limit)
+
+
+def parse_generate(
+    conv: cattrs.Converter, body: Any, *, max_new_tokens_limit: int
+) -> GenerateRequest:
+    """Structure and range-check a parsed body; raise ApiError naming the parameter."""
+    if isinstance(body, dict):
+        for key in ("temperature", "top_k", "top_p", "min_p", "seed", "max_new_tokens", "stop"):
+            if key in body and body[key] is None:
+                raise ApiError(
+                    "invalid_request",
+                    f"{key} must not be null; omit it to use the default",
+                    param=key,
+                    code="invalid_type",
+                )
+    req = structure(conv, body, GenerateRequest)
+    if not req.prompt:
+        raise _range_error("prompt", "must be a non-empty string")
+    if req.max_new_tokens is not None and not 1 <= req.max_new_tokens <= max_new_tokens_limit:
+        raise _range_error("max_new_tokens", f"must be between 1 and {max_new_tokens_limit}")
+    if req.temperature is not None and not 0.0 <= req.temperature <= 2.0:
+        raise _range_error("temperature", "must be between 0 and 2")
+    if req.top_k is not None and req.top_k < 0:
+        raise _range_error("top_k", "must be 0 (off) or a positive integer")
+    if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
+        raise _range_error("top_p", "must be greater than 0 and at most 1")
+    if req.min_p is not None and not 0.0 <= req.min_p < 1.0:
+        raise _range_error("min_p", "must be at least 0 and less than 1")
+    if req.seed is not None and not 0 <= req.seed <= MAX_SEED:
+        raise _range_error("seed", f"must be between 0 and {MAX_SEED}")
+    if req.stop is not None:
+        try:
+            _check_stop(None, None, req.stop)  # type: ignore[arg-type]
+        except InvalidValue as exc:
+            raise _range_error("stop", str(exc)) from None
+    return req
+
+
+def error_body(err: ApiError, request_id: str) -> bytes:
+    return dumps(
+        {
+            "error": {
+                "type": err.kind,
+                "message": err.message,
+                "param": err.param,
+                "request_id": request_id,
+            }
+        }
+    )
+
+
+def response_body(
+    *,
+    request_id: str,
+    model: Mapping[str, Any],
+    text: str,
+    token_ids: Sequence[int],
+    finish_reason: str,
+    stop_sequence: str | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+    warnings: Sequence[str],
+    timing: Mapping[str, float],
+    seed: int | None,
+) -> bytes:
+    return dumps(
+        {
+            "id": request_id,
+            "model": dict(model),
+            "text": text,
+            "token_ids": list(token_ids),
+            "finish_reason": finish_reason,
+            "stop_sequence": stop_sequence,
+            "seed": seed,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+            "warnings": list(warnings),
+            "timing": dict(timing),
+        }
+    )

@@ -1,0 +1,65 @@
+"""Running a real ninfer server (Hypercorn, trio worker) on a loopback port inside a test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import hypercorn.config
+import hypercorn.trio
+import trio
+
+from ninfer._app import App
+from ninfer._config import build_config
+
+SERVER_HANG_GUARD_S = 120
+
+
+@attrs.frozen
+class Server:
+    url: str
+    app: App
+    log_path: Path
+
+    def client(self, **kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=60.0, **kwargs)
+
+    def log_records(self) -> list[dict[str, Any]]:
+        import orjson
+
+        return [orjson.loads(line) for line in self.log_path.read_bytes().splitlines() if line]
+
+
+@asynccontextmanager
+async def serve(model: Path, tmp_path: Path, **settings: Any) -> AsyncIterator[Server]:
+    """Serve `model` with the given settings on 127.0.0.1:<free port> until the block ends."""
+    log_path = tmp_path / f"requests-{id(settings)}.jsonl"
+    values: dict[str, Any] = {
+        "model": str(model),
+        "port": 0,
+        "request_log_jsonl": str(log_path),
+        "log_stats_interval_ms": 0,
+        "threads": 2,
+    }
+    values.update(settings)
+    app = App(build_config(values), argv=["test"])
+    hconfig = hypercorn.config.Config()
+    hconfig.bind = ["127.0.0.1:0"]
+    hconfig.graceful_timeout = 5.0
+    hconfig.accesslog = None
+    stop = trio.Event()
+    with trio.fail_after(SERVER_HANG_GUARD_S):
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                partial(hypercorn.trio.serve, app, hconfig, shutdown_trigger=stop.wait)
+            )
+            await app.settled.wait()
+            try:
+                yield Server(url=binds[0], app=app, log_path=log_path)
+            finally:
+                stop.set()

@@ -1,0 +1,352 @@
+"""End to end over a real socket with the tiny model: /health, /ready, /v1/generate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import trio
+from server import serve
+
+GEN = "/v1/generate"
+
+
+def _sse_events(text: str) -> list[tuple[str, Any]]:
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((lines.get("event", "message"), orjson.loads(lines["data"])))
+    return out
+
+
+async def test_generate_contract_field_by_field(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        r = await c.post(
+            GEN,
+            json={"prompt": "the cat", "max_new_tokens": 7, "temperature": 0, "top_k": 3},
+            headers={"x-request-id": "client-id.42"},
+        )
+        assert r.status_code == 200
+        body = r.json()
+        assert body["id"] == r.headers["x-request-id"] == "client-id.42"
+        assert set(body) == {
+            "id", "model", "text", "token_ids", "finish_reason", "stop_sequence", "seed",
+            "usage", "warnings", "timing",
+        }  # fmt: skip
+        assert body["model"] == {
+            "id": "tiny-test-llama",
+            "architecture": "llama",
+            "sha256": srv.app.model.identity.sha256,  # type: ignore[union-attr]
+        }
+        assert len(body["token_ids"]) == body["usage"]["completion_tokens"] <= 7
+        assert body["finish_reason"] in ("length", "eos")
+        prompt_ids = srv.app.model.tokenizer.encode("the cat")  # type: ignore[union-attr]
+        assert body["usage"]["prompt_tokens"] == len(prompt_ids)
+        assert body["usage"]["total_tokens"] == len(prompt_ids) + len(body["token_ids"])
+        assert body["warnings"] == ["top_k has no effect with greedy decoding (temperature 0)"]
+        assert set(body["timing"]) == {"prepare", "queue", "ttft", "prefill", "decode", "total"}
+        assert all(v >= 0 for v in body["timing"].values())
+        assert r.headers["server-timing"].startswith("total;dur=")
+        # An insane client id is replaced, not echoed.
+        r2 = await c.post(GEN, json={"prompt": "x"}, headers={"x-request-id": "bad id with spaces"})
+        assert r2.headers["x-request-id"].startswith("req-")
+
+
+async def test_stream_matches_the_whole_response(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        req = {"prompt": "in the", "max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+        whole = (await c.post(GEN, json=req)).json()
+        r = await c.post(GEN, json={**req, "stream": True})
+        assert r.headers["content-type"] == "text/event-stream"
+        events = _sse_events(r.text)
+        kinds = [k for k, _ in events]
+        assert kinds[-1] == "done"
+        assert set(kinds[:-1]) == {"token"}
+        ids = [i for k, d in events if k == "token" for i in d["token_ids"]]
+        text = "".join(d["text"] for k, d in events if k == "token")
+        assert ids == whole["token_ids"]
+        assert text == whole["text"]
+        done = events[-1][1]
+        assert done["finish_reason"] == "length"
+        assert done["usage"]["completion_tokens"] == 12
+
+
+async def test_stop_string_ends_the_text(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        req = {"prompt": "and", "max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+        full = (await c.post(GEN, json=req)).json()["text"]
+        stop = full[5:8]
+        r = (await c.post(GEN, json={**req, "stop": [stop]})).json()
+        assert r["finish_reason"] == "stop"
+        assert r["stop_sequence"] == stop
+        assert r["text"] == full[: full.index(stop)]
+
+
+async def test_seeded_sampling_repeats(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        req = {"prompt": "the", "max_new_tokens": 10, "temperature": 1.0, "seed": 5}
+        a, b = (await c.post(GEN, json=req)).json(), (await c.post(GEN, json=req)).json()
+        assert a["token_ids"] == b["token_ids"]
+        assert a["seed"] == 5
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "param"),
+    [
+        (b"{not json", 400, "malformed_json", None),
+        (b"", 400, "malformed_json", None),
+        (b'{"prompt": NaN}', 400, "malformed_json", None),
+        (b'{"prompt": "\\ud800"}', 400, "malformed_json", None),
+        (b"[" * 20000 + b"]" * 20000, 400, "malformed_json", None),
+        (b"[1]", 422, "invalid_request", None),
+        (b'"text"', 422, "invalid_request", None),
+        (b'{"prompt": "x", "max_new_tokens": "5"}', 422, "invalid_request", "max_new_tokens"),
+        (b'{"prompt": "x", "max_new_tokens": 5.0}', 422, "invalid_request", "max_new_tokens"),
+        (b'{"prompt": "x", "max_new_tokens": true}', 422, "invalid_request", "max_new_tokens"),
+        (b'{"prompt": "x", "max_new_tokens": null}', 422, "invalid_request", "max_new_tokens"),
+        (b'{"prompt": "x", "max_new_tokens": 0}', 422, "invalid_request", "max_new_tokens"),
+        (b'{"prompt": "x", "temperature": 2.5}', 422, "invalid_request", "temperature"),
+        (b'{"prompt": "x", "top_p": 0}', 422, "invalid_request", "top_p"),
+        (b'{"prompt": "x", "seed": -1}', 422, "invalid_request", "seed"),
+        (b'{"prompt": "x", "stop": ["a","b","c","d","e"]}', 422, "invalid_request", "stop"),
+        (b'{"prompt": "x", "stop": [""]}', 422, "invalid_request", "stop"),
+        (b'{"prompt": "x", "stop": "a"}', 422, "invalid_request", "stop"),
+        (b'{"prompt": "x", "stream": "yes"}', 422, "invalid_request", "stream"),
+        (b'{"prompt": "x", "max_tokens": 5}', 422, "invalid_request", "max_tokens"),
+        (b'{"prompt": ""}', 422, "invalid_request", "prompt"),
+        (b'{"max_new_tokens": 5}', 422, "invalid_request", "prompt"),
+        (b'{"prompt": "x", "max_new_tokens": 600}', 422, "invalid_request", "max_new_tokens"),
+    ],
+)
+async def test_errors_have_one_shape(
+    tiny_gguf: Path, tmp_path: Path, body: bytes, status: int, kind: str, param: str | None
+) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        r = await c.post(GEN, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == status, r.text
+        err = r.json()["error"]
+        assert set(err) == {"type", "message", "param", "request_id"}
+        assert (err["type"], err["param"]) == (kind, param)
+        assert err["request_id"] == r.headers["x-request-id"]
+        assert b"ud800" not in r.content
+        assert len(r.content) < 1024
+
+
+async def test_budget_over_the_context_names_the_numbers(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path, max_context=64) as srv, srv.client() as c:
+        long_prompt = "x " * 200
+        r = await c.post(GEN, json={"prompt": long_prompt})
+        assert r.status_code == 422
+        err = r.json()["error"]
+        assert err["type"] == "context_length_exceeded"
+        assert err["param"] == "prompt"
+        assert "64" in err["message"]
+        r = await c.post(GEN, json={"prompt": "the cat", "max_new_tokens": 63})
+        err = r.json()["error"]
+        assert (r.status_code, err["type"], err["param"]) == (
+            422,
+            "context_length_exceeded",
+            "max_new_tokens",
+        )
+
+
+async def test_routing_errors(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        r = await c.get("/nope")
+        assert (r.status_code, r.json()["error"]["type"]) == (404, "not_found")
+        r = await c.get(GEN)
+        assert (r.status_code, r.headers["allow"]) == (405, "POST")
+        r = await c.post(GEN, content=b'{"prompt":"x"}', headers={"content-type": "text/plain"})
+        assert (r.status_code, r.json()["error"]["type"]) == (415, "unsupported_media_type")
+
+
+async def test_api_key(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path, api_key="s3cret") as srv, srv.client() as c:
+        assert (await c.get("/health")).status_code == 200
+        assert (await c.get("/ready")).status_code == 200
+        r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 1})
+        assert (r.status_code, r.json()["error"]["type"]) == (401, "unauthorized")
+        r = await c.post(
+            GEN, json={"prompt": "x", "max_new_tokens": 1}, headers={"authorization": "Bearer nope"}
+        )
+        assert r.status_code == 401
+        for h in ({"authorization": "Bearer s3cret"}, {"x-api-key": "s3cret"}):
+            r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 1}, headers=h)
+            assert r.status_code == 200
+    assert b"s3cret" not in srv.log_path.read_bytes()
+
+
+async def test_body_limits_declared_and_chunked(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path, max_request_mib=0.01) as srv, srv.client() as c:
+        big = b'{"prompt": "' + b"a" * 20000 + b'"}'
+        r = await c.post(GEN, content=big, headers={"content-type": "application/json"})
+        assert (r.status_code, r.json()["error"]["type"]) == (413, "payload_too_large")
+
+        async def chunks():  # type: ignore[no-untyped-def]
+            yield b'{"prompt": "'
+            for _ in range(40):
+                yield b"a" * 1000
+            yield b'"}'
+
+        r = await c.post(GEN, content=chunks(), headers={"content-type": "application/json"})
+        assert (r.status_code, r.json()["error"]["type"]) == (413, "payload_too_large")
+
+
+async def test_stalled_upload_gets_408(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path, read_timeout_s=0.5) as srv:
+        host, port = srv.url.removeprefix("http://").split(":")
+        stream = await trio.open_tcp_stream(host, int(port))
+        await stream.send_all(
+            b"POST /v1/generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 100\r\n\r\n{"prompt"'
+        )
+        data = b""
+        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+            chunk = await stream.receive_some()
+            if not chunk:
+                break
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 408")
+        assert b"request_timeout" in data
+        await stream.aclose()
+
+
+async def test_health_answers_while_the_engine_decodes(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        results: list[int] = []
+        async with trio.open_nursery() as n:
+
+            async def long_request() -> None:
+                r = await c.post(
+                    GEN, json={"prompt": "x", "max_new_tokens": 400, "ignore_eos": True}
+                )
+                results.append(r.status_code)
+
+            n.start_soon(long_request)
+            engine = srv.app.service.engine
+            assert engine is not None
+            while engine.statistics().decoding == 0:
+                await trio.lowlevel.checkpoint()
+            r = await c.get("/health")
+            assert r.status_code == 200
+            assert engine.statistics().decoding == 1, "health answered while decoding"
+        assert results == [200]
+
+
+async def test_disconnect_mid_stream_frees_the_slot(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path, max_concurrency=1, max_pending_requests=0) as srv:
+        async with (
+            srv.client() as c1,
+            c1.stream(
+                "POST",
+                GEN,
+                json={"prompt": "x", "max_new_tokens": 400, "stream": True, "ignore_eos": True},
+            ) as r,
+        ):
+            async for line in r.aiter_lines():
+                if line.startswith("data:"):
+                    break
+        # The client is gone: the slot and pages come back, and the next request runs at once.
+        sched = srv.app.scheduler
+        assert sched is not None
+        while sched.statistics().in_system:
+            await trio.lowlevel.checkpoint()
+        async with srv.client() as c2:
+            r2 = await c2.post(GEN, json={"prompt": "x", "max_new_tokens": 2})
+            assert r2.status_code == 200
+        engine = srv.app.service.engine
+        assert engine is not None
+        while engine.statistics().pages_used:
+            await trio.lowlevel.checkpoint()
+    records = srv.log_records()
+    cancelled = [r for r in records if r["event"] == "request_cancelled"]
+    assert len(cancelled) == 1
+    assert cancelled[0]["stage"] in ("decode", "prefill")
+
+
+async def test_overload_burst_gets_200_429_503_and_the_log_agrees(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    async with (
+        serve(
+            tiny_gguf, tmp_path, max_concurrency=2, max_pending_requests=3, pending_timeout_ms=300
+        ) as srv,
+        srv.client(limits=httpx.Limits(max_connections=50)) as c,
+    ):
+        statuses: dict[str, int] = {}
+        retry_after: list[str | None] = []
+
+        async def one(i: int) -> None:
+            r = await c.post(
+                GEN,
+                json={"prompt": "x", "max_new_tokens": 60, "ignore_eos": True},
+                headers={"x-request-id": f"burst-{i}"},
+            )
+            statuses[f"burst-{i}"] = r.status_code
+            if r.status_code != 200:
+                retry_after.append(r.headers.get("retry-after"))
+
+        async with trio.open_nursery() as n:
+            for i in range(30):
+                n.start_soon(one, i)
+    assert set(statuses.values()) <= {200, 429, 503}
+    assert 429 in statuses.values()
+    assert all(v is not None and int(v) >= 1 for v in retry_after)
+    terminal = {"request_done", "request_rejected", "request_error", "request_cancelled"}
+    records = [r for r in srv.log_records() if r["event"] in terminal]
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        by_id.setdefault(rec["request_id"], []).append(rec)
+    assert set(by_id) == set(statuses)
+    assert all(len(v) == 1 for v in by_id.values()), "exactly one terminal record each"
+    for rid, status in statuses.items():
+        rec = by_id[rid][0]
+        if status == 200:
+            assert rec["event"] == "request_done"
+        else:
+            assert (rec["event"], rec["status"]) == ("request_rejected", status)
+
+
+async def test_queue_timeout_is_503_with_retry_after(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with (
+        serve(
+            tiny_gguf, tmp_path, max_concurrency=1, max_pending_requests=4, pending_timeout_ms=200
+        ) as srv,
+        srv.client() as c,
+    ):
+        results: list[httpx.Response] = []
+        async with trio.open_nursery() as n:
+
+            async def hog() -> None:
+                results.append(
+                    await c.post(
+                        GEN, json={"prompt": "x", "max_new_tokens": 450, "ignore_eos": True}
+                    )
+                )
+
+            n.start_soon(hog)
+            sched = srv.app.scheduler
+            assert sched is not None
+            while sched.statistics().running == 0:
+                await trio.lowlevel.checkpoint()
+            t0 = trio.current_time()
+            r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 2})
+            waited = trio.current_time() - t0
+        assert r.status_code == 503
+        assert r.json()["error"]["type"] == "request_queue_timeout"
+        assert int(r.headers["retry-after"]) >= 1
+        assert 0.2 <= waited < 2.0
+        assert results[0].status_code == 200
+
+
+async def test_draining_refuses_new_requests(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        srv.app.begin_drain()
+        r = await c.post(GEN, json={"prompt": "x"})
+        assert (r.status_code, r.json()["error"]["type"]) == (503, "shutting_down")
+        assert r.headers["retry-after"] == "1"
+        r = await c.get("/ready")
+        assert (r.status_code, r.json()["error"]["type"]) == (503, "shutting_down")
