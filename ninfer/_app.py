@@ -184,6 +184,8 @@ class App:
                 "page_size": engine.config.page_size,
                 "dtype": engine.config.dtype,
                 "device": engine.config.device,
+                "batch_invariant": engine.batch_invariant,
+                "batch_sizes": list(engine.statistics().batch_sizes),
             },
         )
         self.log.console(

@@ -23,6 +23,7 @@ import attrs
 import torch
 
 from ninfer._errors import EngineStopped, RequestInvalid
+from ninfer._invariance import invariant_batch_sizes
 from ninfer._kvpool import PagePool, pages_for
 from ninfer._loader import LoadedModel
 from ninfer._messages import (
@@ -71,6 +72,8 @@ class EngineStatistics:
     steps: int
     last_progress: float  # time.monotonic() of the last completed step or idle wait
     busy: bool
+    batch_invariant: bool  # whether a row's tokens are independent of its batch
+    batch_sizes: tuple[int, ...]  # decode batches are padded up to one of these sizes
     decode_steps: int  # cumulative
     decode_rows: int  # cumulative rows over all decode steps (occupancy = rows / steps)
     prefill_tokens: int  # cumulative prompt tokens computed
@@ -143,6 +146,8 @@ class Engine:
         self._generated = 0
         self._last_progress = time.monotonic()
         self._stats_lock = threading.Lock()
+        self.batch_invariant = False
+        self._batch_sizes: list[int] = [1]
 
     # ---- thread-safe API -------------------------------------------------------------
 
@@ -212,6 +217,8 @@ class Engine:
                 steps=self._steps,
                 last_progress=self._last_progress,
                 busy=bool(self._waiting or self._decoding),
+                batch_invariant=self.batch_invariant,
+                batch_sizes=tuple(self._batch_sizes),
                 decode_steps=self._decode_steps,
                 decode_rows=self._decode_rows,
                 prefill_tokens=self._prefill_tokens,
@@ -255,6 +262,18 @@ class Engine:
         )
         self._pool = PagePool(n_pages=n_pages, page_size=cfg.page_size)
         self.model = loaded
+        t = loaded.transformer
+        layer = t.layers[0]
+        sizes = invariant_batch_sizes(
+            [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down, t.lm_head],
+            max_rows=cfg.max_batch,
+        )
+        self._batch_sizes = sizes or list(range(1, cfg.max_batch + 1))
+        # bfloat16 is never promised: batched rows were seen to drift from the same rows
+        # alone on this CPU even with every linear shape measured invariant.
+        self.batch_invariant = sizes is not None and cfg.dtype == "float32"
+        if not self.batch_invariant:
+            _log.warning("in %s, batching can change a request's tokens", cfg.dtype)
 
     def _warm_up(self) -> None:
         """One tiny prefill and decode so the first request does not pay for kernel setup."""
@@ -376,14 +395,21 @@ class Engine:
         S = self.config.page_size
         width = max(pages_for(a.position + 1, S) for a in rows)
         table = [a.pages[:width] + [0] * (width - min(width, len(a.pages))) for a in rows]
+        tokens_in = [[a.last_token] for a in rows]
+        positions = [[a.position] for a in rows]
+        # Padding rows (see _invariance): token 0 at position 0, writing the scratch page.
+        pad = next((n for n in self._batch_sizes if n >= len(rows)), len(rows)) - len(rows)
+        table += [[self._kv.scratch_page] + [0] * (width - 1)] * pad
+        tokens_in += [[0]] * pad
+        positions += [[0]] * pad
         try:
             logits = self._transformer.forward(
-                torch.tensor([[a.last_token] for a in rows], device=dev),  # (B, 1)
-                torch.tensor([[a.position] for a in rows], device=dev),  # (B, 1)
-                torch.tensor(table, device=dev),  # (B, width)
+                torch.tensor(tokens_in, device=dev),  # (B + pad, 1)
+                torch.tensor(positions, device=dev),  # (B + pad, 1)
+                torch.tensor(table, device=dev),  # (B + pad, width)
                 self._kv,
                 last_only=True,
-            )  # (B, V)
+            )[: len(rows)]  # (B, V)
             tokens = sample_rows(logits.float().cpu(), [a.sampler for a in rows])
         except Exception:
             for a in rows:

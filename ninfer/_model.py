@@ -39,7 +39,8 @@ class Layer:
 class KVPages:
     """The key/value page pool: (layers, pages, page_size, kv_heads, head_dim) each.
 
-    Page 0 is reserved as an always-zero padding page; real pages are 1..n_pages.
+    Page 0 is an always-zero padding page; real pages are 1..n_pages; page
+    n_pages + 1 is scratch, written by the padding rows of a decode batch.
     """
 
     k: torch.Tensor
@@ -50,7 +51,7 @@ class KVPages:
     def allocate(
         cls, args: ModelArgs, *, n_pages: int, page_size: int, dtype: torch.dtype, device: str
     ) -> KVPages:
-        shape = (args.n_layers, n_pages + 1, page_size, args.n_kv_heads, args.head_dim)
+        shape = (args.n_layers, n_pages + 2, page_size, args.n_kv_heads, args.head_dim)
         # empty, not zeros: pages are zeroed when handed out (`zero_pages`), so memory
         # for pages never used is never touched and does not count in RSS.
         k = torch.empty(shape, dtype=dtype, device=device)
@@ -61,6 +62,10 @@ class KVPages:
 
     @property
     def n_pages(self) -> int:
+        return int(self.k.shape[1]) - 2
+
+    @property
+    def scratch_page(self) -> int:
         return int(self.k.shape[1]) - 1
 
     def zero_pages(self, pages: list[int]) -> None:
@@ -82,6 +87,31 @@ def _apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
     xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, T, h, D/2)
     out = torch.view_as_real(xc * rot.unsqueeze(2)).flatten(3)  # (B, T, h, D)
     return out.to(x.dtype)
+
+
+def _attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Grouped-query attention in float32 with plain matmuls and softmax.
+
+    q (B, H, T, D); keys, values (B, G, K, D); mask (B, 1, T, K), True = visible.
+    Returns (B, H, T, D) float32. Written out rather than calling torch's fused CPU
+    kernel: that kernel computes a row differently depending on how many rows share
+    the batch (and is slow in bfloat16); these ops treat each row alone, and masked
+    padding keys contribute exact zeros, so a row's result is the same in any batch.
+    """
+    B, H, T, D = q.shape
+    G, K = keys.shape[1], keys.shape[2]
+    assert H % G == 0
+    assert mask.shape == (B, 1, T, K)
+    per_group = H // G
+    qg = q.float().reshape(B, G, per_group * T, D)  # heads of one kv group together
+    scores = torch.matmul(qg, keys.float().transpose(-1, -2)) * (D**-0.5)  # (B, G, hT, K)
+    scores = scores.view(B, G, per_group, T, K).masked_fill(
+        ~mask.view(B, 1, 1, T, K), float("-inf")
+    )
+    probs = torch.softmax(scores, dim=-1).view(B, G, per_group * T, K)
+    return torch.matmul(probs, values.float()).view(B, H, T, D)
 
 
 @attrs.define(eq=False)
@@ -139,13 +169,12 @@ class Transformer:
             kv.v[li].index_put_((write_page, write_off), v)
             keys = kv.k[li][page_table].view(B, P * S, a.n_kv_heads, a.head_dim)
             values = kv.v[li][page_table].view(B, P * S, a.n_kv_heads, a.head_dim)
-            attn = F.scaled_dot_product_attention(
+            attn = _attention(
                 q.transpose(1, 2),  # (B, H, T, D)
                 keys.transpose(1, 2),  # (B, G, P*S, D)
                 values.transpose(1, 2),
-                attn_mask=mask,
-                enable_gqa=True,
-            )  # (B, H, T, D)
+                mask,
+            ).to(x.dtype)  # (B, H, T, D)
             x = x + F.linear(attn.transpose(1, 2).reshape(B, T, a.dim), layer.wo)
             h = F.rms_norm(x, (a.dim,), layer.ffn_norm, a.norm_eps)
             gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)  # (B, T, ffn) each

@@ -60,3 +60,36 @@ def test_padding_rows_do_not_change_results(tiny_gguf: Path) -> None:
             last_only=True,
         )
     torch.testing.assert_close(narrow, wide, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_rows_do_not_depend_on_the_batch() -> None:
+    """Each row's attention is the same alone, in any batch, and with padded keys."""
+    from ninfer._model import _attention
+
+    g = torch.Generator().manual_seed(3)
+    B, H, G, K, D = 6, 9, 3, 40, 64
+    q = torch.randn((B, H, 1, D), generator=g)
+    k = torch.randn((B, G, K, D), generator=g)
+    v = torch.randn((B, G, K, D), generator=g)
+    lens = torch.tensor([1, 7, 16, 23, 40, 33])
+    mask = torch.arange(K).view(1, 1, 1, K) < lens.view(B, 1, 1, 1)
+    together = _attention(q, k, v, mask)
+    for i in range(B):
+        alone = _attention(q[i : i + 1], k[i : i + 1], v[i : i + 1], mask[i : i + 1])
+        assert torch.equal(alone, together[i : i + 1])
+    pad = torch.zeros((B, G, 24, D))
+    padded = _attention(
+        q, torch.cat([k, pad], 2), torch.cat([v, pad], 2),
+        torch.cat([mask, torch.zeros((B, 1, 1, 24), dtype=torch.bool)], 3),
+    )  # fmt: skip
+    assert torch.equal(padded, together)
+
+
+def test_invariant_batch_sizes_always_include_the_largest() -> None:
+    from ninfer._invariance import invariant_batch_sizes
+
+    w = torch.randn(96, 64, generator=torch.Generator().manual_seed(0))
+    sizes = invariant_batch_sizes([w], max_rows=8)
+    assert sizes is not None
+    assert sizes[-1] == 8
+    assert sizes == sorted(set(sizes))

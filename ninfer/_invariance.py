@@ -1,0 +1,49 @@
+"""Measuring at start-up which batch sizes compute a row bit-identically.
+
+A matrix multiply on CPU picks its kernel by shape. On the machine this was
+written on, a float32 `linear` with the model's shapes computes a row one way
+at M=1, another at M=2..3, and rows near the end of a batch differently unless M
+is a multiple of 4 or at least 12. Tokens then almost never change, but "almost"
+is no guarantee.
+
+So the engine measures, on the model's own weight shapes, the set of batch
+sizes whose rows are bit-identical to the same rows computed in the largest
+batch (and independent of their position in it), and
+pads each decode batch up to the next size in that set. If rows depend on their
+position even in the largest batch, nothing can be promised and the engine says
+so instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["invariant_batch_sizes"]
+
+
+def _agreeing_sizes(x: torch.Tensor, w: torch.Tensor) -> set[int]:
+    """Row counts m at which linear(x[:m], w) equals the first m rows of linear(x, w)."""
+    reference = F.linear(x, w)
+    return {m for m in range(1, len(x) + 1) if torch.equal(F.linear(x[:m], w), reference[:m])}
+
+
+def invariant_batch_sizes(weights: Sequence[torch.Tensor], *, max_rows: int) -> list[int] | None:
+    """Sorted batch sizes (always including max_rows) at which every row of every
+    weight's `linear` equals that row in a batch of max_rows; None when rows depend
+    on their position within a batch. (Attention is written so that rows never
+    interact: see `_model._attention`.)"""
+    gen = torch.Generator().manual_seed(1234)
+    good = set(range(1, max_rows + 1))
+    for w in weights:
+        # Many rows and columns: a low-precision output can hide a different summation
+        # order in one value by rounding, hardly in all of them.
+        x = torch.randn((max_rows, w.shape[1]), generator=gen).to(w.dtype).to(w.device)
+        good &= _agreeing_sizes(x, w)
+        perm = torch.randperm(max_rows, generator=gen)
+        if not torch.equal(F.linear(x, w)[perm], F.linear(x[perm], w)):
+            return None
+    good.add(max_rows)
+    return sorted(good)
