@@ -31,6 +31,9 @@ __all__ = ["GenerationContext", "Outcome", "Prepared", "Responder", "run_generat
 
 _log = logging.getLogger("ninfer.request")
 
+# How long a refused request's unread body may take to arrive before the answer.
+_DISCARD_BODY_S = 1.0
+
 
 @attrs.frozen
 class Prepared:
@@ -186,6 +189,7 @@ class _Run:
         self.arrival = arrival
         self.extra_headers: list[tuple[bytes, bytes]] = []
         self.stage = "body"
+        self.body_read = False
         self.started = False  # request_start logged
         self.terminal_logged = False
         self.handle: RequestHandle | None = None
@@ -223,10 +227,26 @@ class _Run:
             )
         if self.writer.started:
             return  # the stream already began; its error event was sent
+        if not self.body_read and err.kind not in ("payload_too_large", "request_timeout"):
+            await self._discard_body()
         body = self.responder.error(err, self.request_id)
         headers = error_headers(err, self.rid_header, self.request_id) + self.extra_headers
         with trio.move_on_after(self.ctx.write_timeout_s):
             await send_bytes(self.writer._send, status, body, headers)
+
+    async def _discard_body(self) -> None:
+        """Read and drop an unread body (bounded in bytes and time) before refusing: a
+        connection closed with unread data is reset, and the client may lose the answer."""
+        remaining = self.ctx.max_request_bytes
+        with trio.move_on_after(_DISCARD_BODY_S):
+            while remaining > 0:
+                message = await self.receive()
+                if message["type"] != "http.request":
+                    return
+                remaining -= len(message["body"])
+                if not message.get("more_body", False):
+                    self.body_read = True
+                    return
 
     # ---- the flow -------------------------------------------------------------------------
 
@@ -237,6 +257,7 @@ class _Run:
             body = await read_body(self.scope, self.receive, self.ctx.max_request_bytes)
         if read_scope.cancelled_caught:
             raise ApiError("request_timeout", "the request body did not arrive in time")
+        self.body_read = True
         self.stage = "prepare"
         prepared = await prepare(body)
         self.prepared_at = trio.current_time()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable
 
@@ -27,6 +28,8 @@ from ninfer._messages import Event, Finish, GenerationRequest, RequestHandle, To
 __all__ = ["EngineService", "ServiceState"]
 
 _log = logging.getLogger("ninfer.service")
+
+SWITCH_INTERVAL_S = 0.0005
 
 
 @attrs.frozen
@@ -75,6 +78,11 @@ class EngineService:
         """Start the engine thread and serve until `shutdown`; started() comes at once, so
         the server answers /health while the model loads."""
         token = trio.lowlevel.current_trio_token()
+        # The engine thread runs Python between torch calls while holding the GIL; with
+        # the default 5 ms switch interval every syscall of the event loop (each accept,
+        # read and write) can wait that long to get the GIL back, and a burst of requests
+        # queues behind it. A shorter interval keeps the event loop responsive.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         engine = Engine(self._loader, self._config, _TrioSink(token, self._dispatch))
         self.engine = engine
         task_status.started()
