@@ -1,0 +1,81 @@
+"""Configuration: flags, environment and TOML agree; bad values name the flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from ninfer._cli import build_parser, main
+from ninfer._config import SETTINGS, ServerConfig, config_from_env, config_from_namespace
+from ninfer._errors import ConfigError
+
+
+def test_settings_table_matches_the_config_class() -> None:
+    fields = attrs.fields(ServerConfig)
+    assert [s.name for s in SETTINGS] == [f.name for f in fields]
+    assert [s.default for s in SETTINGS] == [f.default for f in fields]
+
+
+def _parse(*argv: str) -> ServerConfig:
+    return config_from_namespace(build_parser().parse_args(["serve", *argv]))
+
+
+def test_flags_build_the_config() -> None:
+    cfg = _parse("--max-concurrency", "4", "--cors", "--temperature", "0.5", "--api-key", "k")
+    assert (cfg.max_concurrency, cfg.cors, cfg.temperature, cfg.api_key) == (4, True, 0.5, "k")
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (("--max-concurrency", "0"), "--max-concurrency"),
+        (("--max-concurrency", "65"), "--max-concurrency"),
+        (("--max-concurrency", "two"), "--max-concurrency"),
+        (("--port", "70000"), "--port"),
+        (("--dtype", "float16"), "--dtype"),
+        (("--temperature", "nan"), "--temperature"),
+        (("--pending-timeout-ms", "0"), "--pending-timeout-ms"),
+        (("--max-request-mib", "-1"), "--max-request-mib"),
+    ],
+)
+def test_bad_values_name_the_flag(argv: tuple[str, ...], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        _parse(*argv)
+
+
+def test_environment_and_toml(tmp_path: Path) -> None:
+    toml = tmp_path / "ninfer.toml"
+    toml.write_text('max_pending_requests = 3\nmodel-id = "m"\ngreedy = true\n')
+    cfg = config_from_env({"NINFER_CONFIG": str(toml), "NINFER_MAX_PENDING_REQUESTS": "5"})
+    assert (cfg.max_pending_requests, cfg.model_id, cfg.greedy) == (5, "m", True)
+    with pytest.raises(ConfigError, match="NINFER_MAX_CONCURRENCY"):
+        config_from_env({"NINFER_MAX_CONCURRENCY": "lots"})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("max_widgets = 1\n")
+    with pytest.raises(ConfigError, match="unknown setting"):
+        config_from_env({"NINFER_CONFIG": str(bad)})
+
+
+def test_serve_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = capsys.readouterr().out
+    for s in SETTINGS:
+        assert s.flag in text
+    assert "(default: 8)" in text
+
+
+def test_unopenable_log_stops_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "serve",
+            "--model",
+            str(tmp_path / "x.gguf"),
+            "--request-log-jsonl",
+            "/nonexistent/dir/log",
+        ]
+    )
+    assert code == 2
+    assert "error" in capsys.readouterr().err
