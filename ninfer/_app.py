@@ -11,6 +11,7 @@ import hmac
 import logging
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -34,9 +35,23 @@ from ninfer._http import header, request_id_from, send_bytes
 from ninfer._loader import LoadedModel, load_model
 from ninfer._messages import GenerationRequest
 from ninfer._native_api import NativeResponder, native_preparer
+from ninfer._openai_api import (
+    OpenAIResponder,
+    chat_preparer,
+    completion_preparer,
+    model_card,
+)
 from ninfer._requestlog import RequestLog
 from ninfer._service import EngineService
-from protocols import ApiError, NativeCodec, dumps, error_body
+from protocols import (
+    ApiError,
+    NativeCodec,
+    OpenAICodec,
+    dumps,
+    error_body,
+    openai_error_body,
+    openai_status,
+)
 from scheduler import AdmissionController
 
 __all__ = ["App", "create_app"]
@@ -89,7 +104,12 @@ class App:
             "/health": {"GET": self._health},
             "/ready": {"GET": self._ready},
             "/v1/generate": {"POST": self._generate},
+            "/v1/chat/completions": {"POST": self._chat},
+            "/v1/completions": {"POST": self._completions},
+            "/v1/models": {"GET": self._models},
         }
+        self._openai = OpenAICodec()
+        self._created = int(time.time())
 
     # ---- model loading (on the engine thread) -------------------------------------------
 
@@ -262,6 +282,8 @@ class App:
                 await _preflight(send)
                 return
             route = self._routes.get(path)
+            if route is None and path.startswith("/v1/models/"):
+                route = {"GET": self._model_one}
             if route is None:
                 raise ApiError("not_found", "no such endpoint")
             handler = route.get(method)
@@ -281,17 +303,15 @@ class App:
                         "request_rejected",
                         request_id,
                         endpoint=path,
-                        status=err.status,
+                        status=self._error_for(path, err, request_id)[0],
                         type=err.kind,
                         code=err.code,
                         param=err.param,
                         phase="route",
                     )
+                status, body = self._error_for(path, err, request_id)
                 await send_bytes(
-                    send,
-                    err.status,
-                    error_body(err, request_id),
-                    error_headers(err, b"x-request-id", request_id),
+                    send, status, body, error_headers(err, b"x-request-id", request_id)
                 )
         except Exception:
             _log.exception("request %s failed", request_id)
@@ -302,12 +322,17 @@ class App:
                 internal = ApiError(
                     "internal_error", "an unexpected error occurred; see the server log"
                 )
+                status, body = self._error_for(path, internal, request_id)
                 await send_bytes(
-                    send,
-                    500,
-                    error_body(internal, request_id),
-                    error_headers(internal, b"x-request-id", request_id),
+                    send, status, body, error_headers(internal, b"x-request-id", request_id)
                 )
+
+    @staticmethod
+    def _error_for(path: str, err: ApiError, request_id: str) -> tuple[int, bytes]:
+        """The status and body of an error in the shape of the route's protocol."""
+        if path in _OPENAI_PATHS or path.startswith("/v1/models"):
+            return openai_status(err), openai_error_body(err)
+        return err.status, error_body(err, request_id)
 
     def _authorize(self, scope: HTTPScope) -> None:
         key = self.config.api_key
@@ -439,6 +464,112 @@ class App:
             responder=NativeResponder(self._model_summary()),
             prepare=prepare,
         )
+
+    def _public_ids(self) -> dict[str, bool]:
+        assert self.model is not None
+        return {self.public_id: True, self.model.identity.model_id: True}
+
+    async def _models(
+        self,
+        scope: HTTPScope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        request_id: str,
+    ) -> None:
+        err = self._readiness_error()
+        if err is not None:
+            raise err
+        body = dumps({"object": "list", "data": [model_card(self.public_id, self._created)]})
+        await send_bytes(send, 200, body, [(b"x-request-id", request_id.encode())])
+
+    async def _model_one(
+        self,
+        scope: HTTPScope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        request_id: str,
+    ) -> None:
+        err = self._readiness_error()
+        if err is not None:
+            raise err
+        name = scope["path"].removeprefix("/v1/models/")
+        if name not in self._public_ids():
+            raise ApiError(
+                "model_not_found",
+                "no such model is served here; see GET /v1/models",
+                param="model",
+                code="model_not_found",
+            )
+        body = dumps(model_card(self.public_id, self._created))
+        await send_bytes(send, 200, body, [(b"x-request-id", request_id.encode())])
+
+    async def _openai_generation(
+        self,
+        scope: HTTPScope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        request_id: str,
+        *,
+        chat: bool,
+    ) -> None:
+        err = self._readiness_error()
+        if err is not None:
+            raise err
+        self._require_json(scope)
+        assert self.model is not None
+        if chat:
+            prepare = chat_preparer(
+                codec=self._openai,
+                config=self.config,
+                limits=self._limits(),
+                template=self.model.tokenizer.chat_template,
+                public_ids=self._public_ids(),
+                tokenize=self._tokenize,
+                request_id=request_id,
+                check=self._engine_check,
+            )
+        else:
+            prepare = completion_preparer(
+                codec=self._openai,
+                config=self.config,
+                limits=self._limits(),
+                public_ids=self._public_ids(),
+                tokenize=self._tokenize,
+                request_id=request_id,
+                check=self._engine_check,
+            )
+        await run_generation(
+            self._generation_context(),
+            scope=scope,
+            receive=receive,
+            send=send,
+            request_id=request_id,
+            request_id_header=b"x-request-id",
+            endpoint=scope["path"],
+            responder=OpenAIResponder(self.public_id, chat=chat),
+            prepare=prepare,
+        )
+
+    async def _chat(
+        self,
+        scope: HTTPScope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        request_id: str,
+    ) -> None:
+        await self._openai_generation(scope, receive, send, request_id, chat=True)
+
+    async def _completions(
+        self,
+        scope: HTTPScope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        request_id: str,
+    ) -> None:
+        await self._openai_generation(scope, receive, send, request_id, chat=False)
+
+
+_OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 def _with_cors(send: ASGISendCallable) -> ASGISendCallable:

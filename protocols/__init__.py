@@ -8,18 +8,32 @@ from __future__ import annotations
 from protocols._errors import KINDS, ApiError, ErrorKind, ProtocolError
 from protocols._json import dumps, loads
 from protocols._native import GenerateRequest, NativeCodec, error_body, response_body
+from protocols._openai import (
+    ChatMessage,
+    ChatRequest,
+    CompletionRequest,
+    OpenAICodec,
+    openai_error_body,
+    openai_status,
+)
 from protocols._sse import sse_data, sse_event
 
 __all__ = [
     "KINDS",
     "ApiError",
+    "ChatMessage",
+    "ChatRequest",
+    "CompletionRequest",
     "ErrorKind",
     "GenerateRequest",
     "NativeCodec",
+    "OpenAICodec",
     "ProtocolError",
     "dumps",
     "error_body",
     "loads",
+    "openai_error_body",
+    "openai_status",
     "response_body",
     "sse_data",
     "sse_event",

@@ -1,0 +1,315 @@
+"""The OpenAI-compatible contract: /v1/chat/completions, /v1/completions, /v1/models.
+
+Every field the OpenAI clients send is honoured, refused by name, or (where
+harmless, and listed in docs/api.md) accepted without effect. Unknown fields are
+refused with code `unknown_parameter`. Errors use OpenAI's envelope:
+`{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import cattrs
+
+from protocols._errors import ApiError
+from protocols._json import dumps
+from protocols._strict import InvalidType, make_converter, register_list, structure
+
+__all__ = [
+    "ChatMessage",
+    "ChatRequest",
+    "CompletionRequest",
+    "OpenAICodec",
+    "openai_error_body",
+    "openai_status",
+]
+
+
+@attrs.frozen
+class TextPart:
+    type: str
+    text: str
+
+
+@attrs.frozen
+class ChatMessage:
+    role: str
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+@attrs.frozen
+class StreamOptions:
+    include_usage: bool = False
+
+
+@attrs.frozen
+class ResponseFormat:
+    type: str
+
+
+@attrs.frozen
+class ChatRequest:
+    model: str
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+    ignore_eos: bool | None = None
+
+
+@attrs.frozen
+class CompletionRequest:
+    model: str
+    prompt: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    echo: bool | None = None
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    user: str | None = None
+    ignore_eos: bool | None = None
+
+
+def _invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError("invalid_request", message, param=param, code=code)
+
+
+class OpenAICodec:
+    """Strict parsing for the OpenAI routes; one converter per app, never global."""
+
+    def __init__(self) -> None:
+        conv = make_converter()
+        register_list(conv, str)
+        register_list(conv, TextPart)
+        register_list(conv, ChatMessage)
+        register_list(conv, dict[str, Any])
+
+        def content_hook(value: Any, _: type) -> str | list[TextPart] | None:
+            if value is None or isinstance(value, str):
+                return value
+            if isinstance(value, list):
+                return conv.structure(value, list[TextPart])
+            raise InvalidType("string or array of content parts")
+
+        def stop_hook(value: Any, _: type) -> str | list[str] | None:
+            if value is None or isinstance(value, str):
+                return value
+            if isinstance(value, list):
+                return conv.structure(value, list[str])
+            raise InvalidType("string or array of strings")
+
+        def tool_choice_hook(value: Any, _: type) -> str | dict[str, Any] | None:
+            if value is None or isinstance(value, str | dict):
+                return value
+            raise InvalidType("string or object")
+
+        conv.register_structure_hook_func(
+            lambda t: t == (str | list[TextPart] | None), content_hook
+        )
+        conv.register_structure_hook_func(lambda t: t == (str | list[str] | None), stop_hook)
+        conv.register_structure_hook_func(
+            lambda t: t == (str | dict[str, Any] | None), tool_choice_hook
+        )
+        self._conv: cattrs.Converter = conv
+
+    def parse_chat(self, body: Any, *, supports_tools: bool) -> ChatRequest:
+        req = structure(self._conv, body, ChatRequest)
+        if not req.messages:
+            raise _invalid("messages", "messages must contain at least one message")
+        for i, m in enumerate(req.messages):
+            where = f"messages[{i}]"
+            if m.role not in ("system", "developer", "user", "assistant", "tool"):
+                raise _invalid(
+                    f"{where}.role",
+                    f"{where}.role must be one of system, developer, user, assistant, tool",
+                )
+            if m.role == "tool" and not m.tool_call_id:
+                raise _invalid(
+                    f"{where}.tool_call_id",
+                    f"{where} has role tool and needs its tool_call_id",
+                    code="missing_required_parameter",
+                )
+            if m.content is None and m.role != "assistant":
+                raise _invalid(f"{where}.content", f"{where}.content is required")
+            if isinstance(m.content, list):
+                for j, part in enumerate(m.content):
+                    if part.type != "text":
+                        raise _invalid(
+                            f"{where}.content[{j}].type",
+                            f"content parts of type {part.type!r} are not supported; "
+                            "only text parts are",
+                        )
+        if (req.tools or req.tool_choice not in (None, "none")) and not supports_tools:
+            raise ApiError(
+                "invalid_request",
+                "this model's chat template has no tool support; tools and tool_choice "
+                "cannot be honoured",
+                param="tools" if req.tools else "tool_choice",
+                code="unsupported_parameter",
+            )
+        if (
+            req.max_tokens is not None
+            and req.max_completion_tokens is not None
+            and req.max_tokens != req.max_completion_tokens
+        ):
+            raise _invalid(
+                "max_tokens",
+                "max_tokens and max_completion_tokens disagree; send only max_completion_tokens",
+            )
+        if req.logprobs or req.top_logprobs is not None:
+            raise ApiError(
+                "invalid_request",
+                "logprobs are not supported by this server",
+                param="logprobs" if req.logprobs else "top_logprobs",
+                code="unsupported_parameter",
+            )
+        if req.response_format is not None and req.response_format.type != "text":
+            raise ApiError(
+                "invalid_request",
+                f"response_format type {req.response_format.type!r} is not supported; "
+                "only 'text' is",
+                param="response_format.type",
+                code="unsupported_parameter",
+            )
+        _check_common(req.n, req.temperature, req.top_p, req.top_k, req.min_p, req.seed)
+        _check_penalties(req.presence_penalty, req.frequency_penalty)
+        _check_stop(req.stop)
+        return req
+
+    def parse_completion(self, body: Any) -> CompletionRequest:
+        req = structure(self._conv, body, CompletionRequest)
+        if req.echo:
+            raise ApiError(
+                "invalid_request",
+                "echo is not supported by this server",
+                param="echo",
+                code="unsupported_parameter",
+            )
+        for name in ("logprobs", "suffix", "best_of"):
+            value = getattr(req, name)
+            if value is not None and not (name == "best_of" and value == 1):
+                raise ApiError(
+                    "invalid_request",
+                    f"{name} is not supported by this server",
+                    param=name,
+                    code="unsupported_parameter",
+                )
+        if not req.prompt:
+            raise _invalid("prompt", "prompt must be a non-empty string")
+        _check_common(req.n, req.temperature, req.top_p, req.top_k, req.min_p, req.seed)
+        _check_penalties(req.presence_penalty, req.frequency_penalty)
+        _check_stop(req.stop)
+        return req
+
+
+def _check_common(
+    n: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    min_p: float | None,
+    seed: int | None,
+) -> None:
+    if n is not None and n != 1:
+        raise ApiError(
+            "invalid_request", "only n=1 is supported", param="n", code="unsupported_parameter"
+        )
+    if temperature is not None and not 0.0 <= temperature <= 2.0:
+        raise _invalid("temperature", "temperature must be between 0 and 2")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise _invalid("top_p", "top_p must be greater than 0 and at most 1")
+    if top_k is not None and top_k < 0:
+        raise _invalid("top_k", "top_k must be 0 (off) or a positive integer")
+    if min_p is not None and not 0.0 <= min_p < 1.0:
+        raise _invalid("min_p", "min_p must be at least 0 and less than 1")
+    if seed is not None and not -(2**63) <= seed < 2**63:
+        raise _invalid("seed", "seed must fit in a signed 64-bit integer")
+
+
+def _check_penalties(presence: float | None, frequency: float | None) -> None:
+    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise _invalid(name, f"{name} must be between -2 and 2")
+
+
+def _check_stop(stop: str | list[str] | None) -> None:
+    if isinstance(stop, list) and len(stop) > 4:
+        raise _invalid("stop", "stop takes at most 4 sequences")
+    values = [stop] if isinstance(stop, str) else (stop or [])
+    if any(not s for s in values):
+        raise _invalid("stop", "stop sequences must be non-empty")
+
+
+_OPENAI_TYPES = {
+    "unauthorized": "authentication_error",
+    "not_found": "invalid_request_error",
+    "model_not_found": "invalid_request_error",
+    "server_overloaded": "rate_limit_error",
+    "request_queue_timeout": "server_error",
+    "model_loading": "server_error",
+    "shutting_down": "server_error",
+    "engine_unavailable": "server_error",
+    "internal_error": "server_error",
+}
+
+
+def openai_status(err: ApiError) -> int:
+    """OpenAI's convention: 400 for every invalid request, else the native status."""
+    if err.kind in ("invalid_request", "context_length_exceeded", "malformed_json"):
+        return 400
+    return err.status
+
+
+def openai_error_body(err: ApiError) -> bytes:
+    code = err.code or err.kind
+    if err.kind == "unauthorized":
+        code = "invalid_api_key"
+    return dumps(
+        {
+            "error": {
+                "message": err.message,
+                "type": _OPENAI_TYPES.get(err.kind, "invalid_request_error"),
+                "param": err.param,
+                "code": code,
+            }
+        }
+    )

@@ -1,0 +1,166 @@
+"""The OpenAI-compatible routes, driven by the official openai SDK against a real server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import trio
+from server import serve
+
+
+def _client(url: str, **kw: object) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, **kw)  # type: ignore[arg-type]
+
+
+async def test_models(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["tiny-test-llama"]
+        assert (await client.models.retrieve("tiny-test-llama")).id == "tiny-test-llama"
+        with pytest.raises(openai.NotFoundError):
+            await client.models.retrieve("gpt-4o")
+
+
+async def test_chat_completion_matches_the_native_route(tiny_gguf: Path, tmp_path: Path) -> None:
+    """The same greedy request through OpenAI chat and the native route: the same tokens."""
+    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="tiny-test-llama",
+            messages=[{"role": "user", "content": "the cat"}],
+            max_completion_tokens=12,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        chat = raw.parse()
+        assert raw.headers["x-request-id"]
+        assert chat.choices[0].finish_reason == "length"
+        assert chat.usage is not None
+        assert chat.usage.completion_tokens == 12
+        assert chat.usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]
+        template = srv.app.model.tokenizer.chat_template  # type: ignore[union-attr]
+        assert template is not None
+        prompt = template.render([{"role": "user", "content": "the cat"}])
+        assert chat.usage.prompt_tokens == len(srv.app.model.tokenizer.encode(prompt))  # type: ignore[union-attr]
+        async with httpx.AsyncClient(base_url=srv.url) as c:
+            native = (
+                await c.post(
+                    "/v1/generate",
+                    json={
+                        "prompt": prompt,
+                        "max_new_tokens": 12,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                    },
+                )
+            ).json()
+        assert chat.choices[0].message.content == native["text"]
+
+
+async def test_chat_streaming_with_usage(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+        kwargs = {
+            "model": "tiny-test-llama",
+            "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
+            "max_tokens": 10,
+            "temperature": 0,
+            "extra_body": {"ignore_eos": True},
+        }
+        whole = await client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+        stream = await client.chat.completions.create(
+            **kwargs, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = [c async for c in stream]
+        assert chunks[0].choices[0].delta.role == "assistant"
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == whole.choices[0].message.content
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert finishes[-1] == "length"
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == 10
+
+
+async def test_text_completions(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+        c = await client.completions.create(
+            model="tiny-test-llama", prompt="the", max_tokens=5, temperature=0,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        assert c.choices[0].finish_reason == "length"
+        assert c.usage is not None
+        assert c.usage.completion_tokens == 5
+        stream = await client.completions.create(
+            model="tiny-test-llama", prompt="the", max_tokens=5, temperature=0, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        text = "".join([ch.choices[0].text async for ch in stream if ch.choices])
+        assert text == c.choices[0].text
+
+
+async def test_errors_map_to_the_sdk_classes(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path, api_key="k") as srv:
+        async with openai.AsyncOpenAI(
+            base_url=srv.url + "/v1", api_key="nope", max_retries=0
+        ) as bad_key:
+            with pytest.raises(openai.AuthenticationError):
+                await bad_key.models.list()
+        client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0)
+        await _errors(client)
+        await client.close()
+
+
+async def _errors(client: openai.AsyncOpenAI) -> None:
+    """Each refusal reaches the SDK as its own exception class, naming the parameter."""
+    msgs = [{"role": "user", "content": "x"}]
+    with pytest.raises(openai.NotFoundError) as nf:
+        await client.chat.completions.create(model="gpt-4o", messages=msgs)  # type: ignore[arg-type]
+    assert nf.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        await client.chat.completions.create(model="tiny-test-llama", messages=msgs, n=2)  # type: ignore[arg-type]
+    assert e.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        await client.chat.completions.create(
+            model="tiny-test-llama",
+            messages=msgs,
+            extra_body={"frobnicate": 1},  # type: ignore[arg-type]
+        )
+    assert (e.value.param, e.value.code) == ("frobnicate", "unknown_parameter")
+    with pytest.raises(openai.BadRequestError) as e:
+        await client.chat.completions.create(
+            model="tiny-test-llama", messages=msgs,  # type: ignore[arg-type]
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        )  # fmt: skip
+    assert e.value.param == "tools"
+    with pytest.raises(openai.BadRequestError) as e:
+        await client.chat.completions.create(
+            model="tiny-test-llama",
+            messages=msgs,
+            max_completion_tokens=100000,  # type: ignore[arg-type]
+        )
+    assert e.value.code == "context_length_exceeded"
+
+
+async def test_overload_is_a_rate_limit_error(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with (
+        serve(tiny_gguf, tmp_path, max_concurrency=1, max_pending_requests=0) as srv,
+        _client(srv.url) as client,
+    ):
+        results: list[str] = []
+        async with trio.open_nursery() as n:
+
+            async def one() -> None:
+                try:
+                    await client.completions.create(
+                        model="tiny-test-llama", prompt="x", max_tokens=200,
+                        extra_body={"ignore_eos": True},
+                    )  # fmt: skip
+                    results.append("ok")
+                except openai.RateLimitError:
+                    results.append("429")
+
+            for _ in range(4):
+                n.start_soon(one)
+        assert "429" in results
+        assert "ok" in results
