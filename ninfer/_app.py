@@ -25,13 +25,14 @@ from hypercorn.typing import (
     Scope,
 )
 
+from ninfer._anthropic_api import AnthropicResponder, messages_preparer, render_conversation
 from ninfer._artifacts import REGISTRY, cache_dir, resolve_model
 from ninfer._budget import Limits
 from ninfer._config import ServerConfig, config_from_env, public_settings, redacted_argv
 from ninfer._engine import DTYPES, EngineConfig
 from ninfer._errors import RequestInvalid
 from ninfer._generation import GenerationContext, error_headers, run_generation
-from ninfer._http import header, request_id_from, send_bytes
+from ninfer._http import header, read_body, request_id_from, send_bytes
 from ninfer._loader import LoadedModel, load_model
 from ninfer._messages import GenerationRequest
 from ninfer._native_api import NativeResponder, native_preparer
@@ -44,11 +45,15 @@ from ninfer._openai_api import (
 from ninfer._requestlog import RequestLog
 from ninfer._service import EngineService
 from protocols import (
+    AnthropicCodec,
     ApiError,
     NativeCodec,
     OpenAICodec,
+    anthropic_error_body,
+    anthropic_status,
     dumps,
     error_body,
+    loads,
     openai_error_body,
     openai_status,
 )
@@ -107,7 +112,10 @@ class App:
             "/v1/chat/completions": {"POST": self._chat},
             "/v1/completions": {"POST": self._completions},
             "/v1/models": {"GET": self._models},
+            "/v1/messages": {"POST": self._messages},
+            "/v1/messages/count_tokens": {"POST": self._count_tokens},
         }
+        self._anthropic = AnthropicCodec()
         self._openai = OpenAICodec()
         self._created = int(time.time())
 
@@ -311,7 +319,7 @@ class App:
                     )
                 status, body = self._error_for(path, err, request_id)
                 await send_bytes(
-                    send, status, body, error_headers(err, b"x-request-id", request_id)
+                    send, status, body, error_headers(err, _rid_header(path), request_id)
                 )
         except Exception:
             _log.exception("request %s failed", request_id)
@@ -324,7 +332,7 @@ class App:
                 )
                 status, body = self._error_for(path, internal, request_id)
                 await send_bytes(
-                    send, status, body, error_headers(internal, b"x-request-id", request_id)
+                    send, status, body, error_headers(internal, _rid_header(path), request_id)
                 )
 
     @staticmethod
@@ -332,6 +340,8 @@ class App:
         """The status and body of an error in the shape of the route's protocol."""
         if path in _OPENAI_PATHS or path.startswith("/v1/models"):
             return openai_status(err), openai_error_body(err)
+        if path.startswith("/v1/messages"):
+            return anthropic_status(err), anthropic_error_body(err, request_id)
         return err.status, error_body(err, request_id)
 
     def _authorize(self, scope: HTTPScope) -> None:
@@ -568,8 +578,75 @@ class App:
     ) -> None:
         await self._openai_generation(scope, receive, send, request_id, chat=False)
 
+    async def _messages(
+        self,
+        scope: HTTPScope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        request_id: str,
+    ) -> None:
+        err = self._readiness_error()
+        if err is not None:
+            raise err
+        self._require_json(scope)
+        assert self.model is not None
+        # The Anthropic `model` field is a label, echoed back as sent.
+        responder = AnthropicResponder(self.public_id)
+        prepare = messages_preparer(
+            codec=self._anthropic,
+            config=self.config,
+            limits=self._limits(),
+            template=self.model.tokenizer.chat_template,
+            tokenize=self._tokenize,
+            request_id=request_id,
+            check=self._engine_check,
+            on_label=lambda label: setattr(responder, "label", label),
+        )
+        await run_generation(
+            self._generation_context(),
+            scope=scope,
+            receive=receive,
+            send=send,
+            request_id=request_id,
+            request_id_header=b"request-id",
+            endpoint="/v1/messages",
+            responder=responder,
+            prepare=prepare,
+        )
+
+    async def _count_tokens(
+        self,
+        scope: HTTPScope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        request_id: str,
+    ) -> None:
+        """Counts with the same template as /v1/messages, without generating (and without
+        taking a place in the scheduler: it never reaches the engine)."""
+        err = self._readiness_error()
+        if err is not None:
+            raise err
+        self._require_json(scope)
+        assert self.model is not None
+        with trio.move_on_after(self.config.read_timeout_s) as read_scope:
+            body = await read_body(scope, receive, self.config.max_request_bytes)
+        if read_scope.cancelled_caught:
+            raise ApiError("request_timeout", "the request body did not arrive in time")
+        req = self._anthropic.parse_count(loads(body))
+        prompt = render_conversation(
+            self.model.tokenizer.chat_template, req.system_text(), req.messages
+        )
+        count = len(await self._tokenize(prompt))
+        await send_bytes(
+            send, 200, dumps({"input_tokens": count}), [(b"request-id", request_id.encode())]
+        )
+
 
 _OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def _rid_header(path: str) -> bytes:
+    return b"request-id" if path.startswith("/v1/messages") else b"x-request-id"
 
 
 def _with_cors(send: ASGISendCallable) -> ASGISendCallable:

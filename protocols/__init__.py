@@ -5,6 +5,13 @@ Imports neither trio nor torch: pure data and translation.
 
 from __future__ import annotations
 
+from protocols._anthropic import (
+    AnthropicCodec,
+    CountTokensRequest,
+    MessagesRequest,
+    anthropic_error_body,
+    anthropic_status,
+)
 from protocols._errors import KINDS, ApiError, ErrorKind, ProtocolError
 from protocols._json import dumps, loads
 from protocols._native import GenerateRequest, NativeCodec, error_body, response_body
@@ -20,15 +27,20 @@ from protocols._sse import sse_data, sse_event
 
 __all__ = [
     "KINDS",
+    "AnthropicCodec",
     "ApiError",
     "ChatMessage",
     "ChatRequest",
     "CompletionRequest",
+    "CountTokensRequest",
     "ErrorKind",
     "GenerateRequest",
+    "MessagesRequest",
     "NativeCodec",
     "OpenAICodec",
     "ProtocolError",
+    "anthropic_error_body",
+    "anthropic_status",
     "dumps",
     "error_body",
     "loads",

@@ -1,0 +1,239 @@
+"""The Anthropic-compatible contract: POST /v1/messages and /v1/messages/count_tokens.
+
+Text only: image, document, tool and thinking blocks, `tools`, `tool_choice` and
+`thinking` are refused by name. The `model` field is a label, echoed back.
+Errors: `{"type": "error", "error": {"type", "message"}, "request_id"}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import cattrs
+
+from protocols._errors import ApiError
+from protocols._json import dumps
+from protocols._strict import InvalidType, make_converter, register_list, structure
+
+__all__ = [
+    "AnthropicCodec",
+    "CountTokensRequest",
+    "MessagesRequest",
+    "anthropic_error_body",
+    "anthropic_status",
+]
+
+
+@attrs.frozen
+class Block:
+    type: str
+    text: str | None = None
+    # Present only so that a non-text block is refused by its type, not by its fields.
+    source: dict[str, Any] | None = None
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None
+    content: Any = None
+    thinking: str | None = None
+    signature: str | None = None
+    cache_control: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class Message:
+    role: str
+    content: str | list[Block]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(b.text or "" for b in self.content)
+
+
+@attrs.frozen
+class Metadata:
+    user_id: str | None = None
+
+
+@attrs.frozen
+class MessagesRequest:
+    model: str
+    max_tokens: int
+    messages: list[Message]
+    system: str | list[Block] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    metadata: Metadata | None = None
+    stream: bool | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+    def system_text(self) -> str | None:
+        if self.system is None:
+            return None
+        if isinstance(self.system, str):
+            return self.system
+        return "".join(b.text or "" for b in self.system)
+
+
+@attrs.frozen
+class CountTokensRequest:
+    model: str
+    messages: list[Message]
+    system: str | list[Block] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+    def system_text(self) -> str | None:
+        if self.system is None:
+            return None
+        if isinstance(self.system, str):
+            return self.system
+        return "".join(b.text or "" for b in self.system)
+
+
+def _invalid(param: str, message: str) -> ApiError:
+    return ApiError("invalid_request", message, param=param, code="invalid_value")
+
+
+class AnthropicCodec:
+    def __init__(self) -> None:
+        conv = make_converter()
+        register_list(conv, str)
+        register_list(conv, Block)
+        register_list(conv, Message)
+        register_list(conv, dict[str, Any])
+        conv.register_structure_hook_func(lambda t: t is Any, lambda v, _: v)
+
+        def blocks_hook(value: Any, _: type) -> str | list[Block] | None:
+            if value is None or isinstance(value, str):
+                return value
+            if isinstance(value, list):
+                return conv.structure(value, list[Block])
+            raise InvalidType("string or array of content blocks")
+
+        conv.register_structure_hook_func(
+            lambda t: t in (str | list[Block], str | list[Block] | None), blocks_hook
+        )
+        self._conv: cattrs.Converter = conv
+
+    def _check_conversation(
+        self, messages: list[Message], system: str | list[Block] | None, refused: dict[str, Any]
+    ) -> None:
+        for name, value in refused.items():
+            if value is not None:
+                raise ApiError(
+                    "invalid_request",
+                    f"{name} is not supported by this server (the model's chat template has "
+                    "no tool or thinking support)",
+                    param=name,
+                    code="unsupported_parameter",
+                )
+        if not messages:
+            raise _invalid("messages", "messages must contain at least one message")
+        for i, m in enumerate(messages):
+            where = f"messages[{i}]"
+            expected = "user" if i % 2 == 0 else "assistant"
+            if m.role not in ("user", "assistant"):
+                raise _invalid(f"{where}.role", f"{where}.role must be user or assistant")
+            if m.role != expected:
+                raise _invalid(
+                    f"{where}.role",
+                    "messages must alternate between user and assistant, starting with user",
+                )
+            if isinstance(m.content, list):
+                self._check_blocks(m.content, f"{where}.content")
+        if isinstance(system, list):
+            self._check_blocks(system, "system")
+
+    @staticmethod
+    def _check_blocks(blocks: list[Block], where: str) -> None:
+        for j, b in enumerate(blocks):
+            if b.type != "text":
+                raise ApiError(
+                    "invalid_request",
+                    f"content blocks of type {b.type!r} are not supported; only text blocks are",
+                    param=f"{where}[{j}].type",
+                    code="unsupported_parameter",
+                )
+            if b.text is None:
+                raise _invalid(f"{where}[{j}].text", "a text block needs its text")
+
+    def parse_messages(self, body: Any) -> MessagesRequest:
+        req = structure(self._conv, body, MessagesRequest)
+        self._check_conversation(
+            req.messages,
+            req.system,
+            {"tools": req.tools, "tool_choice": req.tool_choice, "thinking": req.thinking},
+        )
+        if req.messages[-1].role != "user":
+            raise _invalid(
+                f"messages[{len(req.messages) - 1}].role",
+                "the last message must be from the user (assistant prefill is not supported)",
+            )
+        if req.max_tokens < 1:
+            raise _invalid("max_tokens", "max_tokens must be at least 1")
+        if req.temperature is not None and not 0.0 <= req.temperature <= 1.0:
+            raise _invalid("temperature", "temperature must be between 0 and 1")
+        if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
+            raise _invalid("top_p", "top_p must be greater than 0 and at most 1")
+        if req.top_k is not None and req.top_k < 0:
+            raise _invalid("top_k", "top_k must be 0 (off) or a positive integer")
+        if req.stop_sequences is not None:
+            if len(req.stop_sequences) > 4:
+                raise _invalid("stop_sequences", "stop_sequences takes at most 4 strings")
+            if any(not s for s in req.stop_sequences):
+                raise _invalid("stop_sequences", "stop sequences must be non-empty")
+        return req
+
+    def parse_count(self, body: Any) -> CountTokensRequest:
+        req = structure(self._conv, body, CountTokensRequest)
+        self._check_conversation(
+            req.messages,
+            req.system,
+            {"tools": req.tools, "tool_choice": req.tool_choice, "thinking": req.thinking},
+        )
+        return req
+
+
+_TYPES = {
+    "malformed_json": "invalid_request_error",
+    "invalid_request": "invalid_request_error",
+    "context_length_exceeded": "invalid_request_error",
+    "unsupported_media_type": "invalid_request_error",
+    "request_timeout": "timeout_error",
+    "unauthorized": "authentication_error",
+    "not_found": "not_found_error",
+    "model_not_found": "not_found_error",
+    "method_not_allowed": "invalid_request_error",
+    "payload_too_large": "request_too_large",
+    "server_overloaded": "rate_limit_error",
+    "request_queue_timeout": "overloaded_error",
+    "model_loading": "overloaded_error",
+    "shutting_down": "overloaded_error",
+    "engine_unavailable": "overloaded_error",
+    "internal_error": "api_error",
+}
+
+
+def anthropic_status(err: ApiError) -> int:
+    if err.kind in ("invalid_request", "context_length_exceeded", "malformed_json"):
+        return 400
+    return err.status
+
+
+def anthropic_error_body(err: ApiError, request_id: str) -> bytes:
+    message = err.message if err.param is None else f"{err.param}: {err.message}"
+    return dumps(
+        {
+            "type": "error",
+            "error": {"type": _TYPES.get(err.kind, "api_error"), "message": message},
+            "request_id": request_id,
+        }
+    )

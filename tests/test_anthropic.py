@@ -1,0 +1,113 @@
+"""The Anthropic-compatible routes, driven by the official anthropic SDK against a real server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anthropic
+import httpx
+import pytest
+from server import serve
+
+
+def _client(url: str, key: str = "unused") -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=url, api_key=key, max_retries=0)
+
+
+async def test_messages_whole_and_streamed(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+        kwargs = {
+            "model": "any-label",
+            "max_tokens": 9,
+            "system": "be brief",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "the cat"}]}],
+            # The 2.x SDK no longer has a temperature argument; older clients send it.
+            "extra_body": {"temperature": 0},
+        }
+        msg = await client.messages.create(**kwargs)  # type: ignore[call-overload]
+        assert msg.model == "any-label"
+        assert msg.stop_reason in ("max_tokens", "end_turn")
+        assert msg.usage.output_tokens <= 9
+        template = srv.app.model.tokenizer.chat_template  # type: ignore[union-attr]
+        prompt = template.render(  # type: ignore[union-attr]
+            [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the cat"}]
+        )
+        n_prompt = len(srv.app.model.tokenizer.encode(prompt))  # type: ignore[union-attr]
+        assert msg.usage.input_tokens == n_prompt
+        count = await client.messages.count_tokens(
+            model="x", system="be brief", messages=[{"role": "user", "content": "the cat"}]
+        )
+        assert count.input_tokens == n_prompt
+        async with client.messages.stream(**kwargs) as stream:  # type: ignore[arg-type]
+            events = [e.type async for e in stream]
+            final = await stream.get_final_message()
+        assert events[0] == "message_start"
+        assert "content_block_start" in events
+        assert events[-1] == "message_stop"
+        assert final.content[0].text == msg.content[0].text  # type: ignore[union-attr]
+        assert final.stop_reason == msg.stop_reason
+        async with httpx.AsyncClient(base_url=srv.url) as c:
+            native = (
+                await c.post(
+                    "/v1/generate",
+                    json={"prompt": prompt, "max_new_tokens": 9, "temperature": 0},
+                )
+            ).json()
+        assert msg.content[0].text == native["text"]  # type: ignore[union-attr]
+
+
+async def test_stop_sequence(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+        base = {
+            "model": "m",
+            "max_tokens": 40,
+            "messages": [{"role": "user", "content": "and"}],
+            "extra_body": {"temperature": 0},
+        }
+        full = (await client.messages.create(**base)).content[0].text  # type: ignore[call-overload,union-attr]
+        if len(full) < 8:
+            pytest.skip("the random model ended its turn too early for this prompt")
+        stop = full[4:7]
+        msg = await client.messages.create(**base, stop_sequences=[stop])  # type: ignore[call-overload]
+        assert msg.stop_reason == "stop_sequence"
+        assert msg.stop_sequence == stop
+        assert msg.content[0].text == full[: full.index(stop)]
+
+
+async def test_errors_map_to_the_sdk_classes(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path, api_key="k") as srv:
+        msgs = [{"role": "user", "content": "x"}]
+        async with _client(srv.url, "wrong") as bad:
+            with pytest.raises(anthropic.AuthenticationError):
+                await bad.messages.create(model="m", max_tokens=5, messages=msgs)  # type: ignore[arg-type]
+        async with _client(srv.url, "k") as client:
+            image = {"type": "base64", "media_type": "image/png", "data": "AA=="}
+            with pytest.raises(anthropic.BadRequestError) as e:
+                await client.messages.create(
+                    model="m",
+                    max_tokens=5,
+                    messages=[
+                        {"role": "user", "content": [{"type": "image", "source": image}]}  # type: ignore[list-item]
+                    ],
+                )
+            assert "image" in str(e.value)
+            with pytest.raises(anthropic.BadRequestError):
+                await client.messages.create(
+                    model="m", max_tokens=5, messages=msgs,  # type: ignore[arg-type]
+                    thinking={"type": "enabled", "budget_tokens": 1024},
+                )  # fmt: skip
+            r = await client.messages.with_raw_response.create(
+                model="m",
+                max_tokens=2,
+                messages=msgs,  # type: ignore[arg-type]
+            )
+            assert r.headers["request-id"]
+            async with httpx.AsyncClient(base_url=srv.url) as c:
+                raw = await c.post(
+                    "/v1/messages", json={"max_tokens": 5}, headers={"x-api-key": "k"}
+                )
+            body = raw.json()
+            assert raw.status_code == 400
+            assert body["type"] == "error"
+            assert body["error"]["type"] == "invalid_request_error"
+            assert body["request_id"] == raw.headers["request-id"]
