@@ -164,3 +164,55 @@ async def test_overload_is_a_rate_limit_error(tiny_gguf: Path, tmp_path: Path) -
                 n.start_soon(one)
         assert "429" in results
         assert "ok" in results
+
+
+async def test_cors_preflight_and_headers(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with (
+        serve(tiny_gguf, tmp_path, cors=True, api_key="k") as srv,
+        httpx.AsyncClient(base_url=srv.url) as c,
+    ):
+        pre = await c.options(
+            "/v1/chat/completions",
+            headers={"origin": "http://x", "access-control-request-method": "POST"},
+        )
+        assert pre.status_code == 204, "preflight needs no key"
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        r = await c.get("/v1/models", headers={"authorization": "Bearer k"})
+        assert r.headers["access-control-allow-origin"] == "*"
+    async with serve(tiny_gguf, tmp_path) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+        r = await c.get("/v1/models")
+        assert "access-control-allow-origin" not in r.headers
+
+
+@pytest.mark.realmodel
+async def test_real_model_through_the_sync_openai_sdk(real_gguf: Path, tmp_path: Path) -> None:
+    """The default model end to end over a real socket, with the synchronous SDK."""
+    async with serve(real_gguf, tmp_path) as srv:
+
+        def ask() -> str:
+            with openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as client:
+                reply = client.chat.completions.create(
+                    model=client.models.list().data[0].id,
+                    messages=[{"role": "user", "content": "What is the capital of France?"}],
+                    temperature=0,
+                    max_completion_tokens=32,
+                )
+                assert reply.choices[0].finish_reason == "stop"
+                return reply.choices[0].message.content or ""
+
+        text = await trio.to_thread.run_sync(ask)
+        assert text.startswith("The capital of France is Paris.")
+
+
+async def test_stop_strings_on_the_openai_routes(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+        base = {"model": "tiny-test-llama", "prompt": "and", "max_tokens": 40, "temperature": 0}
+        full = (
+            (await client.completions.create(**base, extra_body={"ignore_eos": True}))
+            .choices[0]
+            .text
+        )  # type: ignore[call-overload]
+        stop = full[5:8]
+        c = await client.completions.create(**base, stop=[stop], extra_body={"ignore_eos": True})  # type: ignore[call-overload]
+        assert c.choices[0].finish_reason == "stop"
+        assert c.choices[0].text == full[: full.index(stop)]

@@ -1,0 +1,38 @@
+"""Use ninfer through the official anthropic SDK: change only the base URL.
+
+.venv/bin/python examples/anthropic_client.py [http://127.0.0.1:8080]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import anthropic
+
+
+def main() -> None:
+    base = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8080"
+    client = anthropic.Anthropic(base_url=base, api_key=os.environ.get("NINFER_API_KEY", "unused"))
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    print(client.messages.count_tokens(model="smollm2", messages=messages))  # type: ignore[arg-type]
+    reply = client.messages.create(
+        model="smollm2",
+        max_tokens=64,
+        system="Answer in one sentence.",
+        messages=messages,  # type: ignore[arg-type]
+    )
+    print(reply.content[0].text, reply.stop_reason, reply.usage)  # type: ignore[union-attr]
+
+    with client.messages.stream(
+        model="smollm2",
+        max_tokens=64,
+        messages=[{"role": "user", "content": "Write a haiku about the sea."}],
+    ) as stream:
+        for text in stream.text_stream:
+            print(text, end="", flush=True)
+    print()
+
+
+if __name__ == "__main__":
+    main()

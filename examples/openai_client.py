@@ -1,0 +1,49 @@
+"""Use ninfer through the official openai SDK: change only the base URL.
+
+.venv/bin/python examples/openai_client.py [http://127.0.0.1:8080]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import openai
+
+
+def main() -> None:
+    base = (sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8080") + "/v1"
+    client = openai.OpenAI(base_url=base, api_key=os.environ.get("NINFER_API_KEY", "unused"))
+    model = client.models.list().data[0].id
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_completion_tokens=32,
+    )
+    print(reply.choices[0].message.content)
+    print(reply.usage)
+
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Write a haiku about the sea."}],
+        stream=True,
+        stream_options={"include_usage": True},
+        seed=7,
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            print(chunk.choices[0].delta.content, end="", flush=True)
+        if chunk.usage:
+            print("\n", chunk.usage)
+
+    try:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "x"}], n=3
+        )
+    except openai.BadRequestError as exc:
+        print("refused:", exc.code, exc.param)
+
+
+if __name__ == "__main__":
+    main()
