@@ -17,7 +17,7 @@ DEFAULT_TEMPERATURE = 1.0
 
 @attrs.frozen
 class SamplingRequest:
-    """The sampling fields a client sent (None: not sent), under their wire names."""
+    """The sampling fields a client sent (None: not sent)."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -26,23 +26,18 @@ class SamplingRequest:
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    names: dict[str, str] = attrs.field(factory=dict)  # our name -> the protocol's name
 
 
 def resolve_sampling(req: SamplingRequest, cfg: ServerConfig) -> tuple[SamplingParams, list[str]]:
     """Request fields over process flags over built-in defaults; --greedy forces argmax.
     Harmless ineffective fields are kept and reported as warnings."""
     warnings: list[str] = []
-
-    def name(field: str) -> str:
-        return req.names.get(field, field)
-
     temperature = req.temperature
     if temperature is None:
         temperature = cfg.temperature if cfg.temperature is not None else DEFAULT_TEMPERATURE
     if cfg.greedy:
         if req.temperature not in (None, 0.0):
-            warnings.append(f"{name('temperature')} is ignored: the server forces greedy decoding")
+            warnings.append("temperature is ignored: the server forces greedy decoding")
         temperature = 0.0
     top_p = req.top_p if req.top_p is not None else (cfg.top_p if cfg.top_p is not None else 1.0)
     top_k = req.top_k if req.top_k is not None else (cfg.top_k if cfg.top_k is not None else 0)
@@ -51,7 +46,7 @@ def resolve_sampling(req: SamplingRequest, cfg: ServerConfig) -> tuple[SamplingP
     if temperature == 0.0:
         for field in ("top_p", "top_k", "min_p", "seed"):
             if getattr(req, field) is not None:
-                warnings.append(f"{name(field)} has no effect with greedy decoding (temperature 0)")
+                warnings.append(f"{field} has no effect with greedy decoding (temperature 0)")
     params = SamplingParams(
         temperature=temperature,
         top_k=top_k,

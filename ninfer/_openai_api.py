@@ -11,7 +11,16 @@ from ninfer._config import ServerConfig
 from ninfer._generation import Outcome, Prepared
 from ninfer._messages import GenerationRequest, TokenDelta
 from ninfer._tokenizer import ChatTemplate
-from protocols import ApiError, OpenAICodec, dumps, loads, openai_error_body, openai_status
+from protocols import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    OpenAICodec,
+    dumps,
+    loads,
+    openai_error_body,
+    openai_status,
+)
 
 __all__ = ["OpenAIResponder", "chat_preparer", "completion_preparer", "model_card"]
 
@@ -143,7 +152,7 @@ def _check_model(name: str, public_ids: Mapping[str, bool]) -> None:
         )
 
 
-def _sampling(req: Any, names: dict[str, str]) -> SamplingRequest:
+def _sampling(req: ChatRequest | CompletionRequest) -> SamplingRequest:
     return SamplingRequest(
         temperature=req.temperature,
         top_p=req.top_p,
@@ -152,7 +161,6 @@ def _sampling(req: Any, names: dict[str, str]) -> SamplingRequest:
         seed=req.seed,
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
-        names=names,
     )
 
 
@@ -160,6 +168,34 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
     return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _prepared(
+    req: ChatRequest | CompletionRequest,
+    ids: list[int],
+    budget: int,
+    config: ServerConfig,
+    request_id: str,
+    check: Callable[[GenerationRequest], None],
+) -> Prepared:
+    """The engine request and answer shape shared by chat and text completions."""
+    sampling, warnings = resolve_sampling(_sampling(req), config)
+    gen = GenerationRequest(
+        request_id=request_id,
+        prompt_ids=tuple(ids),
+        max_new_tokens=budget,
+        sampling=sampling,
+        stop=_stops(req.stop),
+        ignore_eos=bool(req.ignore_eos),
+    )
+    check(gen)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return Prepared(
+        request=gen,
+        stream=bool(req.stream),
+        warnings=tuple(warnings),
+        log_fields={"protocol": "openai", "include_usage": include_usage},
+    )
 
 
 def chat_preparer(
@@ -202,23 +238,7 @@ def chat_preparer(
         if requested is not None and requested < 1:
             raise ApiError("invalid_request", f"{param} must be at least 1", param=param)
         budget = resolve_budget(len(ids), requested, limits, param=param, prompt_param="messages")
-        sampling, warnings = resolve_sampling(_sampling(req, {}), config)
-        gen = GenerationRequest(
-            request_id=request_id,
-            prompt_ids=tuple(ids),
-            max_new_tokens=budget,
-            sampling=sampling,
-            stop=_stops(req.stop),
-            ignore_eos=bool(req.ignore_eos),
-        )
-        check(gen)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return Prepared(
-            request=gen,
-            stream=bool(req.stream),
-            warnings=tuple(warnings),
-            log_fields={"protocol": "openai", "include_usage": include_usage},
-        )
+        return _prepared(req, ids, budget, config, request_id, check)
 
     return prepare
 
@@ -246,22 +266,6 @@ def completion_preparer(
         budget = resolve_budget(
             len(ids), requested, limits, param="max_tokens", prompt_param="prompt"
         )
-        sampling, warnings = resolve_sampling(_sampling(req, {}), config)
-        gen = GenerationRequest(
-            request_id=request_id,
-            prompt_ids=tuple(ids),
-            max_new_tokens=budget,
-            sampling=sampling,
-            stop=_stops(req.stop),
-            ignore_eos=bool(req.ignore_eos),
-        )
-        check(gen)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return Prepared(
-            request=gen,
-            stream=bool(req.stream),
-            warnings=tuple(warnings),
-            log_fields={"protocol": "openai", "include_usage": include_usage},
-        )
+        return _prepared(req, ids, budget, config, request_id, check)
 
     return prepare

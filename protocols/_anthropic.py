@@ -57,6 +57,12 @@ class Metadata:
     user_id: str | None = None
 
 
+def _system_text(system: str | list[Block] | None) -> str | None:
+    if system is None or isinstance(system, str):
+        return system
+    return "".join(b.text or "" for b in system)
+
+
 @attrs.frozen
 class MessagesRequest:
     model: str
@@ -74,11 +80,7 @@ class MessagesRequest:
     thinking: dict[str, Any] | None = None
 
     def system_text(self) -> str | None:
-        if self.system is None:
-            return None
-        if isinstance(self.system, str):
-            return self.system
-        return "".join(b.text or "" for b in self.system)
+        return _system_text(self.system)
 
 
 @attrs.frozen
@@ -91,11 +93,7 @@ class CountTokensRequest:
     thinking: dict[str, Any] | None = None
 
     def system_text(self) -> str | None:
-        if self.system is None:
-            return None
-        if isinstance(self.system, str):
-            return self.system
-        return "".join(b.text or "" for b in self.system)
+        return _system_text(self.system)
 
 
 def _invalid(param: str, message: str) -> ApiError:
