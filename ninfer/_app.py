@@ -18,6 +18,7 @@ from typing import Any
 import trio
 from hypercorn.typing import (
     ASGIReceiveCallable,
+    ASGIReceiveEvent,
     ASGISendCallable,
     ASGISendEvent,
     HTTPScope,
@@ -31,8 +32,13 @@ from ninfer._budget import Limits
 from ninfer._config import ServerConfig, config_from_env, public_settings, redacted_argv
 from ninfer._engine import DTYPES, EngineConfig
 from ninfer._errors import RequestInvalid
-from ninfer._generation import GenerationContext, error_headers, run_generation
-from ninfer._http import header, read_body, request_id_from, send_bytes
+from ninfer._generation import (
+    DISCARD_BODY_S,
+    GenerationContext,
+    error_headers,
+    run_generation,
+)
+from ninfer._http import discard_body, header, read_body, request_id_from, send_bytes
 from ninfer._loader import LoadedModel, load_model
 from ninfer._messages import GenerationRequest
 from ninfer._native_api import NativeResponder, native_preparer
@@ -285,6 +291,14 @@ class App:
                 started[0] = True
             await send(message)
 
+        body_done = [False]
+
+        async def tracking_receive() -> ASGIReceiveEvent:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done[0] = True
+            return message
+
         try:
             if method == "OPTIONS" and self.config.cors:
                 await _preflight(send)
@@ -303,7 +317,7 @@ class App:
                 )
             if path not in ("/health", "/ready"):
                 self._authorize(scope)
-            await handler(scope, receive, tracking_send, request_id)
+            await handler(scope, tracking_receive, tracking_send, request_id)
         except ApiError as err:
             if not started[0]:
                 if path not in ("/health", "/ready"):
@@ -318,6 +332,8 @@ class App:
                         phase="route",
                     )
                 status, body = self._error_for(path, err, request_id)
+                if not body_done[0] and err.kind != "payload_too_large":
+                    await discard_body(receive, self.config.max_request_bytes, DISCARD_BODY_S)
                 await send_bytes(
                     send, status, body, error_headers(err, _rid_header(path), request_id)
                 )

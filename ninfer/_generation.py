@@ -20,7 +20,7 @@ import attrs
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
 
-from ninfer._http import ClientGone, Headers, read_body, send_bytes
+from ninfer._http import ClientGone, Headers, discard_body, read_body, send_bytes
 from ninfer._messages import Finish, GenerationRequest, RequestHandle, TokenDelta
 from ninfer._requestlog import RequestLog
 from ninfer._service import EngineService
@@ -32,7 +32,7 @@ __all__ = ["GenerationContext", "Outcome", "Prepared", "Responder", "run_generat
 _log = logging.getLogger("ninfer.request")
 
 # How long a refused request's unread body may take to arrive before the answer.
-_DISCARD_BODY_S = 1.0
+DISCARD_BODY_S = 1.0
 
 
 @attrs.frozen
@@ -228,25 +228,11 @@ class _Run:
         if self.writer.started:
             return  # the stream already began; its error event was sent
         if not self.body_read and err.kind not in ("payload_too_large", "request_timeout"):
-            await self._discard_body()
+            await discard_body(self.receive, self.ctx.max_request_bytes, DISCARD_BODY_S)
         body = self.responder.error(err, self.request_id)
         headers = error_headers(err, self.rid_header, self.request_id) + self.extra_headers
         with trio.move_on_after(self.ctx.write_timeout_s):
             await send_bytes(self.writer._send, status, body, headers)
-
-    async def _discard_body(self) -> None:
-        """Read and drop an unread body (bounded in bytes and time) before refusing: a
-        connection closed with unread data is reset, and the client may lose the answer."""
-        remaining = self.ctx.max_request_bytes
-        with trio.move_on_after(_DISCARD_BODY_S):
-            while remaining > 0:
-                message = await self.receive()
-                if message["type"] != "http.request":
-                    return
-                remaining -= len(message["body"])
-                if not message.get("more_body", False):
-                    self.body_read = True
-                    return
 
     # ---- the flow -------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import re
 import uuid
 from collections.abc import Iterable
 
+import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
 
 from protocols import ApiError
@@ -13,6 +14,7 @@ from protocols import ApiError
 __all__ = [
     "ClientGone",
     "Headers",
+    "discard_body",
     "header",
     "read_body",
     "request_id_from",
@@ -101,3 +103,18 @@ async def send_bytes(
         {"type": "http.response.start", "status": status, "headers": hdrs, "trailers": False}
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def discard_body(receive: ASGIReceiveCallable, limit: int, seconds: float) -> None:
+    """Read and drop an unread request body, bounded in bytes and time, before refusing
+    the request: a connection closed with unread data is reset by the kernel, and the
+    client may then lose the answer."""
+    remaining = limit
+    with trio.move_on_after(seconds):
+        while remaining > 0:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            remaining -= len(message["body"])
+            if not message.get("more_body", False):
+                return
