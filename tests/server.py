@@ -63,3 +63,22 @@ async def serve(model: Path, tmp_path: Path, **settings: Any) -> AsyncIterator[S
                 yield Server(url=binds[0], app=app, log_path=log_path)
             finally:
                 stop.set()
+    validate_log(log_path)
+
+
+def validate_log(path: Path) -> None:
+    """Every line the server wrote is one object valid against the shipped schema."""
+    import importlib.resources
+
+    import jsonschema
+    import orjson
+
+    schema = orjson.loads(
+        importlib.resources.files("ninfer").joinpath("request_log.schema.json").read_bytes()
+    )
+    validator = jsonschema.Draft202012Validator(schema)
+    lines = path.read_bytes().splitlines()
+    assert lines, "the server wrote no log lines"
+    for n, line in enumerate(lines, 1):
+        errors = sorted(validator.iter_errors(orjson.loads(line)), key=str)
+        assert not errors, f"{path.name}:{n}: {errors[0].message}"

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import orjson
 import trio
+from server import validate_log
 
 HANG_GUARD_S = 120
 
@@ -77,3 +78,4 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
     events = [r["event"] for r in records]
     assert events.count("request_done") == 3
     assert events[-1] == "server_stop"
+    validate_log(log)

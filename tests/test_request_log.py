@@ -1,0 +1,47 @@
+"""The request-log schema shipped in the package: valid itself, and it refuses bad lines."""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+import jsonschema
+import orjson
+import pytest
+
+from ninfer._requestlog import SCHEMA, SCHEMA_VERSION, RequestLog
+
+
+def _validator() -> jsonschema.Draft202012Validator:
+    raw = importlib.resources.files("ninfer").joinpath("request_log.schema.json").read_bytes()
+    schema = orjson.loads(raw)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_written_lines_validate_and_bad_ones_do_not(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    log = RequestLog(str(path))
+    log.emit(
+        "request_cancelled", "r1", endpoint="/v1/generate", stage="queued", elapsed_seconds=0.5
+    )
+    log.emit("server_stop")
+    log.close()
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    v = _validator()
+    assert [list(v.iter_errors(rec)) for rec in lines] == [[], []]
+    assert lines[0]["schema"] == SCHEMA
+    assert lines[0]["schema_version"] == SCHEMA_VERSION
+    bad = dict(lines[0], stage="teleported")
+    assert list(v.iter_errors(bad))
+    missing = {k: val for k, val in lines[0].items() if k != "server_instance_id"}
+    assert list(v.iter_errors(missing))
+
+
+@pytest.mark.parametrize("extra", [{"new_field": 1}, {"another": {"nested": True}}])
+def test_new_fields_are_allowed_within_the_major_version(extra: dict[str, object]) -> None:
+    record = {
+        "schema": SCHEMA, "schema_version": 1, "event": "server_stop", "ts_unix_ms": 1.0,
+        "server_instance_id": "x", "request_id": None, **extra,
+    }  # fmt: skip
+    assert not list(_validator().iter_errors(record))
