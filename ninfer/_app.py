@@ -38,7 +38,14 @@ from ninfer._generation import (
     error_headers,
     run_generation,
 )
-from ninfer._http import discard_body, header, read_body, request_id_from, send_bytes
+from ninfer._http import (
+    ClientGone,
+    discard_body,
+    header,
+    read_body,
+    request_id_from,
+    send_bytes,
+)
 from ninfer._loader import LoadedModel, load_model
 from ninfer._messages import GenerationRequest
 from ninfer._native_api import NativeResponder, native_preparer
@@ -337,6 +344,8 @@ class App:
                 await send_bytes(
                     send, status, body, error_headers(err, _rid_header(path), request_id)
                 )
+        except ClientGone:
+            return  # gone before anything was prepared: nothing to answer or log
         except Exception:
             _log.exception("request %s failed", request_id)
             self.log.emit(
