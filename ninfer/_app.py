@@ -382,6 +382,12 @@ class App:
                 "unauthorized", "a valid API key is required (Authorization: Bearer or x-api-key)"
             )
 
+    def _check_ready(self) -> None:
+        """Raise the readiness error (503 with Retry-After) when not serving."""
+        err = self._readiness_error()
+        if err is not None:
+            raise err
+
     def _readiness_error(self) -> ApiError | None:
         if self._draining:
             return ApiError("shutting_down", "the server is shutting down", retry_after=1)
@@ -412,9 +418,7 @@ class App:
         send: ASGISendCallable,
         request_id: str,
     ) -> None:
-        err = self._readiness_error()
-        if err is not None:
-            raise err
+        self._check_ready()
         body = dumps({"status": "ready", "model": self._model_summary()})
         await send_bytes(send, 200, body, [(b"x-request-id", request_id.encode())])
 
@@ -476,9 +480,7 @@ class App:
         send: ASGISendCallable,
         request_id: str,
     ) -> None:
-        err = self._readiness_error()
-        if err is not None:
-            raise err
+        self._check_ready()
         self._require_json(scope)
         prepare = native_preparer(
             codec=self._codec,
@@ -511,9 +513,7 @@ class App:
         send: ASGISendCallable,
         request_id: str,
     ) -> None:
-        err = self._readiness_error()
-        if err is not None:
-            raise err
+        self._check_ready()
         body = dumps({"object": "list", "data": [model_card(self.public_id, self._created)]})
         await send_bytes(send, 200, body, [(b"x-request-id", request_id.encode())])
 
@@ -524,9 +524,7 @@ class App:
         send: ASGISendCallable,
         request_id: str,
     ) -> None:
-        err = self._readiness_error()
-        if err is not None:
-            raise err
+        self._check_ready()
         name = scope["path"].removeprefix("/v1/models/")
         if name not in self._public_ids():
             raise ApiError(
@@ -547,9 +545,7 @@ class App:
         *,
         chat: bool,
     ) -> None:
-        err = self._readiness_error()
-        if err is not None:
-            raise err
+        self._check_ready()
         self._require_json(scope)
         assert self.model is not None
         if chat:
@@ -610,9 +606,7 @@ class App:
         send: ASGISendCallable,
         request_id: str,
     ) -> None:
-        err = self._readiness_error()
-        if err is not None:
-            raise err
+        self._check_ready()
         self._require_json(scope)
         assert self.model is not None
         # The Anthropic `model` field is a label, echoed back as sent.
@@ -648,9 +642,7 @@ class App:
     ) -> None:
         """Counts with the same template as /v1/messages, without generating (and without
         taking a place in the scheduler: it never reaches the engine)."""
-        err = self._readiness_error()
-        if err is not None:
-            raise err
+        self._check_ready()
         self._require_json(scope)
         assert self.model is not None
         with trio.move_on_after(self.config.read_timeout_s) as read_scope:
