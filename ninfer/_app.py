@@ -30,7 +30,7 @@ from ninfer._anthropic_api import AnthropicResponder, messages_preparer, render_
 from ninfer._artifacts import REGISTRY, cache_dir, resolve_model
 from ninfer._budget import Limits
 from ninfer._config import ServerConfig, config_from_env, public_settings, redacted_argv
-from ninfer._engine import DTYPES, EngineConfig
+from ninfer._engine import DTYPES, Engine, EngineConfig
 from ninfer._errors import RequestInvalid
 from ninfer._generation import (
     DISCARD_BODY_S,
@@ -110,6 +110,8 @@ class App:
             ),
         )
         self.scheduler: AdmissionController | None = None
+        self._context: GenerationContext | None = None
+        self._request_limits: Limits | None = None
         self.model: LoadedModel | None = None
         self.public_id = config.model_id or ""
         self._draining = False
@@ -204,6 +206,7 @@ class App:
             max_pending=self.config.max_pending_requests,
             units_total=engine.page_count,
         )
+        self._build_serving(engine, self.scheduler)
         ident = model.identity
         self.log.emit(
             "server_start",
@@ -434,12 +437,10 @@ class App:
             return tok.encode(text)
         return await trio.to_thread.run_sync(tok.encode, text, limiter=self._tokenize_limiter)
 
-    def _generation_context(self) -> GenerationContext:
-        assert self.scheduler is not None
-        assert self.service.engine is not None
-        engine = self.service.engine
-        return GenerationContext(
-            scheduler=self.scheduler,
+    def _build_serving(self, engine: Engine, scheduler: AdmissionController) -> None:
+        """What every generation request needs, fixed once the model is loaded."""
+        self._context = GenerationContext(
+            scheduler=scheduler,
             service=self.service,
             log=self.log,
             max_request_bytes=self.config.max_request_bytes,
@@ -449,16 +450,20 @@ class App:
             pages_needed=engine.pages_needed,
             is_draining=lambda: self._draining,
         )
-
-    def _limits(self) -> Limits:
-        engine = self.service.engine
-        assert engine is not None
-        return Limits(
+        self._request_limits = Limits(
             max_context=engine.max_context,
             default_max_tokens=self.config.default_max_tokens,
             pages_total=engine.page_count,
             pages_needed=engine.pages_needed,
         )
+
+    def _generation_context(self) -> GenerationContext:
+        assert self._context is not None, "only called once ready"
+        return self._context
+
+    def _limits(self) -> Limits:
+        assert self._request_limits is not None, "only called once ready"
+        return self._request_limits
 
     def _engine_check(self, request: GenerationRequest) -> None:
         engine = self.service.engine
