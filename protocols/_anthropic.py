@@ -14,7 +14,14 @@ import cattrs
 
 from protocols._errors import ApiError
 from protocols._json import dumps
-from protocols._strict import InvalidType, make_converter, register_list, structure
+from protocols._strict import (
+    InvalidType,
+    check_sampling,
+    invalid_value,
+    make_converter,
+    register_list,
+    structure,
+)
 
 __all__ = [
     "AnthropicCodec",
@@ -96,8 +103,7 @@ class CountTokensRequest:
         return _system_text(self.system)
 
 
-def _invalid(param: str, message: str) -> ApiError:
-    return ApiError("invalid_request", message, param=param, code="invalid_value")
+_invalid = invalid_value
 
 
 class AnthropicCodec:
@@ -177,12 +183,13 @@ class AnthropicCodec:
             )
         if req.max_tokens < 1:
             raise _invalid("max_tokens", "max_tokens must be at least 1")
-        if req.temperature is not None and not 0.0 <= req.temperature <= 1.0:
-            raise _invalid("temperature", "temperature must be between 0 and 1")
-        if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
-            raise _invalid("top_p", "top_p must be greater than 0 and at most 1")
-        if req.top_k is not None and req.top_k < 0:
-            raise _invalid("top_k", "top_k must be 0 (off) or a positive integer")
+        check_sampling(
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=None,
+            max_temperature=1.0,
+        )
         if req.stop_sequences is not None:
             if len(req.stop_sequences) > 4:
                 raise _invalid("stop_sequences", "stop_sequences takes at most 4 strings")

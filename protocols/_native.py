@@ -26,7 +26,13 @@ import cattrs
 
 from protocols._errors import ApiError
 from protocols._json import dumps
-from protocols._strict import InvalidValue, make_converter, register_list, structure
+from protocols._strict import (
+    check_sampling,
+    invalid_value,
+    make_converter,
+    register_list,
+    structure,
+)
 
 __all__ = [
     "MAX_SEED",
@@ -43,14 +49,13 @@ MAX_STOP_CHARS = 32
 MAX_SEED = 2**31 - 1
 
 
-def _check_stop(_: object, attr: attrs.Attribute[Any], value: list[str] | None) -> None:
-    if value is None:
-        return
-    if len(value) > MAX_STOPS:
-        raise InvalidValue(f"has {len(value)} strings; at most {MAX_STOPS} are allowed")
-    for s in value:
-        if not 1 <= len(s) <= MAX_STOP_CHARS:
-            raise InvalidValue(f"strings must be 1..{MAX_STOP_CHARS} characters long")
+def _check_stop(stop: list[str]) -> None:
+    if len(stop) > MAX_STOPS:
+        raise invalid_value(
+            "stop", f"stop has {len(stop)} strings; at most {MAX_STOPS} are allowed"
+        )
+    if any(not 1 <= len(s) <= MAX_STOP_CHARS for s in stop):
+        raise invalid_value("stop", f"stop strings must be 1..{MAX_STOP_CHARS} characters long")
 
 
 @attrs.frozen
@@ -68,7 +73,7 @@ class GenerateRequest:
 
 
 def _range_error(param: str, rule: str) -> ApiError:
-    return ApiError("invalid_request", f"{param} {rule}", param=param, code="invalid_value")
+    return invalid_value(param, f"{param} {rule}")
 
 
 class NativeCodec:
@@ -100,21 +105,17 @@ def parse_generate(
         raise _range_error("prompt", "must be a non-empty string")
     if req.max_new_tokens is not None and not 1 <= req.max_new_tokens <= max_new_tokens_limit:
         raise _range_error("max_new_tokens", f"must be between 1 and {max_new_tokens_limit}")
-    if req.temperature is not None and not 0.0 <= req.temperature <= 2.0:
-        raise _range_error("temperature", "must be between 0 and 2")
-    if req.top_k is not None and req.top_k < 0:
-        raise _range_error("top_k", "must be 0 (off) or a positive integer")
-    if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
-        raise _range_error("top_p", "must be greater than 0 and at most 1")
-    if req.min_p is not None and not 0.0 <= req.min_p < 1.0:
-        raise _range_error("min_p", "must be at least 0 and less than 1")
+    check_sampling(
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        max_temperature=2.0,
+    )
     if req.seed is not None and not 0 <= req.seed <= MAX_SEED:
         raise _range_error("seed", f"must be between 0 and {MAX_SEED}")
     if req.stop is not None:
-        try:
-            _check_stop(None, None, req.stop)  # type: ignore[arg-type]
-        except InvalidValue as exc:
-            raise _range_error("stop", str(exc)) from None
+        _check_stop(req.stop)
     return req
 
 

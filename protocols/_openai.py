@@ -15,7 +15,13 @@ import cattrs
 
 from protocols._errors import ApiError
 from protocols._json import dumps
-from protocols._strict import InvalidType, make_converter, register_list, structure
+from protocols._strict import (
+    InvalidType,
+    check_sampling,
+    make_converter,
+    register_list,
+    structure,
+)
 
 __all__ = [
     "ChatMessage",
@@ -253,14 +259,9 @@ def _check_common(
         raise ApiError(
             "invalid_request", "only n=1 is supported", param="n", code="unsupported_parameter"
         )
-    if temperature is not None and not 0.0 <= temperature <= 2.0:
-        raise _invalid("temperature", "temperature must be between 0 and 2")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise _invalid("top_p", "top_p must be greater than 0 and at most 1")
-    if top_k is not None and top_k < 0:
-        raise _invalid("top_k", "top_k must be 0 (off) or a positive integer")
-    if min_p is not None and not 0.0 <= min_p < 1.0:
-        raise _invalid("min_p", "min_p must be at least 0 and less than 1")
+    check_sampling(
+        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, max_temperature=2.0
+    )
     if seed is not None and not -(2**63) <= seed < 2**63:
         raise _invalid("seed", "seed must fit in a signed 64-bit integer")
 
