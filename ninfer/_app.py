@@ -48,6 +48,8 @@ from ninfer._http import (
 )
 from ninfer._loader import LoadedModel, load_model
 from ninfer._messages import GenerationRequest
+from ninfer._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ninfer._metrics import Metrics
 from ninfer._native_api import NativeResponder, native_preparer
 from ninfer._openai_api import (
     OpenAIResponder,
@@ -110,6 +112,11 @@ class App:
             ),
         )
         self.scheduler: AdmissionController | None = None
+        self.metrics = Metrics(
+            lambda: self.scheduler.statistics() if self.scheduler else None,
+            self.service.statistics,
+        )
+        self.log.subscribe(self.metrics.on_event)
         self._context: GenerationContext | None = None
         self._request_limits: Limits | None = None
         self.model: LoadedModel | None = None
@@ -129,6 +136,7 @@ class App:
             "/v1/models": {"GET": self._models},
             "/v1/messages": {"POST": self._messages},
             "/v1/messages/count_tokens": {"POST": self._count_tokens},
+            "/metrics": {"GET": self._metrics},
         }
         self._anthropic = AnthropicCodec()
         self._openai = OpenAICodec()
@@ -293,22 +301,24 @@ class App:
         request_id = request_id_from(scope)
         if self.config.cors:
             send = _with_cors(send)
+        exchange = _Exchange(receive, send)
+        try:
+            await self._route(scope, exchange, request_id)
+        finally:
+            if exchange.status:
+                self.metrics.http_done(self._route_label(scope["path"]), exchange.status)
+
+    def _route_label(self, path: str) -> str:
+        """The route template for metric labels: raw paths would be unbounded."""
+        if path in self._routes:
+            return path
+        if path.startswith("/v1/models/"):
+            return "/v1/models/{model}"
+        return "unmatched"
+
+    async def _route(self, scope: HTTPScope, exchange: _Exchange, request_id: str) -> None:
         path, method = scope["path"], scope["method"]
-        started = [False]
-
-        async def tracking_send(message: ASGISendEvent) -> None:
-            if message["type"] == "http.response.start":
-                started[0] = True
-            await send(message)
-
-        body_done = [False]
-
-        async def tracking_receive() -> ASGIReceiveEvent:
-            message = await receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_done[0] = True
-            return message
-
+        receive, send = exchange.raw_receive, exchange.send
         try:
             if method == "OPTIONS" and self.config.cors:
                 await _preflight(send)
@@ -327,9 +337,9 @@ class App:
                 )
             if path not in ("/health", "/ready"):
                 self._authorize(scope)
-            await handler(scope, tracking_receive, tracking_send, request_id)
+            await handler(scope, exchange.receive, exchange.send, request_id)
         except ApiError as err:
-            if not started[0]:
+            if not exchange.status:
                 if path not in ("/health", "/ready"):
                     self.log.emit(
                         "request_rejected",
@@ -342,7 +352,7 @@ class App:
                         phase="route",
                     )
                 status, body = self._error_for(path, err, request_id)
-                if not body_done[0] and err.kind != "payload_too_large":
+                if not exchange.body_done and err.kind != "payload_too_large":
                     await discard_body(receive, self.config.max_request_bytes, DISCARD_BODY_S)
                 await send_bytes(
                     send, status, body, error_headers(err, _rid_header(path), request_id)
@@ -354,7 +364,7 @@ class App:
             self.log.emit(
                 "request_error", request_id, endpoint=path, status=500, type="internal_error"
             )
-            if not started[0]:
+            if not exchange.status:
                 internal = ApiError(
                     "internal_error", "an unexpected error occurred; see the server log"
                 )
@@ -414,6 +424,23 @@ class App:
     ) -> None:
         await send_bytes(send, 200, b'{"status":"ok"}', [(b"x-request-id", request_id.encode())])
 
+    async def _metrics(
+        self,
+        scope: HTTPScope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        request_id: str,
+    ) -> None:
+        """Prometheus text format; served while loading too (levels read as zero)."""
+        body = self.metrics.render()
+        await send_bytes(
+            send,
+            200,
+            body,
+            [(b"x-request-id", request_id.encode())],
+            content_type=METRICS_CONTENT_TYPE,
+        )
+
     async def _ready(
         self,
         scope: HTTPScope,
@@ -449,6 +476,7 @@ class App:
             pending_timeout_s=self.config.pending_timeout_ms / 1000.0,
             pages_needed=engine.pages_needed,
             is_draining=lambda: self._draining,
+            on_tokens=self.metrics.inter_token,
         )
         self._request_limits = Limits(
             max_context=engine.max_context,
@@ -662,6 +690,28 @@ class App:
         await send_bytes(
             send, 200, dumps({"input_tokens": count}), [(b"request-id", request_id.encode())]
         )
+
+
+class _Exchange:
+    """One HTTP exchange's ASGI callables, noting the response status once it starts
+    and whether the request body has been read to its end."""
+
+    def __init__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        self.raw_receive = receive
+        self._send = send
+        self.status = 0  # 0 until http.response.start has been sent
+        self.body_done = False
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self._send(message)
+
+    async def receive(self) -> ASGIReceiveEvent:
+        message = await self.raw_receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.body_done = True
+        return message
 
 
 _OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})

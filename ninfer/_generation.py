@@ -89,6 +89,8 @@ class GenerationContext:
     pending_timeout_s: float
     pages_needed: Callable[[int, int], int]
     is_draining: Callable[[], bool]
+    # (seconds since the previous tokens, how many arrived): the inter-token metric.
+    on_tokens: Callable[[float, int], None] = lambda _s, _n: None
 
 
 def error_headers(err: ApiError, request_id_header: bytes, request_id: str) -> Headers:
@@ -195,6 +197,7 @@ class _Run:
         self.handle: RequestHandle | None = None
         self.prepared_at = arrival
         self.admitted_at = arrival
+        self.admitted = False
         self.first_token_at: float | None = None
 
     # ---- terminal records -----------------------------------------------------------
@@ -210,6 +213,7 @@ class _Run:
             "request_cancelled",
             stage=stage,
             elapsed_seconds=trio.current_time() - self.arrival,
+            queue_seconds=self.admitted_at - self.prepared_at if self.admitted else None,
         )
 
     async def reject(self, err: ApiError) -> None:
@@ -224,6 +228,7 @@ class _Run:
                 code=err.code,
                 param=err.param,
                 phase=self.stage,
+                elapsed_seconds=trio.current_time() - self.arrival,
             )
         if self.writer.started:
             return  # the stream already began; its error event was sent
@@ -304,6 +309,7 @@ class _Run:
                 retry_after=retry,
             )
         self.admitted_at = trio.current_time()
+        self.admitted = True
         try:
             self.handle, events = self.ctx.service.submit(req)
         except Exception as exc:  # the engine stopped or refused: not the client's fault
@@ -312,15 +318,20 @@ class _Run:
         token_ids: list[int] = []
         texts: list[str] = []
         finish: Finish | None = None
+        last_at = self.admitted_at
         try:
             if prepared.stream:
                 await self._start_stream(prepared)
             async with events:
                 async for event in events:
                     if isinstance(event, TokenDelta):
+                        now = trio.current_time()
                         if self.first_token_at is None:
-                            self.first_token_at = trio.current_time()
+                            self.first_token_at = now
                             self.stage = "decode"
+                        elif event.token_ids:
+                            self.ctx.on_tokens(now - last_at, len(event.token_ids))
+                        last_at = now
                         token_ids.extend(event.token_ids)
                         texts.append(event.text)
                         if prepared.stream:

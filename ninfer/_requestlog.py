@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from typing import IO, Any, TextIO
 
 import orjson
@@ -71,6 +72,7 @@ class RequestLog:
                 structlog.dev.ConsoleRenderer(colors=False),
             ],
         )
+        self._listeners: list[Callable[[str, Mapping[str, Any]], None]] = []
         self._writer: threading.Thread | None = None
         if self._file is not None:
             self._writer = threading.Thread(
@@ -88,8 +90,17 @@ class RequestLog:
             self._file.write(item.encode() + b"\n")
             self._file.flush()
 
+    def subscribe(self, listener: Callable[[str, Mapping[str, Any]], None]) -> None:
+        """Call `listener(event, fields)` for every event, whether or not a file is set.
+
+        Listeners run on the emitting thread and must be cheap and never raise.
+        """
+        self._listeners.append(listener)
+
     def emit(self, event: str, request_id: str | None = None, **fields: Any) -> None:
-        """Append one record (when a file is configured)."""
+        """Append one record (when a file is configured) and tell the listeners."""
+        for listener in self._listeners:
+            listener(event, fields)
         if self._file is None:
             return
         record = {
