@@ -1,4 +1,4 @@
-"""The `ninfer` command line: serve, fetch-model."""
+"""The `ninfer` command line: serve, fetch-model, logs."""
 
 from __future__ import annotations
 
@@ -92,6 +92,106 @@ def _serve(args: argparse.Namespace) -> int:
     return exit_code
 
 
+def _logs_summarize(args: argparse.Namespace) -> int:
+    from ninfer._logtools import read_logs, render_table, summarize
+
+    try:
+        read = read_logs(args.files)
+    except OSError as exc:
+        print(f"ninfer logs summarize: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    for problem in read.problems:
+        print(problem, file=sys.stderr)
+    summary = summarize(read)
+    if args.json:
+        import orjson
+
+        sys.stdout.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(render_table(summary))
+    return 0
+
+
+def _logs_plot(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ninfer._logtools import read_logs
+
+    try:
+        from ninfer._logplot import plot_log
+    except ImportError:  # pragma: no cover - depends on the install
+        print(
+            "ninfer logs plot: error: matplotlib is not installed (pip install 'ninfer[plot]')",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        read = read_logs(args.files)
+    except OSError as exc:
+        print(f"ninfer logs plot: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    for problem in read.problems:
+        print(problem, file=sys.stderr)
+    try:
+        shown = plot_log(read, Path(args.output), bin_seconds=args.bin_seconds)
+    except ValueError as exc:
+        print(f"ninfer logs plot: error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"{args.output}: {int(shown['requests'])} requests over {shown['seconds']:.1f} s "
+        f"({shown['bin_seconds']:g} s bins)"
+    )
+    return 0
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return value
+
+
+def _add_logs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    logs = sub.add_parser(
+        "logs",
+        help="read request logs (--request-log-jsonl): summarize, plot",
+        description="Read one or more request-log files (JSONL, schema ninfer.request_log "
+        "v1). A line that cannot be read is reported with its file and line number on "
+        "stderr and skipped; a file still being written is read up to its last full line.",
+    )
+    verbs = logs.add_subparsers(dest="logs_command", required=True)
+    summ = verbs.add_parser(
+        "summarize",
+        help="counts and latency percentiles per endpoint and outcome",
+        description="Per endpoint and outcome (done, rejected, cancelled, error): counts "
+        "and p50/p95/p99 of queue time, time to first token, total time and output tokens "
+        "per second (tokens after the first over the time after the first); rejections by "
+        "status and type; cancellations by stage; the time span covered.",
+    )
+    summ.add_argument("files", nargs="+", metavar="FILE", help="request-log files")
+    summ.add_argument("--json", action="store_true", help="print the summary as JSON")
+    summ.set_defaults(func=_logs_summarize)
+    plot = verbs.add_parser(
+        "plot",
+        help="one figure over time: running/waiting, admitted/rejected, latency",
+        description="Draw requests running and waiting, admitted and rejected per "
+        "second, and p50/p95 latency over time in one figure (needs matplotlib: "
+        "pip install 'ninfer[plot]').",
+    )
+    plot.add_argument("files", nargs="+", metavar="FILE", help="request-log files")
+    plot.add_argument("-o", "--output", required=True, help="the image to write (.png, .svg, .pdf)")
+    plot.add_argument(
+        "--bin-seconds",
+        type=_positive_float,
+        default=None,
+        help="width of the rate and latency bins (default: about 60 bins over the span)",
+    )
+    plot.set_defaults(func=_logs_plot)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ninfer._artifacts import DEFAULT_MODEL, REGISTRY
 
@@ -133,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_arguments(serve)
     serve.set_defaults(func=_serve)
+    _add_logs(sub)
     return parser
 
 

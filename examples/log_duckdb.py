@@ -1,0 +1,48 @@
+"""Query a ninfer request log with DuckDB: latency percentiles and refusals per endpoint.
+
+.venv/bin/python examples/log_duckdb.py requests.jsonl [more.jsonl ...]
+
+Each line is one JSON object (schema ninfer.request_log v1, docs/request-log.md);
+events carry different fields, so read with union_by_name and filter on `event`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import duckdb
+
+
+def main(paths: list[str]) -> None:
+    con = duckdb.connect()
+    files = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
+    con.execute(f"CREATE VIEW log AS SELECT * FROM read_ndjson([{files}], union_by_name = true)")
+    print("completed requests, milliseconds:")
+    for row in con.execute(
+        """SELECT endpoint, count(*) AS n,
+                  round(1000 * quantile_cont(timings_seconds.queue, 0.5), 1) AS queue_p50,
+                  round(1000 * quantile_cont(timings_seconds.ttft, 0.5), 1) AS ttft_p50,
+                  round(1000 * quantile_cont(timings_seconds.ttft, 0.95), 1) AS ttft_p95,
+                  round(1000 * quantile_cont(timings_seconds.total, 0.95), 1) AS total_p95,
+                  sum(completion_tokens) AS tokens
+           FROM log WHERE event = 'request_done' GROUP BY endpoint ORDER BY endpoint"""
+    ).fetchall():
+        print("  ", row)
+    print("refused:")
+    for row in con.execute(
+        """SELECT status, type, count(*) FROM log WHERE event = 'request_rejected'
+           GROUP BY ALL ORDER BY status, type"""
+    ).fetchall():
+        print("  ", row)
+    print("cancelled:")
+    for row in con.execute(
+        """SELECT stage, count(*) FROM log WHERE event = 'request_cancelled'
+           GROUP BY ALL ORDER BY stage"""
+    ).fetchall():
+        print("  ", row)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: log_duckdb.py FILE [FILE ...]")
+    main(sys.argv[1:])
