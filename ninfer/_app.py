@@ -45,6 +45,7 @@ from ninfer._http import (
     read_body,
     request_id_from,
     send_bytes,
+    worth_draining,
 )
 from ninfer._loader import LoadedModel, load_model
 from ninfer._messages import GenerationRequest
@@ -304,6 +305,8 @@ class App:
         exchange = _Exchange(receive, send)
         try:
             await self._route(scope, exchange, request_id)
+        except ClientGone:
+            pass  # the connection broke while answering: the request's record is written
         finally:
             if exchange.status:
                 self.metrics.http_done(self._route_label(scope["path"]), exchange.status)
@@ -352,7 +355,7 @@ class App:
                         phase="route",
                     )
                 status, body = self._error_for(path, err, request_id)
-                if not exchange.body_done and err.kind != "payload_too_large":
+                if not exchange.body_done and worth_draining(scope, err.kind):
                     await discard_body(receive, self.config.max_request_bytes, DISCARD_BODY_S)
                 await send_bytes(
                     send, status, body, error_headers(err, _rid_header(path), request_id)
@@ -703,9 +706,15 @@ class _Exchange:
         self.body_done = False
 
     async def send(self, message: ASGISendEvent) -> None:
+        """Send, turning a broken connection into ClientGone: a failure of the transport
+        is the client gone, never an internal error of the request. (Hypercorn can also
+        report a client that closed right after the last byte as a busy stream.)"""
         if message["type"] == "http.response.start":
             self.status = message["status"]
-        await self._send(message)
+        try:
+            await self._send(message)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            raise ClientGone("respond") from None
 
     async def receive(self) -> ASGIReceiveEvent:
         message = await self.raw_receive()

@@ -1,4 +1,4 @@
-"""The `ninfer` command line: serve, fetch-model, logs."""
+"""The `ninfer` command line: serve, fetch-model, logs, probe."""
 
 from __future__ import annotations
 
@@ -144,6 +144,63 @@ def _logs_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _probe(args: argparse.Namespace) -> int:
+    import httpx
+    import trio
+
+    from ninfer._probes import PROBES, ProbeEnv, ProbeResult, probe_table, run_probes
+
+    if args.list:
+        import orjson
+
+        for row in probe_table():
+            sys.stdout.write(orjson.dumps(row).decode() + "\n")
+        return 0
+    if args.url is None:
+        print("ninfer probe: error: the URL is required (or --list)", file=sys.stderr)
+        return 2
+    base = args.url.rstrip("/")
+    key = args.api_key or os.environ.get("NINFER_API_KEY")
+    probes = tuple(p for p in PROBES if not args.only or args.only in p.name)
+
+    def on_result(result: ProbeResult) -> None:
+        if not result.ok and not args.json:
+            print(f"FAIL {result.probe.name}: {'; '.join(result.problems)}", file=sys.stderr)
+
+    async def main() -> list[ProbeResult]:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        async with httpx.AsyncClient(base_url=base, timeout=args.timeout) as client:
+            listing = await client.get("/v1/models", headers=headers)
+        if listing.status_code != 200:
+            raise RuntimeError(f"GET /v1/models answered {listing.status_code}")
+        model = listing.json()["data"][0]["id"]
+        env = ProbeEnv(model=model, max_request_bytes=int(args.max_request_mib * (1 << 20)),
+                       api_key=key)  # fmt: skip
+        return await run_probes(base, env, probes=probes, concurrency=args.concurrency,
+                                timeout_s=args.timeout, on_result=on_result)  # fmt: skip
+
+    try:
+        results = trio.run(main)
+    except (httpx.HTTPError, OSError, RuntimeError, KeyError, ValueError) as exc:
+        print(f"ninfer probe: error: cannot reach {base}: {exc}", file=sys.stderr)
+        return 2
+    sent = [r for r in results if r.skipped is None]
+    failed = [r for r in sent if not r.ok]
+    if args.json:
+        import orjson
+
+        rows = [{"name": r.probe.name, "status": r.status, "ok": r.ok, "problems": r.problems,
+                 "skipped": r.skipped} for r in results]  # fmt: skip
+        sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
+    skipped = len(results) - len(sent)
+    print(
+        f"{len(sent) - len(failed)} of {len(sent)} probes passed"
+        + (f" ({skipped} skipped: the deployment has no API key)" if skipped else ""),
+        file=sys.stderr,
+    )
+    return 1 if failed else 0
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -234,13 +291,49 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(serve)
     serve.set_defaults(func=_serve)
     _add_logs(sub)
+    probe = sub.add_parser(
+        "probe",
+        help="send awkward requests to a deployment and check every answer",
+        description="Send the probe table (malformed, mistyped, oversized, unsupported and "
+        "unauthorized requests to every generation route, plus a few that must succeed) and "
+        "check each answer: the documented status, error type and parameter; no 5xx, no "
+        "reset; the protocol's error envelope with a request id; a bounded body that echoes "
+        "nothing of the input. Exit status 1 when any probe fails. Probes that need an API "
+        "key to refuse are skipped when none is given.",
+    )
+    probe.add_argument("url", nargs="?", help="the server, e.g. http://127.0.0.1:8080")
+    probe.add_argument(
+        "--api-key", default=None, help="the deployment's API key (default: $NINFER_API_KEY)"
+    )
+    probe.add_argument(
+        "--max-request-mib",
+        type=_positive_float,
+        default=4.0,
+        help="the deployment's --max-request-mib, to size the oversized bodies (default: 4)",
+    )
+    probe.add_argument(
+        "--concurrency", type=int, default=4, help="probes in flight at once (default: 4)"
+    )
+    probe.add_argument(
+        "--timeout", type=_positive_float, default=60.0, help="seconds per probe (default: 60)"
+    )
+    probe.add_argument("--only", default=None, help="run only probes whose name contains this")
+    probe.add_argument("--json", action="store_true", help="print every result as JSON")
+    probe.add_argument(
+        "--list", action="store_true", help="print the probe table (JSON lines) and exit"
+    )
+    probe.set_defaults(func=_probe)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except BrokenPipeError:  # `ninfer ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
     return code
 
 

@@ -20,7 +20,14 @@ import attrs
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
 
-from ninfer._http import ClientGone, Headers, discard_body, read_body, send_bytes
+from ninfer._http import (
+    ClientGone,
+    Headers,
+    discard_body,
+    read_body,
+    send_bytes,
+    worth_draining,
+)
 from ninfer._messages import Finish, GenerationRequest, RequestHandle, TokenDelta
 from ninfer._requestlog import RequestLog
 from ninfer._service import EngineService
@@ -232,7 +239,7 @@ class _Run:
             )
         if self.writer.started:
             return  # the stream already began; its error event was sent
-        if not self.body_read and err.kind not in ("payload_too_large", "request_timeout"):
+        if not self.body_read and worth_draining(self.scope, err.kind):
             await discard_body(self.receive, self.ctx.max_request_bytes, DISCARD_BODY_S)
         body = self.responder.error(err, self.request_id)
         headers = error_headers(err, self.rid_header, self.request_id) + self.extra_headers
@@ -277,6 +284,8 @@ class _Run:
                     await self._admit_and_generate(ticket, prepared, deadline)
                 except ApiError as err:
                     failure = err  # re-raised below, outside the nursery's exception group
+                except ClientGone:
+                    gone.append(True)  # the connection broke while we wrote to it
             nursery.cancel_scope.cancel()
         if failure is not None:
             raise failure

@@ -19,6 +19,7 @@ __all__ = [
     "read_body",
     "request_id_from",
     "send_bytes",
+    "worth_draining",
 ]
 
 Headers = list[tuple[bytes, bytes]]
@@ -103,6 +104,22 @@ async def send_bytes(
         {"type": "http.response.start", "status": status, "headers": hdrs, "trailers": False}
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def worth_draining(scope: HTTPScope, kind: str) -> bool:
+    """Whether to drain the unread body before refusing: not for a stalled upload (it
+    would only wait longer), nor for an oversized one the client has not started to send
+    (`Expect: 100-continue`: reading would invite the upload). An oversized body that is
+    being sent is drained up to the same bound again, so that a body up to twice the
+    limit gets its 413 instead of a reset."""
+    if kind == "request_timeout":
+        return False
+    expect = header(scope, b"expect")
+    return not (
+        kind == "payload_too_large"
+        and expect is not None
+        and expect.strip().lower() == b"100-continue"
+    )
 
 
 async def discard_body(receive: ASGIReceiveCallable, limit: int, seconds: float) -> None:

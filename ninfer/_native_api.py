@@ -86,7 +86,7 @@ def native_preparer(
     check: Callable[[GenerationRequest], None],
 ) -> Callable[[bytes], Awaitable[Prepared]]:
     async def prepare(body: bytes) -> Prepared:
-        req = codec.parse_generate(loads(body), max_new_tokens_limit=limits.max_context)
+        req = codec.parse_generate(loads(body))
         ids = await tokenize(req.prompt)
         if not ids:
             raise ApiError("invalid_request", "prompt produces no tokens", param="prompt")

@@ -18,6 +18,7 @@ from protocols._strict import (
     InvalidType,
     check_sampling,
     invalid_value,
+    kind_name,
     make_converter,
     register_list,
     structure,
@@ -30,6 +31,12 @@ __all__ = [
     "anthropic_error_body",
     "anthropic_status",
 ]
+
+
+_BLOCK_TYPES = frozenset(
+    {"image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking",
+     "search_result", "server_tool_use", "web_search_tool_result", "container_upload"}
+)  # fmt: skip
 
 
 @attrs.frozen
@@ -162,7 +169,8 @@ class AnthropicCodec:
             if b.type != "text":
                 raise ApiError(
                     "invalid_request",
-                    f"content blocks of type {b.type!r} are not supported; only text blocks are",
+                    f"content blocks of {kind_name(b.type, _BLOCK_TYPES)} are not supported; "
+                    "only text blocks are",
                     param=f"{where}[{j}].type",
                     code="unsupported_parameter",
                 )

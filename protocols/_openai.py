@@ -18,6 +18,7 @@ from protocols._json import dumps
 from protocols._strict import (
     InvalidType,
     check_sampling,
+    kind_name,
     make_converter,
     register_list,
     structure,
@@ -36,7 +37,12 @@ __all__ = [
 @attrs.frozen
 class TextPart:
     type: str
-    text: str
+    text: str | None = None
+    # Present only so that a part of another type is refused by its type, not by its fields.
+    image_url: dict[str, Any] | None = None
+    input_audio: dict[str, Any] | None = None
+    file: dict[str, Any] | None = None
+    refusal: str | None = None
 
 
 @attrs.frozen
@@ -51,7 +57,7 @@ class ChatMessage:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content)
+        return "".join(p.text or "" for p in self.content)
 
 
 @attrs.frozen
@@ -113,6 +119,10 @@ class CompletionRequest:
     best_of: int | None = None
     user: str | None = None
     ignore_eos: bool | None = None
+
+
+_PART_TYPES = frozenset({"image_url", "input_audio", "file", "refusal"})
+_FORMATS = frozenset({"json_object", "json_schema"})
 
 
 def _invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
@@ -181,8 +191,15 @@ class OpenAICodec:
                     if part.type != "text":
                         raise _invalid(
                             f"{where}.content[{j}].type",
-                            f"content parts of type {part.type!r} are not supported; "
+                            f"content parts of {kind_name(part.type, _PART_TYPES)} are not "
+                            "supported; "
                             "only text parts are",
+                        )
+                    if part.text is None:
+                        raise _invalid(
+                            f"{where}.content[{j}].text",
+                            f"missing required parameter: {where}.content[{j}].text",
+                            code="missing_required_parameter",
                         )
         if (req.tools or req.tool_choice not in (None, "none")) and not supports_tools:
             raise ApiError(
@@ -211,8 +228,8 @@ class OpenAICodec:
         if req.response_format is not None and req.response_format.type != "text":
             raise ApiError(
                 "invalid_request",
-                f"response_format type {req.response_format.type!r} is not supported; "
-                "only 'text' is",
+                f"response_format {kind_name(req.response_format.type, _FORMATS)} is not "
+                "supported; only 'text' is",
                 param="response_format.type",
                 code="unsupported_parameter",
             )

@@ -12,6 +12,7 @@ failure becomes ApiError(invalid_request) naming the parameter by its path
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, TypeVar
 
 import cattrs
@@ -136,6 +137,22 @@ def register_list(conv: cattrs.Converter, item: Any) -> None:
     conv.register_structure_hook_func(lambda t: t == target, hook)
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}")
+UNNAMED = "<invalid name>"
+
+
+def field_name(name: str) -> str:
+    """A client-chosen name as it may appear in an answer: itself when it looks like a
+    parameter name (up to 64 of [A-Za-z0-9_-]), else a placeholder, so that an error
+    never carries arbitrary input back."""
+    return name if _NAME.fullmatch(name) else UNNAMED
+
+
+def kind_name(kind: str, known: frozenset[str]) -> str:
+    """A client-sent `type` value for a message: quoted when it is a type we know of."""
+    return repr(kind) if kind in known else "this type"
+
+
 def _path(prefix: str, note: object) -> str:
     if isinstance(note, AttributeValidationNote):
         return f"{prefix}.{note.name}" if prefix else note.name
@@ -161,7 +178,7 @@ def _first_error(exc: BaseException, path: str) -> tuple[str, BaseException]:
 def to_api_error(exc: BaseException, value: Any, root: str = "") -> ApiError:
     path, leaf = _first_error(exc, root)
     if isinstance(leaf, ForbiddenExtraKeysError):
-        name = sorted(leaf.extra_fields)[0]
+        name = field_name(sorted(leaf.extra_fields)[0])
         full = f"{path}.{name}" if path else name
         return ApiError(
             "invalid_request",

@@ -118,7 +118,12 @@ async def test_seeded_sampling_repeats(tiny_gguf: Path, tmp_path: Path) -> None:
         (b'{"prompt": "x", "max_tokens": 5}', 422, "invalid_request", "max_tokens"),
         (b'{"prompt": ""}', 422, "invalid_request", "prompt"),
         (b'{"max_new_tokens": 5}', 422, "invalid_request", "prompt"),
-        (b'{"prompt": "x", "max_new_tokens": 600}', 422, "invalid_request", "max_new_tokens"),
+        (
+            b'{"prompt": "x", "max_new_tokens": 600}',
+            422,
+            "context_length_exceeded",
+            "max_new_tokens",
+        ),
     ],
 )
 async def test_errors_have_one_shape(
