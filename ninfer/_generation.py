@@ -128,10 +128,17 @@ class _Writer:
         self.completed += 1
 
     async def watch(self, on_stall: Callable[[], None]) -> None:
+        """Call `on_stall` once one send has been in flight for `timeout` seconds."""
         while True:
+            since = self.in_flight_since
+            if since is None:
+                # Nothing in flight: look again in `timeout`. A send that starts meanwhile
+                # has its deadline after that look, so it is still caught on time.
+                await trio.sleep(self.timeout)
+                continue
             seen = self.completed
-            await trio.sleep(self.timeout)
-            if self.in_flight_since is not None and self.completed == seen:
+            await trio.sleep_until(since + self.timeout)
+            if self.in_flight_since == since and self.completed == seen:
                 on_stall()
                 return
 

@@ -1,4 +1,5 @@
-"""SIGTERM drains: in-flight requests finish, new ones are refused, exit 0, log complete."""
+"""SIGTERM under load drains: running and queued requests finish, new ones are refused,
+exit 0, log complete."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
     cmd = [
         sys.executable, "-m", "ninfer", "serve", "--model", str(tiny_gguf), "--port", "0",
         "--request-log-jsonl", str(log), "--graceful-timeout-s", "20", "--threads", "1",
+        "--max-concurrency", "2", "--max-pending-requests", "8",
     ]  # fmt: skip
     with trio.fail_after(HANG_GUARD_S):
         proc = await trio.lowlevel.open_process(cmd, stderr=subprocess.PIPE)
@@ -54,10 +56,13 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
                     results.append((r.status_code, text))
 
             async with trio.open_nursery() as n:
-                for i in range(3):
+                for i in range(6):
                     n.start_soon(in_flight, i)
-                for _ in range(3):
+                for _ in range(2):
                     await first_tokens.acquire()
+                # Two decode, four wait in the queue (seen through /metrics).
+                while "ninfer_num_requests_waiting 4.0" not in (await c.get("/metrics")).text:  # noqa: ASYNC110
+                    await trio.sleep(0.02)
                 async with httpx.AsyncClient(base_url=url, timeout=60) as other:
                     assert (await other.get("/health")).status_code == 200  # keep-alive
                     os.kill(proc.pid, signal.SIGTERM)
@@ -72,10 +77,13 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
                         assert late.json()["error"]["type"] == "shutting_down"
         code = await proc.wait()
     assert code == 0
-    assert [s for s, _ in results] == [200, 200, 200]
+    assert [s for s, _ in results] == [200] * 6
     assert all("event: done" in text for _, text in results)
     records = [orjson.loads(line) for line in log.read_bytes().splitlines()]
     events = [r["event"] for r in records]
-    assert events.count("request_done") == 3
+    assert events.count("request_done") == 6
+    starts = {r["request_id"] for r in records if r["event"] == "request_start"}
+    ends = [r["request_id"] for r in records if r["event"] == "request_done"]
+    assert sorted(ends) == sorted(starts)
     assert events[-1] == "server_stop"
     validate_log(log)
