@@ -16,6 +16,8 @@ import torch
 __all__ = ["RowSampler", "SamplingParams", "sample_rows"]
 
 MAX_SEED = 2**63 - 1
+# Positive temperatures below this sample as if it were this (already all but greedy).
+MIN_TEMPERATURE = 1e-6
 
 
 @attrs.frozen
@@ -70,7 +72,10 @@ class RowSampler:
             logits = logits - p.presence_penalty * (self.counts > 0).float()
         if p.greedy:
             return int(torch.argmax(logits))
-        logits = logits / p.temperature
+        # Shift by the maximum first, and divide by at least MIN_TEMPERATURE (a smaller
+        # one would round to 0 in float32): any temperature a client may send then gives
+        # 0 for the best token and finite or -inf for the rest, never NaN.
+        logits = (logits - logits.max()) / max(p.temperature, MIN_TEMPERATURE)
         if p.top_k > 0 and p.top_k < logits.shape[0]:
             kth = torch.topk(logits, p.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -82,6 +87,7 @@ class RowSampler:
             cum = torch.cumsum(sorted_probs, dim=-1)
             # Drop a token when the mass before it already reaches top_p (keeps >= 1).
             drop = (cum - sorted_probs) >= p.top_p * cum[-1]
+            drop[0] = False  # the most likely token stays, however small top_p is
             sorted_probs = sorted_probs.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
         return int(torch.multinomial(probs, 1, generator=self.generator))

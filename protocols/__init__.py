@@ -12,6 +12,7 @@ from protocols._anthropic import (
     anthropic_error_body,
     anthropic_status,
 )
+from protocols._compat import Break, classify
 from protocols._errors import KINDS, ApiError, ErrorKind, ProtocolError
 from protocols._json import dumps, loads
 from protocols._native import GenerateRequest, NativeCodec, error_body, response_body
@@ -23,12 +24,14 @@ from protocols._openai import (
     openai_error_body,
     openai_status,
 )
+from protocols._openapi import openapi_document
 from protocols._sse import sse_data, sse_event
 
 __all__ = [
     "KINDS",
     "AnthropicCodec",
     "ApiError",
+    "Break",
     "ChatMessage",
     "ChatRequest",
     "CompletionRequest",
@@ -41,11 +44,13 @@ __all__ = [
     "ProtocolError",
     "anthropic_error_body",
     "anthropic_status",
+    "classify",
     "dumps",
     "error_body",
     "loads",
     "openai_error_body",
     "openai_status",
+    "openapi_document",
     "response_body",
     "sse_data",
     "sse_event",

@@ -14,6 +14,7 @@ import cattrs
 
 from protocols._errors import ApiError
 from protocols._json import dumps
+from protocols._schema import schema
 from protocols._strict import (
     InvalidType,
     check_sampling,
@@ -39,25 +40,28 @@ _BLOCK_TYPES = frozenset(
 )  # fmt: skip
 
 
+_REFUSED = schema(refused=True)
+
+
 @attrs.frozen
 class Block:
-    type: str
+    type: str = attrs.field(metadata=schema(enum=["text"]))
     text: str | None = None
     # Present only so that a non-text block is refused by its type, not by its fields.
-    source: dict[str, Any] | None = None
-    id: str | None = None
-    name: str | None = None
-    input: dict[str, Any] | None = None
-    tool_use_id: str | None = None
-    content: Any = None
-    thinking: str | None = None
-    signature: str | None = None
+    source: dict[str, Any] | None = attrs.field(default=None, metadata=_REFUSED)
+    id: str | None = attrs.field(default=None, metadata=_REFUSED)
+    name: str | None = attrs.field(default=None, metadata=_REFUSED)
+    input: dict[str, Any] | None = attrs.field(default=None, metadata=_REFUSED)
+    tool_use_id: str | None = attrs.field(default=None, metadata=_REFUSED)
+    content: Any = attrs.field(default=None, metadata=_REFUSED)
+    thinking: str | None = attrs.field(default=None, metadata=_REFUSED)
+    signature: str | None = attrs.field(default=None, metadata=_REFUSED)
     cache_control: dict[str, Any] | None = None
 
 
 @attrs.frozen
 class Message:
-    role: str
+    role: str = attrs.field(metadata=schema(enum=["user", "assistant"]))
     content: str | list[Block]
 
     def text(self) -> str:
@@ -79,14 +83,18 @@ def _system_text(system: str | list[Block] | None) -> str | None:
 
 @attrs.frozen
 class MessagesRequest:
+    """An Anthropic Messages request (POST /v1/messages)."""
+
     model: str
-    max_tokens: int
-    messages: list[Message]
+    max_tokens: int = attrs.field(metadata=schema(minimum=1))
+    messages: list[Message] = attrs.field(metadata=schema(minItems=1))
     system: str | list[Block] | None = None
-    stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    stop_sequences: list[str] | None = attrs.field(
+        default=None, metadata=schema(maxItems=4, items={"minLength": 1})
+    )
+    temperature: float | None = attrs.field(default=None, metadata=schema(minimum=0, maximum=1))
+    top_p: float | None = attrs.field(default=None, metadata=schema(exclusiveMinimum=0, maximum=1))
+    top_k: int | None = attrs.field(default=None, metadata=schema(minimum=0))
     metadata: Metadata | None = None
     stream: bool | None = None
     tools: list[dict[str, Any]] | None = None
@@ -99,8 +107,10 @@ class MessagesRequest:
 
 @attrs.frozen
 class CountTokensRequest:
+    """An Anthropic token-count request (POST /v1/messages/count_tokens)."""
+
     model: str
-    messages: list[Message]
+    messages: list[Message] = attrs.field(metadata=schema(minItems=1))
     system: str | list[Block] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None

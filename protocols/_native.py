@@ -26,6 +26,7 @@ import cattrs
 
 from protocols._errors import ApiError
 from protocols._json import dumps
+from protocols._schema import schema
 from protocols._strict import (
     check_sampling,
     invalid_value,
@@ -60,14 +61,19 @@ def _check_stop(stop: list[str]) -> None:
 
 @attrs.frozen
 class GenerateRequest:
-    prompt: str
-    max_new_tokens: int | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: list[str] | None = None
+    """A native generation request (POST /v1/generate)."""
+
+    prompt: str = attrs.field(metadata=schema(minLength=1))
+    max_new_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1))
+    temperature: float | None = attrs.field(default=None, metadata=schema(minimum=0, maximum=2))
+    top_k: int | None = attrs.field(default=None, metadata=schema(minimum=0))
+    top_p: float | None = attrs.field(default=None, metadata=schema(exclusiveMinimum=0, maximum=1))
+    min_p: float | None = attrs.field(default=None, metadata=schema(minimum=0, exclusiveMaximum=1))
+    seed: int | None = attrs.field(default=None, metadata=schema(minimum=0, maximum=MAX_SEED))
+    stop: list[str] | None = attrs.field(
+        default=None,
+        metadata=schema(maxItems=MAX_STOPS, items={"minLength": 1, "maxLength": MAX_STOP_CHARS}),
+    )
     stream: bool = False
     ignore_eos: bool = False
 

@@ -15,6 +15,7 @@ import cattrs
 
 from protocols._errors import ApiError
 from protocols._json import dumps
+from protocols._schema import schema
 from protocols._strict import (
     InvalidType,
     check_sampling,
@@ -36,18 +37,20 @@ __all__ = [
 
 @attrs.frozen
 class TextPart:
-    type: str
+    type: str = attrs.field(metadata=schema(enum=["text"]))
     text: str | None = None
     # Present only so that a part of another type is refused by its type, not by its fields.
-    image_url: dict[str, Any] | None = None
-    input_audio: dict[str, Any] | None = None
-    file: dict[str, Any] | None = None
-    refusal: str | None = None
+    image_url: dict[str, Any] | None = attrs.field(default=None, metadata=schema(refused=True))
+    input_audio: dict[str, Any] | None = attrs.field(default=None, metadata=schema(refused=True))
+    file: dict[str, Any] | None = attrs.field(default=None, metadata=schema(refused=True))
+    refusal: str | None = attrs.field(default=None, metadata=schema(refused=True))
 
 
 @attrs.frozen
 class ChatMessage:
-    role: str
+    role: str = attrs.field(
+        metadata=schema(enum=["system", "developer", "user", "assistant", "tool"])
+    )
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
@@ -72,19 +75,29 @@ class ResponseFormat:
 
 @attrs.frozen
 class ChatRequest:
+    """An OpenAI chat completion request (POST /v1/chat/completions)."""
+
     model: str
-    messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int | None = None
+    messages: list[ChatMessage] = attrs.field(metadata=schema(minItems=1))
+    max_completion_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1))
+    max_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1))
+    temperature: float | None = attrs.field(default=None, metadata=schema(minimum=0, maximum=2))
+    top_p: float | None = attrs.field(default=None, metadata=schema(exclusiveMinimum=0, maximum=1))
+    top_k: int | None = attrs.field(default=None, metadata=schema(minimum=0))
+    min_p: float | None = attrs.field(default=None, metadata=schema(minimum=0, exclusiveMaximum=1))
+    presence_penalty: float | None = attrs.field(
+        default=None, metadata=schema(minimum=-2, maximum=2)
+    )
+    frequency_penalty: float | None = attrs.field(
+        default=None, metadata=schema(minimum=-2, maximum=2)
+    )
+    seed: int | None = attrs.field(
+        default=None, metadata=schema(minimum=-(2**63), maximum=2**63 - 1)
+    )
+    stop: str | list[str] | None = attrs.field(
+        default=None, metadata=schema(minLength=1, maxItems=4, items={"minLength": 1})
+    )
+    n: int | None = attrs.field(default=None, metadata=schema(minimum=1, maximum=1))
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None
@@ -99,18 +112,28 @@ class ChatRequest:
 
 @attrs.frozen
 class CompletionRequest:
+    """An OpenAI text completion request (POST /v1/completions)."""
+
     model: str
     prompt: str
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int | None = None
+    max_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1, default=16))
+    temperature: float | None = attrs.field(default=None, metadata=schema(minimum=0, maximum=2))
+    top_p: float | None = attrs.field(default=None, metadata=schema(exclusiveMinimum=0, maximum=1))
+    top_k: int | None = attrs.field(default=None, metadata=schema(minimum=0))
+    min_p: float | None = attrs.field(default=None, metadata=schema(minimum=0, exclusiveMaximum=1))
+    presence_penalty: float | None = attrs.field(
+        default=None, metadata=schema(minimum=-2, maximum=2)
+    )
+    frequency_penalty: float | None = attrs.field(
+        default=None, metadata=schema(minimum=-2, maximum=2)
+    )
+    seed: int | None = attrs.field(
+        default=None, metadata=schema(minimum=-(2**63), maximum=2**63 - 1)
+    )
+    stop: str | list[str] | None = attrs.field(
+        default=None, metadata=schema(minLength=1, maxItems=4, items={"minLength": 1})
+    )
+    n: int | None = attrs.field(default=None, metadata=schema(minimum=1, maximum=1))
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     echo: bool | None = None

@@ -1,0 +1,210 @@
+"""The OpenAPI 3.1 document of ninfer's HTTP contract, generated from the protocol classes.
+
+`docs/openapi.json` is this document, committed; a test regenerates it and classifies
+any difference (protocols._compat) so that an incompatible change cannot land unnoticed.
+Streams are described with their events' schemas under `x-stream-events` (named SSE
+events) or `x-stream-data` (OpenAI's data-only lines), since OpenAPI has no SSE model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocols._anthropic import CountTokensRequest, MessagesRequest
+from protocols._native import GenerateRequest
+from protocols._openai import ChatRequest, CompletionRequest
+from protocols._responses import (
+    ANTHROPIC_STREAM_EVENTS,
+    NATIVE_STREAM_EVENTS,
+    AnthropicErrorBody,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    CompletionChunk,
+    CountTokensResponse,
+    GenerateResponse,
+    MessageResponse,
+    ModelCard,
+    ModelList,
+    NativeErrorBody,
+    OpenAIErrorBody,
+)
+from protocols._schema import Schemas
+
+__all__ = ["openapi_document"]
+
+_NATIVE_STATUSES = ("400", "401", "404", "405", "408", "413", "415", "422", "429", "503")
+_COMPAT_STATUSES = ("400", "401", "404", "405", "408", "413", "415", "429", "503")
+
+
+def _json(ref: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": ref}}
+
+
+def _errors(ref: dict[str, Any], statuses: tuple[str, ...], rid: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for status in statuses:
+        headers: dict[str, Any] = {rid: {"schema": {"type": "string"}}}
+        if status in ("429", "503"):
+            headers["Retry-After"] = {"schema": {"type": "integer", "minimum": 1}}
+        out[status] = {
+            "description": "refused; see docs/errors.md",
+            "headers": headers,
+            "content": _json(ref),
+        }
+    return out
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    s = Schemas()
+
+    def req(cls: type, nullable: bool) -> dict[str, Any]:
+        return s.ref(cls, request=True, nullable=nullable)
+
+    def resp(cls: type) -> dict[str, Any]:
+        return s.ref(cls, request=False)
+
+    native_err = resp(NativeErrorBody)
+    openai_err = resp(OpenAIErrorBody)
+    anthropic_err = resp(AnthropicErrorBody)
+    rid = {"X-Request-Id": {"schema": {"type": "string"}}}
+
+    def generation(
+        summary: str,
+        body: dict[str, Any],
+        ok: dict[str, Any],
+        stream: dict[str, Any],
+        errors: dict[str, Any],
+        rid_name: str = "X-Request-Id",
+    ) -> dict[str, Any]:
+        return {
+            "post": {
+                "summary": summary,
+                "requestBody": {"required": True, "content": _json(body)},
+                "responses": {
+                    "200": {
+                        "description": "generated",
+                        "headers": {rid_name: {"schema": {"type": "string"}}},
+                        "content": {
+                            **_json(ok),
+                            "text/event-stream": {"schema": {"type": "string"}, **stream},
+                        },
+                    },
+                    **errors,
+                },
+            }
+        }
+
+    paths: dict[str, Any] = {
+        "/health": {
+            "get": {
+                "summary": "liveness",
+                "responses": {"200": {"description": "up", "content": _json(
+                    {"type": "object", "properties": {"status": {"const": "ok"}},
+                     "required": ["status"]})}},
+            }
+        },
+        "/ready": {
+            "get": {
+                "summary": "readiness (503 while loading, draining or failed)",
+                "responses": {
+                    "200": {"description": "serving", "content": _json(
+                        {"type": "object", "required": ["status", "model"],
+                         "properties": {"status": {"const": "ready"}, "model": {
+                             "type": "object", "required": ["id", "architecture", "sha256"],
+                             "properties": {"id": {"type": "string"},
+                                            "architecture": {"type": "string"},
+                                            "sha256": {"type": "string"}}}}})},
+                    **_errors(native_err, ("503",), "X-Request-Id"),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (docs/metrics.md)",
+                "responses": {
+                    "200": {"description": "text format 0.0.4",
+                            "content": {"text/plain": {"schema": {"type": "string"}}}},
+                    **_errors(native_err, ("401",), "X-Request-Id"),
+                },
+            }
+        },
+        "/v1/generate": generation(
+            "native generation",
+            req(GenerateRequest, False),
+            resp(GenerateResponse),
+            {"x-stream-events": {k: resp(v) for k, v in NATIVE_STREAM_EVENTS.items()}},
+            _errors(native_err, _NATIVE_STATUSES, "X-Request-Id"),
+        ),
+        "/v1/chat/completions": generation(
+            "OpenAI-compatible chat completion",
+            req(ChatRequest, True),
+            resp(ChatCompletion),
+            {"x-stream-data": {"anyOf": [resp(ChatCompletionChunk), openai_err]},
+             "x-stream-end": "data: [DONE]"},
+            _errors(openai_err, _COMPAT_STATUSES, "X-Request-Id"),
+        ),
+        "/v1/completions": generation(
+            "OpenAI-compatible text completion",
+            req(CompletionRequest, True),
+            resp(Completion),
+            {"x-stream-data": {"anyOf": [resp(CompletionChunk), openai_err]},
+             "x-stream-end": "data: [DONE]"},
+            _errors(openai_err, _COMPAT_STATUSES, "X-Request-Id"),
+        ),
+        "/v1/models": {
+            "get": {
+                "summary": "the served model (OpenAI-compatible)",
+                "responses": {"200": {"description": "one model", "headers": rid,
+                                      "content": _json(resp(ModelList))},
+                              **_errors(openai_err, ("401", "503"), "X-Request-Id")},
+            }
+        },
+        "/v1/models/{model}": {
+            "get": {
+                "summary": "one model card (OpenAI-compatible)",
+                "parameters": [{"name": "model", "in": "path", "required": True,
+                                "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "the model", "headers": rid,
+                                      "content": _json(resp(ModelCard))},
+                              **_errors(openai_err, ("401", "404", "503"), "X-Request-Id")},
+            }
+        },
+        "/v1/messages": generation(
+            "Anthropic-compatible messages",
+            req(MessagesRequest, True),
+            resp(MessageResponse),
+            {"x-stream-events": {k: resp(v) for k, v in ANTHROPIC_STREAM_EVENTS.items()}},
+            _errors(anthropic_err, _COMPAT_STATUSES, "Request-Id"),
+            rid_name="Request-Id",
+        ),
+        "/v1/messages/count_tokens": {
+            "post": {
+                "summary": "count a conversation's tokens (Anthropic-compatible)",
+                "requestBody": {"required": True,
+                                "content": _json(req(CountTokensRequest, True))},
+                "responses": {"200": {"description": "counted",
+                                      "headers": {"Request-Id": {"schema": {"type": "string"}}},
+                                      "content": _json(resp(CountTokensResponse))},
+                              **_errors(anthropic_err, _COMPAT_STATUSES, "Request-Id")},
+            }
+        },
+    }  # fmt: skip
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ninfer",
+            "version": version,
+            "description": "An LLM inference server that admits what it can serve and "
+            "refuses the rest at once. Errors: docs/errors.md; fields: docs/api.md.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": dict(sorted(s.components.items())),
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
+        },
+        "security": [{}, {"bearer": []}, {"apiKey": []}],
+    }

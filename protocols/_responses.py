@@ -1,0 +1,395 @@
+"""The shapes of successful answers and stream events, per protocol, for the OpenAPI
+document. The tests validate every answer the servers produce against these (strictly:
+no field beyond them), so the document cannot drift from what is sent."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+__all__ = [
+    "ANTHROPIC_STREAM_EVENTS",
+    "NATIVE_STREAM_EVENTS",
+    "AnthropicErrorBody",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "Completion",
+    "CompletionChunk",
+    "CountTokensResponse",
+    "GenerateResponse",
+    "MessageResponse",
+    "ModelCard",
+    "ModelList",
+    "NativeErrorBody",
+    "OpenAIErrorBody",
+]
+
+NativeFinish = Literal["eos", "stop", "length", "context"]
+OpenAIFinish = Literal["stop", "length"]
+AnthropicStop = Literal["end_turn", "max_tokens", "stop_sequence"]
+
+
+# ---- native ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class NativeModel:
+    id: str
+    architecture: str
+    sha256: str
+
+
+@attrs.frozen
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+@attrs.frozen
+class Timing:
+    """Seconds: reading/parsing/tokenizing, waiting, arrival to first token, engine
+    prefill and decode time, arrival to last token."""
+
+    prepare: float
+    queue: float
+    ttft: float
+    prefill: float
+    decode: float
+    total: float
+
+
+@attrs.frozen
+class GenerateResponse:
+    """The answer to POST /v1/generate without streaming."""
+
+    id: str
+    model: NativeModel
+    text: str
+    token_ids: list[int]
+    finish_reason: NativeFinish
+    stop_sequence: str | None
+    seed: int | None
+    usage: Usage
+    warnings: list[str]
+    timing: Timing
+
+
+@attrs.frozen
+class NativeTokenEvent:
+    """`event: token`: the tokens of one engine step and the text they complete."""
+
+    token_ids: list[int]
+    text: str
+
+
+@attrs.frozen
+class NativeDoneEvent:
+    """`event: done`: the last event of a native stream."""
+
+    id: str
+    model: NativeModel
+    finish_reason: NativeFinish
+    stop_sequence: str | None
+    seed: int | None
+    usage: Usage
+    warnings: list[str]
+    timing: Timing
+
+
+@attrs.frozen
+class NativeError:
+    type: str
+    message: str
+    param: str | None
+    request_id: str
+
+
+@attrs.frozen
+class NativeErrorBody:
+    """Every native error, and `event: error` in a native stream."""
+
+    error: NativeError
+
+
+NATIVE_STREAM_EVENTS: dict[str, type] = {
+    "token": NativeTokenEvent,
+    "done": NativeDoneEvent,
+    "error": NativeErrorBody,
+}
+
+
+# ---- OpenAI ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class PromptTokensDetails:
+    cached_tokens: int
+
+
+@attrs.frozen
+class OpenAIUsage:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+@attrs.frozen
+class AssistantMessage:
+    role: Literal["assistant"]
+    content: str
+    refusal: None
+
+
+@attrs.frozen
+class ChatChoice:
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: OpenAIFinish
+
+
+@attrs.frozen
+class ChatCompletion:
+    """The answer to POST /v1/chat/completions without streaming."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: OpenAIUsage
+    system_fingerprint: None
+
+
+@attrs.frozen
+class ChatDelta:
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+@attrs.frozen
+class ChatChunkChoice:
+    index: int
+    delta: ChatDelta
+    logprobs: None
+    finish_reason: OpenAIFinish | None
+
+
+@attrs.frozen
+class ChatCompletionChunk:
+    """One `data:` line of a chat completion stream (the last one is `data: [DONE]`)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: OpenAIUsage | None = None
+
+
+@attrs.frozen
+class CompletionChoice:
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: OpenAIFinish
+
+
+@attrs.frozen
+class Completion:
+    """The answer to POST /v1/completions without streaming."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: OpenAIUsage
+    system_fingerprint: None
+
+
+@attrs.frozen
+class CompletionChunkChoice:
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: OpenAIFinish | None
+
+
+@attrs.frozen
+class CompletionChunk:
+    """One `data:` line of a text completion stream (the last one is `data: [DONE]`)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: OpenAIUsage | None = None
+
+
+@attrs.frozen
+class ModelCard:
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+@attrs.frozen
+class ModelList:
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+@attrs.frozen
+class OpenAIError:
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+@attrs.frozen
+class OpenAIErrorBody:
+    """Every error on the OpenAI routes, and an error `data:` line in their streams."""
+
+    error: OpenAIError
+
+
+# ---- Anthropic ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class TextBlock:
+    type: Literal["text"]
+    text: str
+
+
+@attrs.frozen
+class AnthropicUsage:
+    input_tokens: int
+    output_tokens: int
+
+
+@attrs.frozen
+class MessageResponse:
+    """The answer to POST /v1/messages without streaming."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    content: list[TextBlock]
+    model: str
+    stop_reason: AnthropicStop
+    stop_sequence: str | None
+    usage: AnthropicUsage
+
+
+@attrs.frozen
+class StreamMessage:
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    content: list[TextBlock]
+    model: str
+    stop_reason: AnthropicStop | None
+    stop_sequence: str | None
+    usage: AnthropicUsage
+
+
+@attrs.frozen
+class MessageStart:
+    type: Literal["message_start"]
+    message: StreamMessage
+
+
+@attrs.frozen
+class ContentBlockStart:
+    type: Literal["content_block_start"]
+    index: int
+    content_block: TextBlock
+
+
+@attrs.frozen
+class Ping:
+    type: Literal["ping"]
+
+
+@attrs.frozen
+class TextDelta:
+    type: Literal["text_delta"]
+    text: str
+
+
+@attrs.frozen
+class ContentBlockDelta:
+    type: Literal["content_block_delta"]
+    index: int
+    delta: TextDelta
+
+
+@attrs.frozen
+class ContentBlockStop:
+    type: Literal["content_block_stop"]
+    index: int
+
+
+@attrs.frozen
+class StopDelta:
+    stop_reason: AnthropicStop
+    stop_sequence: str | None
+
+
+@attrs.frozen
+class OutputUsage:
+    output_tokens: int
+
+
+@attrs.frozen
+class MessageDelta:
+    type: Literal["message_delta"]
+    delta: StopDelta
+    usage: OutputUsage
+
+
+@attrs.frozen
+class MessageStop:
+    type: Literal["message_stop"]
+
+
+@attrs.frozen
+class CountTokensResponse:
+    """The answer to POST /v1/messages/count_tokens."""
+
+    input_tokens: int
+
+
+@attrs.frozen
+class AnthropicError:
+    type: str
+    message: str
+
+
+@attrs.frozen
+class AnthropicErrorBody:
+    """Every error on the Anthropic routes, and `event: error` in their streams."""
+
+    type: Literal["error"]
+    error: AnthropicError
+    request_id: str
+
+
+ANTHROPIC_STREAM_EVENTS: dict[str, type] = {
+    "message_start": MessageStart,
+    "content_block_start": ContentBlockStart,
+    "ping": Ping,
+    "content_block_delta": ContentBlockDelta,
+    "content_block_stop": ContentBlockStop,
+    "message_delta": MessageDelta,
+    "message_stop": MessageStop,
+    "error": AnthropicErrorBody,
+}

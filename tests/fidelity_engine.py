@@ -1,0 +1,75 @@
+"""Run generation cases on the engine directly, one at a time, in this process; print the
+prompt and output token ids as JSON. tests/test_fidelity.py runs it in a subprocess and
+compares with what came over HTTP from a server batching the same cases together.
+
+python tests/fidelity_engine.py MODEL.gguf CASES.json PREFILL_CHUNK
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import orjson
+import torch
+
+from ninfer._engine import Engine, EngineConfig
+from ninfer._loader import load_model
+from ninfer._messages import Event, Finish, GenerationRequest, RequestHandle, TokenDelta
+from ninfer._sampling import SamplingParams
+
+HANG_GUARD_S = 300
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.cv = threading.Condition()
+        self.tokens: dict[int, list[int]] = {}
+        self.done: set[int] = set()
+
+    def deliver(self, events: list[tuple[RequestHandle, Event]]) -> None:
+        with self.cv:
+            for handle, event in events:
+                if isinstance(event, TokenDelta):
+                    self.tokens.setdefault(handle.id, []).extend(event.token_ids)
+                elif isinstance(event, Finish):
+                    self.done.add(handle.id)
+            self.cv.notify_all()
+
+
+def main() -> None:
+    model_path, cases_path, chunk = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    cases = orjson.loads(Path(cases_path).read_bytes())
+    torch.set_num_threads(1)
+    sink = Sink()
+    engine = Engine(
+        lambda: load_model(model_path, dtype=torch.float32, device="cpu", max_positions=8192),
+        EngineConfig(max_batch=8, kv_capacity=8192, page_size=16, prefill_chunk=chunk),
+        sink,
+    )
+    ready = threading.Event()
+    thread = threading.Thread(target=engine.run, kwargs={"on_ready": lambda _m: ready.set()})
+    thread.start()
+    assert ready.wait(HANG_GUARD_S)
+    assert engine.model is not None
+    tok = engine.model.tokenizer
+    out = []
+    for i, case in enumerate(cases):
+        ids = tuple(tok.encode(case["prompt"]))
+        sampling = SamplingParams(
+            temperature=case["temperature"], top_p=case.get("top_p", 1.0), seed=case.get("seed")
+        )
+        handle = engine.submit(
+            GenerationRequest(f"case-{i}", ids, case["max_new_tokens"], sampling, (), True)
+        )
+        with sink.cv:
+            assert sink.cv.wait_for(lambda h=handle.id: h in sink.done, timeout=HANG_GUARD_S)
+        out.append({"prompt_ids": list(ids), "token_ids": sink.tokens.get(handle.id, [])})
+    engine.shutdown()
+    thread.join(HANG_GUARD_S)
+    sys.stdout.write(orjson.dumps(out).decode())
+
+
+if __name__ == "__main__":
+    main()

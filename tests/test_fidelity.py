@@ -1,0 +1,129 @@
+"""What comes over HTTP is what the engine computes: token for token, greedy and seeded,
+against the engine run directly in another process, one request at a time, while the
+server batched them; and usage equals an independent count."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import trio
+from server import serve
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time",
+    "def fibonacci(n):",
+    "A list of prime numbers: 2, 3, 5,",
+    "Translate to French: good morning",
+    "The quick brown fox",
+    "In 1969, astronauts",
+    "Water boils at",
+    "SELECT * FROM users WHERE",
+    "Roses are red,",
+    "Le chat est",
+    "東京は日本の",
+    "🙂 emoji and text",
+    "1 + 1 =",
+    "The mitochondria is",
+    "import numpy as np\n",
+    "Dear Sir or Madam,",
+    "Q: What is the tallest mountain?\nA:",
+    "x y x y x y",
+    "   leading spaces and\ttabs",
+    "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n",
+    "The end.",
+]
+
+
+def _cases(max_new_tokens: int, seeded: bool) -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = []
+    for i, prompt in enumerate(PROMPTS):
+        cases.append({"prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": 0.0})
+        if seeded:
+            cases.append({"prompt": prompt, "max_new_tokens": max_new_tokens,
+                          "temperature": 0.8, "top_p": 0.95, "seed": 1000 + i})  # fmt: skip
+    return cases
+
+
+async def _over_http(srv: Any, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """All cases at once (the server batches them); half streamed, half not."""
+    results: list[dict[str, Any]] = [{} for _ in cases]
+    async with srv.client(limits=httpx.Limits(max_connections=64)) as c:
+
+        async def one(i: int, case: dict[str, Any]) -> None:
+            body = {**case, "ignore_eos": True}
+            if i % 2:
+                r = await c.post("/v1/generate", json=body)
+                assert r.status_code == 200, r.text
+                results[i] = {**r.json(), "streamed_ids": None}
+                return
+            streamed: list[int] = []
+            done: dict[str, Any] = {}
+            async with c.stream("POST", "/v1/generate", json={**body, "stream": True}) as r:
+                assert r.status_code == 200
+                event = ""
+                async for line in r.aiter_lines():
+                    if line.startswith("event: "):
+                        event = line[7:]
+                    elif line.startswith("data: "):
+                        data = orjson.loads(line[6:])
+                        if event == "token":
+                            streamed.extend(data["token_ids"])
+                        elif event == "done":
+                            done = data
+            results[i] = {**done, "token_ids": streamed, "streamed_ids": streamed}
+
+        async with trio.open_nursery() as n:
+            for i, case in enumerate(cases):
+                n.start_soon(one, i, case)
+    return results
+
+
+def _direct(model: Path, cases: list[dict[str, Any]], tmp_path: Path) -> list[dict[str, Any]]:
+    cases_file = tmp_path / "cases.json"
+    cases_file.write_bytes(orjson.dumps(cases))
+    script = Path(__file__).parent / "fidelity_engine.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(model), str(cases_file), "256"],
+        capture_output=True,
+        timeout=600,
+        check=True,
+    )
+    out: list[dict[str, Any]] = orjson.loads(done.stdout)
+    return out
+
+
+async def _check(model: Path, tmp_path: Path, cases: list[dict[str, Any]]) -> None:
+    async with serve(model, tmp_path, max_concurrency=8, max_pending_requests=64) as srv:
+        http = await _over_http(srv, cases)
+    direct = await trio.to_thread.run_sync(_direct, model, cases, tmp_path)
+    assert len(http) == len(direct) == len(cases)
+    mismatches = [
+        (case["prompt"], case.get("seed"))
+        for case, h, d in zip(cases, http, direct, strict=True)
+        if h["token_ids"] != d["token_ids"]
+    ]
+    assert mismatches == [], f"{len(mismatches)} of {len(cases)} differ: {mismatches[:5]}"
+    for case, h, d in zip(cases, http, direct, strict=True):
+        # Usage against independent counts: the other process's tokenization of the
+        # prompt, and the tokens as they arrived over the wire.
+        assert h["usage"]["prompt_tokens"] == len(d["prompt_ids"])
+        assert h["usage"]["completion_tokens"] == len(h["token_ids"]) == case["max_new_tokens"]
+        assert h["usage"]["total_tokens"] == len(d["prompt_ids"]) + case["max_new_tokens"]
+
+
+async def test_http_equals_the_engine_in_another_process(tiny_gguf: Path, tmp_path: Path) -> None:
+    await _check(tiny_gguf, tmp_path, _cases(max_new_tokens=24, seeded=True))
+
+
+@pytest.mark.realmodel
+async def test_http_equals_the_engine_with_the_default_model(
+    real_gguf: Path, tmp_path: Path
+) -> None:
+    await _check(real_gguf, tmp_path, _cases(max_new_tokens=8, seeded=True))
