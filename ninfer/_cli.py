@@ -1,4 +1,4 @@
-"""The `ninfer` command line: serve, fetch-model, logs, probe, openapi."""
+"""The `ninfer` command line: serve, fetch-model, logs, probe, openapi, bench."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from ninfer import __version__
 
@@ -174,10 +175,17 @@ def _probe(args: argparse.Namespace) -> int:
         if listing.status_code != 200:
             raise RuntimeError(f"GET /v1/models answered {listing.status_code}")
         model = listing.json()["data"][0]["id"]
-        env = ProbeEnv(model=model, max_request_bytes=int(args.max_request_mib * (1 << 20)),
-                       api_key=key)  # fmt: skip
-        return await run_probes(base, env, probes=probes, concurrency=args.concurrency,
-                                timeout_s=args.timeout, on_result=on_result)  # fmt: skip
+        env = ProbeEnv(
+            model=model, max_request_bytes=int(args.max_request_mib * (1 << 20)), api_key=key
+        )
+        return await run_probes(
+            base,
+            env,
+            probes=probes,
+            concurrency=args.concurrency,
+            timeout_s=args.timeout,
+            on_result=on_result,
+        )
 
     try:
         results = trio.run(main)
@@ -189,8 +197,16 @@ def _probe(args: argparse.Namespace) -> int:
     if args.json:
         import orjson
 
-        rows = [{"name": r.probe.name, "status": r.status, "ok": r.ok, "problems": r.problems,
-                 "skipped": r.skipped} for r in results]  # fmt: skip
+        rows = [
+            {
+                "name": r.probe.name,
+                "status": r.status,
+                "ok": r.ok,
+                "problems": r.problems,
+                "skipped": r.skipped,
+            }
+            for r in results
+        ]
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
     skipped = len(results) - len(sent)
     print(
@@ -227,6 +243,70 @@ def _openapi(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import trio
+
+    from ninfer._bench import BenchConfig, check_loopback, plot_bench, render_table, run_bench
+
+    try:
+        if not args.allow_remote:
+            check_loopback(args.url)
+        cfg = BenchConfig(
+            url=args.url.rstrip("/"),
+            route=args.route,
+            model=args.model,
+            clients=tuple(args.clients),
+            rates=tuple(args.rates),
+            duration_s=args.duration_s,
+            max_requests=args.max_requests,
+            max_tokens=args.max_tokens,
+            warmup_s=args.warmup_s,
+            api_key=args.api_key or os.environ.get("NINFER_API_KEY"),
+        )
+        results = trio.run(run_bench, cfg)
+    except ValueError as exc:
+        print(f"ninfer bench: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"ninfer bench: error: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 2
+    rows = [r.summary() for r in results]
+    print(render_table(rows))
+    if args.json:
+        import orjson
+
+        doc = {
+            "config": {k: v for k, v in vars(args).items() if k not in ("func", "api_key")},
+            "levels": rows,
+        }
+        Path(args.json).write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    if args.plot:
+        plot_bench(
+            rows, args.plot, f"ninfer bench {args.url} ({args.route}, {args.max_tokens} tokens)"
+        )
+    return 1 if any(r["failed"] for r in rows) else 0
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not values or any(v < 1 or v > 1024 for v in values):
+        raise argparse.ArgumentTypeError("each value must be 1..1024")
+    return values
+
+
+def _rate_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if any(not 0 < v <= 10000 for v in values):
+        raise argparse.ArgumentTypeError("each rate must be in (0, 10000] per second")
+    return values
 
 
 def _positive_float(text: str) -> float:
@@ -362,6 +442,71 @@ def build_parser() -> argparse.ArgumentParser:
     openapi.add_argument("-o", "--output", default=None, help="write to this file")
     openapi.add_argument("--compare", metavar="OLD", default=None, help="an older document")
     openapi.set_defaults(func=_openapi)
+    bench = sub.add_parser(
+        "bench",
+        help="load a server: closed-loop client sweeps and open-loop arrival rates",
+        description="Send streaming requests of a fixed output length (ignore_eos) to an "
+        "OpenAI-compatible chat route (ninfer, llama.cpp's llama-server, vLLM...) or "
+        "ninfer's native route, and report completion tokens per second, time to first "
+        "token, inter-token latency, end-to-end latency and refusals per load level. "
+        "Closed loop: N clients send back to back. Open loop: Poisson arrivals at a rate. "
+        "Each level runs for --duration-s (at most --max-requests requests). Exit status 1 "
+        "when a request failed other than by 429/503.",
+    )
+    bench.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
+    bench.add_argument(
+        "--route",
+        choices=["chat", "native"],
+        default="chat",
+        help="chat: /v1/chat/completions (default); native: /v1/generate",
+    )
+    bench.add_argument(
+        "--model", default=None, help="model name to send (default: the first of GET /v1/models)"
+    )
+    bench.add_argument(
+        "--clients",
+        type=_int_list,
+        default=[1, 4, 8, 16],
+        help="closed-loop client counts (default: 1,4,8,16)",
+    )
+    bench.add_argument(
+        "--rates",
+        type=_rate_list,
+        default=[],
+        help="open-loop arrival rates per second, e.g. 1,2,4 (default: none)",
+    )
+    bench.add_argument(
+        "--duration-s",
+        type=_positive_float,
+        default=20.0,
+        help="seconds per load level (default: 20)",
+    )
+    bench.add_argument(
+        "--max-requests",
+        type=int,
+        default=2000,
+        help="at most this many requests per level (default: 2000)",
+    )
+    bench.add_argument(
+        "--max-tokens", type=int, default=64, help="output tokens per request (default: 64)"
+    )
+    bench.add_argument(
+        "--warmup-s",
+        type=float,
+        default=2.0,
+        help="seconds of warm-up with 2 clients first (default: 2; 0: none)",
+    )
+    bench.add_argument("--api-key", default=None, help="default: $NINFER_API_KEY")
+    bench.add_argument("--json", default=None, help="write the results as JSON here")
+    bench.add_argument(
+        "--plot", default=None, help="draw throughput, latency and refusals against load (PNG)"
+    )
+    bench.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a non-loopback URL (default: loopback only)",
+    )
+    bench.set_defaults(func=_bench)
     return parser
 
 

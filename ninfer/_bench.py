@@ -1,0 +1,368 @@
+"""`ninfer bench URL`: a load generator for OpenAI-compatible chat servers (and ninfer's
+native route), in Trio with httpx.
+
+Closed loop: for each client count, that many clients send streaming requests back to
+back for a fixed time. Open loop: requests arrive as a Poisson process at each rate,
+whatever the server's state (in flight capped). Every request asks for the same number
+of output tokens and sets `ignore_eos`, so runs compare. Each stream is timed: time to
+first token, the gaps between tokens, end to end; completion tokens come from the
+server's usage when it sends one, else from the chunks counted. Bounded by time and by
+count per level; loopback only unless asked.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import attrs
+import orjson
+
+from ninfer._logtools import percentile
+
+__all__ = ["BenchConfig", "LevelResult", "render_table", "run_bench"]
+
+Route = Literal["chat", "native"]
+
+PROMPTS = (
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a refrigerator works.",
+    "List some facts about the Moon.",
+    "Describe a walk through a busy market.",
+    "What makes a good cup of tea?",
+    "Tell me about the history of bicycles.",
+    "Write a poem about autumn leaves.",
+    "How do bees make honey?",
+)
+
+
+@attrs.frozen
+class BenchConfig:
+    url: str
+    route: Route = "chat"
+    model: str | None = None  # default: the first of GET /v1/models (chat route)
+    clients: tuple[int, ...] = (1, 4, 8, 16)
+    rates: tuple[float, ...] = ()
+    duration_s: float = 20.0
+    max_requests: int = 2000  # per level
+    max_tokens: int = 64
+    warmup_s: float = 2.0
+    api_key: str | None = None
+    max_in_flight: int = 256  # open loop
+    seed: int = 0
+
+
+@attrs.define
+class Sample:
+    status: int
+    ttft: float | None = None
+    total: float | None = None
+    tokens: int = 0
+    gaps: list[float] = attrs.field(factory=list)
+    error: str | None = None
+
+
+@attrs.define
+class LevelResult:
+    mode: Literal["closed", "open"]
+    load: float  # clients, or requests per second
+    seconds: float
+    samples: list[Sample] = attrs.field(factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        ok = [s for s in self.samples if s.status == 200 and s.error is None]
+        tokens = sum(s.tokens for s in ok)
+        ttft = sorted(s.ttft for s in ok if s.ttft is not None)
+        total = sorted(s.total for s in ok if s.total is not None)
+        gaps = sorted(g for s in ok for g in s.gaps)
+        n = len(self.samples)
+
+        def pct(values: list[float], p: float) -> float | None:
+            return percentile(values, p) if values else None
+
+        return {
+            "mode": self.mode,
+            "load": self.load,
+            "seconds": self.seconds,
+            "requests": n,
+            "ok": len(ok),
+            "rejected_429": sum(s.status == 429 for s in self.samples),
+            "rejected_503": sum(s.status == 503 for s in self.samples),
+            "failed": sum(
+                s.status not in (200, 429, 503) or s.error is not None for s in self.samples
+            ),
+            "completion_tokens": tokens,
+            "tokens_per_second": tokens / self.seconds if self.seconds else 0.0,
+            "requests_per_second": len(ok) / self.seconds if self.seconds else 0.0,
+            "ttft_p50": pct(ttft, 50),
+            "ttft_p95": pct(ttft, 95),
+            "itl_p50": pct(gaps, 50),
+            "itl_p95": pct(gaps, 95),
+            "e2e_p50": pct(total, 50),
+            "e2e_p95": pct(total, 95),
+        }
+
+
+def check_loopback(url: str) -> None:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host not in ("127.0.0.1", "localhost", "::1") and not host.startswith("127."):
+        raise ValueError(f"{host} is not a loopback address; pass --allow-remote to load it")
+
+
+class _Client:
+    def __init__(self, cfg: BenchConfig, http: Any, model: str | None) -> None:
+        self.cfg = cfg
+        self.http = http
+        self.model = model
+        self.rng = random.Random(cfg.seed)
+
+    def _request(self) -> tuple[str, dict[str, Any]]:
+        prompt = self.rng.choice(PROMPTS)
+        if self.cfg.route == "native":
+            return "/v1/generate", {
+                "prompt": f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n",
+                "max_new_tokens": self.cfg.max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+            }
+        return "/v1/chat/completions", {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": self.cfg.max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+    async def one(self) -> Sample:
+        import httpx
+
+        path, body = self._request()
+        headers = {"authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
+        start = time.perf_counter()
+        sample = Sample(status=0)
+        last: float | None = None
+        chunks = 0
+        usage: int | None = None
+        try:
+            async with self.http.stream("POST", path, json=body, headers=headers) as r:
+                sample.status = r.status_code
+                if r.status_code != 200:
+                    await r.aread()
+                    return sample
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    data = orjson.loads(line[6:])
+                    n = _tokens_in(data, self.cfg.route)
+                    if n:
+                        now = time.perf_counter()
+                        if last is None:
+                            sample.ttft = now - start
+                        else:
+                            sample.gaps.extend([(now - last) / n] * n)
+                        last = now
+                        chunks += n
+                    usage = _usage_in(data, self.cfg.route) or usage
+        except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
+            sample.error = type(exc).__name__
+            return sample
+        sample.total = time.perf_counter() - start
+        sample.tokens = usage if usage is not None else chunks
+        return sample
+
+
+def _tokens_in(data: Any, route: Route) -> int:
+    """How many tokens this stream line carries (OpenAI: one per content chunk)."""
+    if route == "native":
+        ids = data.get("token_ids")
+        return len(ids) if isinstance(ids, list) and "finish_reason" not in data else 0
+    choices = data.get("choices") or []
+    if choices and (choices[0].get("delta") or {}).get("content"):
+        return 1
+    return 0
+
+
+def _usage_in(data: Any, route: Route) -> int | None:
+    usage = data.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        return int(usage["completion_tokens"])
+    return None
+
+
+async def _closed(
+    client: _Client, clients: int, cfg: BenchConfig, tick: Callable[[], None]
+) -> LevelResult:
+    import trio
+
+    result = LevelResult("closed", clients, 0.0)
+    start = trio.current_time()
+    deadline = start + cfg.duration_s
+
+    async def worker() -> None:
+        while trio.current_time() < deadline and len(result.samples) < cfg.max_requests:
+            sample = await client.one()
+            result.samples.append(sample)  # a request begun in the window counts whole
+            tick()
+            if sample.status in (429, 503):
+                await trio.sleep(0.05)  # do not spin on refusals
+
+    async with trio.open_nursery() as n:
+        for _ in range(clients):
+            n.start_soon(worker)
+    result.seconds = trio.current_time() - start
+    return result
+
+
+async def _open(
+    client: _Client, rate: float, cfg: BenchConfig, tick: Callable[[], None]
+) -> LevelResult:
+    import trio
+
+    result = LevelResult("open", rate, 0.0)
+    rng = random.Random(cfg.seed + int(rate * 1000))
+    limiter = trio.CapacityLimiter(cfg.max_in_flight)
+    start = trio.current_time()
+
+    async def fire() -> None:
+        async with limiter:
+            result.samples.append(await client.one())
+            tick()
+
+    async with trio.open_nursery() as n:
+        at = start
+        sent = 0
+        while sent < cfg.max_requests:
+            at += rng.expovariate(rate)
+            if at > start + cfg.duration_s:
+                break
+            await trio.sleep_until(at)
+            n.start_soon(fire)
+            sent += 1
+    result.seconds = trio.current_time() - start
+    return result
+
+
+async def run_bench(cfg: BenchConfig, *, progress: bool = True) -> list[LevelResult]:
+    import httpx
+    import trio
+
+    limits = httpx.Limits(max_connections=max([*cfg.clients, cfg.max_in_flight]) + 8)
+    async with httpx.AsyncClient(base_url=cfg.url, timeout=600, limits=limits) as http:
+        model = cfg.model
+        if cfg.route == "chat" and model is None:
+            headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+            listing = (await http.get("/v1/models", headers=headers)).json()
+            model = listing["data"][0]["id"]
+        client = _Client(cfg, http, model)
+        if cfg.warmup_s > 0:
+            with trio.move_on_after(cfg.warmup_s * 5):
+                await _closed(client, 2, attrs.evolve(cfg, duration_s=cfg.warmup_s), lambda: None)
+        results = []
+        levels: list[tuple[str, float]] = [("closed", c) for c in cfg.clients]
+        levels += [("open", r) for r in cfg.rates]
+        for i, (mode, load) in enumerate(levels):
+            label = f"[{i + 1}/{len(levels)}] {mode} {load:g}"
+            done = [0]
+            begun = time.monotonic()
+
+            def tick(label: str = label, done: list[int] = done, begun: float = begun) -> None:
+                done[0] += 1
+                if progress:
+                    frac = min(1.0, (time.monotonic() - begun) / cfg.duration_s)
+                    bar = "#" * int(frac * 30)
+                    sys.stderr.write(f"\r{label:<22} [{bar:<30}] {done[0]} requests")
+                    sys.stderr.flush()
+
+            if mode == "closed":
+                result = await _closed(client, int(load), cfg, tick)
+            else:
+                result = await _open(client, load, cfg, tick)
+            if progress:
+                sys.stderr.write("\n")
+            results.append(result)
+    return results
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def render_table(rows: Sequence[dict[str, Any]]) -> str:
+    header = [
+        "mode",
+        "load",
+        "ok",
+        "429",
+        "503",
+        "fail",
+        "tok/s",
+        "req/s",
+        "ttft p50",
+        "p95",
+        "itl p50",
+        "p95",
+        "e2e p50",
+        "p95",
+    ]
+    body = [
+        [
+            r["mode"],
+            f"{r['load']:g}",
+            str(r["ok"]),
+            str(r["rejected_429"]),
+            str(r["rejected_503"]),
+            str(r["failed"]),
+            f"{r['tokens_per_second']:.1f}",
+            f"{r['requests_per_second']:.2f}",
+            _ms(r["ttft_p50"]),
+            _ms(r["ttft_p95"]),
+            _ms(r["itl_p50"]),
+            _ms(r["itl_p95"]),
+            _ms(r["e2e_p50"]),
+            _ms(r["e2e_p95"]),
+        ]
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) for b in body]
+    return "\n".join(lines) + "\n(times in ms; tok/s = completion tokens per second)"
+
+
+def plot_bench(rows: Sequence[dict[str, Any]], out: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), constrained_layout=True)
+    for mode, xlabel in (("closed", "clients"), ("open", "arrivals per second")):
+        sel = [r for r in rows if r["mode"] == mode]
+        if not sel:
+            continue
+        x = [r["load"] for r in sel]
+        style = "o-" if mode == "closed" else "s--"
+        axes[0].plot(x, [r["tokens_per_second"] for r in sel], style, label=f"{mode} loop")
+        for key, name in (("ttft", "TTFT"), ("e2e", "end to end")):
+            for p, ls in (("p50", style), ("p95", ":")):
+                ys = [r[f"{key}_{p}"] if r[f"{key}_{p}"] is not None else math.nan for r in sel]
+                axes[1].plot(x, ys, ls, label=f"{name} {p} ({mode})")
+        refused = [(r["rejected_429"] + r["rejected_503"]) / max(1, r["requests"]) for r in sel]
+        axes[2].plot(x, refused, style, label=f"{mode} loop")
+        axes[0].set_xlabel(xlabel)
+    axes[0].set_title("completion tokens per second")
+    axes[1].set_title("latency (s)")
+    axes[1].set_yscale("log")
+    axes[2].set_title("share refused (429 + 503)")
+    for ax in axes:
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
