@@ -1,6 +1,6 @@
 """Engine micro-benchmark: load time, RSS, prefill and decode throughput per dtype.
 
-    .venv/bin/python benchmarks/engine.py [--dtypes float32,bfloat16] [--model PATH|NAME]
+    .venv/bin/python benchmarks/engine.py [--modes float32,bfloat16,float32+int4] [--model PATH|NAME]
 
 Each dtype runs in a fresh subprocess so RSS after load is its own. Decode
 throughput is measured over the window where all B requests are decoding
@@ -31,7 +31,10 @@ def _rss_mib() -> float:
     return float("nan")
 
 
-def run_one(model: str, dtype: str, threads: int) -> dict[str, Any]:
+def run_one(model: str, mode: str, threads: int) -> dict[str, Any]:
+    """`mode` is a dtype, optionally `+int4` for the int4 weight kernel."""
+    dtype, _, weights = mode.partition("+")
+    weights = weights or "dense"
     import torch
 
     from ninfer._artifacts import cache_dir, resolve_model
@@ -71,20 +74,27 @@ def run_one(model: str, dtype: str, threads: int) -> dict[str, Any]:
     holder: dict[str, Any] = {}
 
     def loader() -> Any:
-        m = load_model(path, dtype=DTYPES[dtype], device="cpu", max_positions=8192)
+        m = load_model(path, dtype=DTYPES[dtype], device="cpu", max_positions=8192, weights=weights)
         holder["load_s"] = time.perf_counter() - t0
         return m
 
     engine = Engine(
         loader,
-        EngineConfig(max_batch=16, kv_capacity=16 * 1024, prefill_chunk=512, dtype=dtype),
+        EngineConfig(
+            max_batch=16, kv_capacity=16 * 1024, prefill_chunk=512, dtype=dtype, weights=weights
+        ),
         sink,
     )
     ready = threading.Event()
     thread = threading.Thread(target=engine.run, kwargs={"on_ready": lambda _m: ready.set()})
     thread.start()
     ready.wait()
-    out: dict[str, Any] = {"dtype": dtype, "load_s": holder["load_s"], "rss_mib": _rss_mib()}
+    out: dict[str, Any] = {
+        "mode": mode,
+        "load_s": holder["load_s"],
+        "rss_mib": _rss_mib(),
+        "batch_invariant": engine.batch_invariant,
+    }
 
     def prompt(n: int, salt: int) -> tuple[int, ...]:
         return tuple(100 + (i * 31 + salt * 7) % 40000 for i in range(n))
@@ -117,7 +127,11 @@ def run_one(model: str, dtype: str, threads: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument(
+        "--modes",
+        default="float32,bfloat16,float32+int4",
+        help="dtypes, each optionally +int4 (the int4 weight kernel)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--one", help=argparse.SUPPRESS)
@@ -126,7 +140,7 @@ def main() -> None:
         print(json.dumps(run_one(args.model, args.one, args.threads)))
         return
     results = []
-    for dtype in args.dtypes.split(","):
+    for dtype in args.modes.split(","):
         proc = subprocess.run(
             [sys.executable, __file__, "--one", dtype, "--model", args.model,
              "--threads", str(args.threads)],
@@ -136,10 +150,11 @@ def main() -> None:
     cols = ["load_s", "rss_mib", "prefill_128_tok_s", "prefill_512_tok_s"] + [
         f"decode_b{b}_tok_s" for b in BATCHES
     ]
-    print("| dtype | " + " | ".join(cols) + " |")
-    print("|---|" + "---|" * len(cols))
+    print("| mode | batch-invariant | " + " | ".join(cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
     for r in results:
-        print(f"| {r['dtype']} | " + " | ".join(f"{r[c]:.1f}" for c in cols) + " |")
+        cells = " | ".join(f"{r[c]:.1f}" for c in cols)
+        print(f"| {r['mode']} | {r['batch_invariant']} | {cells} |")
     if args.json:
         print(json.dumps(results, indent=2))
 

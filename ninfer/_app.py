@@ -108,6 +108,7 @@ class App:
                 prefill_chunk=config.prefill_chunk,
                 max_context=config.max_context,
                 dtype=config.dtype,
+                weights=config.weights,
                 device=config.device,
                 threads=config.threads,
             ),
@@ -159,6 +160,7 @@ class App:
             dtype=DTYPES[cfg.dtype],
             device=cfg.device,
             max_positions=cfg.max_context or 1 << 20,
+            weights=cfg.weights,
             progress=self._progress,
         )
 

@@ -17,6 +17,7 @@ import random
 import sys
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -95,6 +96,13 @@ class LevelResult:
             "rejected_503": sum(s.status == 503 for s in self.samples),
             "failed": sum(
                 s.status not in (200, 429, 503) or s.error is not None for s in self.samples
+            ),
+            "errors": dict(
+                Counter(
+                    s.error or f"HTTP {s.status}"
+                    for s in self.samples
+                    if s.status not in (200, 429, 503) or s.error is not None
+                )
             ),
             "completion_tokens": tokens,
             "tokens_per_second": tokens / self.seconds if self.seconds else 0.0,

@@ -76,6 +76,15 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("float32", "bfloat16"),
     ),
     Setting(
+        "weights",
+        str,
+        "int4",
+        "int4: run the GGUF's Q4_0/Q4_1 matrices in their 4-bit blocks through torch's int4 "
+        "CPU kernel (bfloat16 inside those matmuls, everything else in --dtype); dense: "
+        "dequantize every matrix to --dtype",
+        choices=("int4", "dense"),
+    ),
+    Setting(
         "max_context",
         int,
         None,
@@ -224,6 +233,7 @@ class ServerConfig:
     cache_dir: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
+    weights: str = "int4"
     max_context: int | None = None
     kv_capacity: int | None = None
     max_concurrency: int = 8

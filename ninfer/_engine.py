@@ -56,6 +56,7 @@ class EngineConfig:
     prefill_chunk: int = 256
     max_context: int | None = None  # None: the model's own context length
     dtype: str = "float32"
+    weights: str = "int4"
     device: str = "cpu"
     threads: int | None = None  # torch intra-op threads; None: torch's default
 
@@ -262,11 +263,8 @@ class Engine:
         )
         self._pool = PagePool(n_pages=n_pages, page_size=cfg.page_size)
         self.model = loaded
-        t = loaded.transformer
-        layer = t.layers[0]
         sizes = invariant_batch_sizes(
-            [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down, t.lm_head],
-            max_rows=cfg.max_batch,
+            loaded.transformer.row_maps(), max_rows=cfg.max_batch, device=cfg.device
         )
         self._batch_sizes = sizes or list(range(1, cfg.max_batch + 1))
         # bfloat16 is never promised: batched rows were seen to drift from the same rows

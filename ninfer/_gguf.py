@@ -66,6 +66,29 @@ class GGUFFile:
     def has_tensor(self, name: str) -> bool:
         return name in self.tensors
 
+    def int4_blocks(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """A Q4_0/Q4_1 tensor as (q, scale, zero) with value = (q - 8) * scale + zero:
+        q (rows, cols) int32 in 0..15, scale and zero (rows, cols/32) float32. None for
+        other tensor types."""
+        t = self.tensors[name]
+        kind = t.tensor_type.name
+        if kind not in ("Q4_0", "Q4_1"):
+            return None
+        rows, cols = (int(d) for d in reversed(t.shape.tolist()))
+        raw = torch.from_numpy(np.ascontiguousarray(t.data).view(np.uint8).reshape(-1).copy())
+        head = 2 if kind == "Q4_0" else 4
+        blocks = raw.view(-1, head + _QK // 2)
+        d = _f16_column(blocks, 0)
+        qs = blocks[:, head:]
+        q = torch.cat((qs & 0x0F, qs >> 4), dim=1).to(torch.int32)  # (blocks, 32)
+        zero = torch.zeros_like(d) if kind == "Q4_0" else _f16_column(blocks, 2) + 8.0 * d
+        groups = cols // _QK
+        return (
+            q.reshape(rows, cols),
+            d.reshape(rows, groups),
+            zero.reshape(rows, groups),
+        )
+
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
     h = hashlib.sha256()

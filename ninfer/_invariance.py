@@ -17,33 +17,42 @@ so instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
 __all__ = ["invariant_batch_sizes"]
 
 
-def _agreeing_sizes(x: torch.Tensor, w: torch.Tensor) -> set[int]:
-    """Row counts m at which linear(x[:m], w) equals the first m rows of linear(x, w)."""
-    reference = F.linear(x, w)
-    return {m for m in range(1, len(x) + 1) if torch.equal(F.linear(x[:m], w), reference[:m])}
+class LinearLike(Protocol):
+    in_features: int
+    input_dtype: torch.dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
-def invariant_batch_sizes(weights: Sequence[torch.Tensor], *, max_rows: int) -> list[int] | None:
+def _agreeing_sizes(x: torch.Tensor, f: LinearLike) -> set[int]:
+    """Row counts m at which f(x[:m]) equals the first m rows of f(x)."""
+    reference = f(x)
+    return {m for m in range(1, len(x) + 1) if torch.equal(f(x[:m]), reference[:m])}
+
+
+def invariant_batch_sizes(
+    linears: Sequence[LinearLike], *, max_rows: int, device: str = "cpu"
+) -> list[int] | None:
     """Sorted batch sizes (always including max_rows) at which every row of every
-    weight's `linear` equals that row in a batch of max_rows; None when rows depend
-    on their position within a batch. (Attention is written so that rows never
-    interact: see `_model._attention`.)"""
+    linear map equals that row in a batch of max_rows; None when rows depend on their
+    position within a batch. (Attention is written so that rows never interact: see
+    `_model._attention`.)"""
     gen = torch.Generator().manual_seed(1234)
     good = set(range(1, max_rows + 1))
-    for w in weights:
+    for f in linears:
         # Many rows and columns: a low-precision output can hide a different summation
         # order in one value by rounding, hardly in all of them.
-        x = torch.randn((max_rows, w.shape[1]), generator=gen).to(w.dtype).to(w.device)
-        good &= _agreeing_sizes(x, w)
+        x = torch.randn((max_rows, f.in_features), generator=gen).to(f.input_dtype).to(device)
+        good &= _agreeing_sizes(x, f)
         perm = torch.randperm(max_rows, generator=gen)
-        if not torch.equal(F.linear(x, w)[perm], F.linear(x[perm], w)):
+        if not torch.equal(f(x)[perm], f(x[perm])):
             return None
     good.add(max_rows)
     return sorted(good)

@@ -63,6 +63,7 @@ def load_model(
     dtype: torch.dtype,
     device: str,
     max_positions: int,
+    weights: str = "int4",
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> LoadedModel:
     """Read, verify and load a GGUF model; `max_positions` sizes the rotary table."""
@@ -76,12 +77,16 @@ def load_model(
         f"({time.perf_counter() - t0:.1f}s)"
     )
     model_id = _model_id(gguf.metadata, path)
-    transformer = load_transformer(gguf, dtype=dtype, device=device, max_positions=max_positions)
+    transformer = load_transformer(
+        gguf, dtype=dtype, device=device, max_positions=max_positions, weights=weights
+    )
     del gguf
     _trim_heap()
     elapsed = time.perf_counter() - t0
     a = transformer.args
-    progress(f"loaded {a.n_layers} layers as {dtype} on {device} in {elapsed:.1f}s")
+    progress(
+        f"loaded {a.n_layers} layers as {dtype} ({weights} weights) on {device} in {elapsed:.1f}s"
+    )
     identity = ModelIdentity(
         model_id=model_id,
         architecture=a.architecture,

@@ -22,17 +22,58 @@ import torch.nn.functional as F
 
 from ninfer._gguf import GGUFFile, ModelArgs
 
-__all__ = ["KVPages", "Transformer", "load_transformer"]
+__all__ = ["WEIGHT_MODES", "Dense", "Int4", "KVPages", "Linear", "Transformer", "load_transformer"]
+
+WEIGHT_MODES = ("int4", "dense")
+_GROUP = 32  # the GGUF's Q4 block: one scale (and min) per 32 weights
+
+
+class Dense:
+    """y = x W^T with W held as a dense tensor (x is cast to W's dtype and back)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+        self.in_features = int(weight.shape[1])
+        self.input_dtype = weight.dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:
+            return F.linear(x, self.weight)
+        return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+
+
+class Int4:
+    """y = x W^T with W kept as the GGUF's own 4-bit blocks, through torch's int4 CPU
+    kernel (`_weight_int4pack_mm_for_cpu`, group 32: value = (q - 8) * scale + zero).
+    The kernel takes bfloat16 inputs and scales; the output is cast back to x's dtype.
+    Each output row depends only on its input row (measured at start-up like the rest)."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
+        self.out_features, self.in_features = (int(d) for d in q.shape)
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 2)
+        # (groups, out, 2): scale and zero per group of 32 inputs, per output.
+        self.scales_zeros = (
+            torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+        )
+        self.input_dtype = torch.bfloat16
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, _GROUP, self.scales_zeros)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+
+Linear = Dense | Int4
 
 
 @attrs.define(eq=False)
 class Layer:
     attn_norm: torch.Tensor  # (dim,)
-    wqkv: torch.Tensor  # (dim + 2 * kv_dim, dim)
-    wo: torch.Tensor  # (dim, dim)
+    wqkv: Linear  # (dim + 2 * kv_dim, dim)
+    wo: Linear  # (dim, dim)
     ffn_norm: torch.Tensor  # (dim,)
-    w_gate_up: torch.Tensor  # (2 * ffn, dim)
-    w_down: torch.Tensor  # (dim, ffn)
+    w_gate_up: Linear  # (2 * ffn, dim)
+    w_down: Linear  # (dim, ffn)
 
 
 @attrs.define(eq=False)
@@ -105,13 +146,18 @@ def _attention(
     assert H % G == 0
     assert mask.shape == (B, 1, T, K)
     per_group = H // G
-    qg = q.float().reshape(B, G, per_group * T, D)  # heads of one kv group together
-    scores = torch.matmul(qg, keys.float().transpose(-1, -2)) * (D**-0.5)  # (B, G, hT, K)
+    # One contiguous (B*G)-batch layout whatever the callers' strides: a batched matmul
+    # over strided views can take another path at B=1 than at B>1, and a row's result
+    # would then depend on the batch it is in.
+    qg = q.float().reshape(B * G, per_group * T, D).contiguous()  # a kv group's heads
+    kt = keys.float().transpose(-1, -2).reshape(B * G, D, K).contiguous()
+    vg = values.float().reshape(B * G, K, D).contiguous()
+    scores = torch.bmm(qg, kt) * (D**-0.5)  # (B*G, hT, K)
     scores = scores.view(B, G, per_group, T, K).masked_fill(
         ~mask.view(B, 1, 1, T, K), float("-inf")
     )
-    probs = torch.softmax(scores, dim=-1).view(B, G, per_group * T, K)
-    return torch.matmul(probs, values.float()).view(B, H, T, D)
+    probs = torch.softmax(scores, dim=-1).view(B * G, per_group * T, K)
+    return torch.bmm(probs, vg).view(B, H, T, D)
 
 
 @attrs.define(eq=False)
@@ -120,7 +166,7 @@ class Transformer:
     embedding: torch.Tensor  # (vocab, dim)
     layers: list[Layer]
     norm: torch.Tensor  # (dim,)
-    lm_head: torch.Tensor  # (vocab, dim), the embedding itself when tied
+    lm_head: Linear  # (vocab, dim), the embedding itself when tied
     rope: torch.Tensor  # (max_positions, D/2) complex64
     dtype: torch.dtype
     device: str
@@ -159,7 +205,7 @@ class Transformer:
         k_end = q_end + a.kv_dim
         for li, layer in enumerate(self.layers):
             h = F.rms_norm(x, (a.dim,), layer.attn_norm, a.norm_eps)
-            qkv = F.linear(h, layer.wqkv)  # (B, T, dim + 2*kv_dim)
+            qkv = layer.wqkv(h)  # (B, T, dim + 2*kv_dim)
             q = qkv[..., :q_end].view(B, T, a.n_heads, a.head_dim)
             k = qkv[..., q_end:k_end].view(B, T, a.n_kv_heads, a.head_dim)
             v = qkv[..., k_end:].view(B, T, a.n_kv_heads, a.head_dim)
@@ -175,21 +221,73 @@ class Transformer:
                 values.transpose(1, 2),
                 mask,
             ).to(x.dtype)  # (B, H, T, D)
-            x = x + F.linear(attn.transpose(1, 2).reshape(B, T, a.dim), layer.wo)
+            x = x + layer.wo(attn.transpose(1, 2).reshape(B, T, a.dim))
             h = F.rms_norm(x, (a.dim,), layer.ffn_norm, a.norm_eps)
-            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)  # (B, T, ffn) each
-            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+            gate, up = layer.w_gate_up(h).chunk(2, dim=-1)  # (B, T, ffn) each
+            x = x + layer.w_down(F.silu(gate) * up)
         if last_only:
             x = x[:, -1]  # (B, dim)
         x = F.rms_norm(x, (a.dim,), self.norm, a.norm_eps)
-        return F.linear(x, self.lm_head).float()
+        return self.lm_head(x).float()
+
+    def row_maps(self) -> list[Linear | AttentionRows]:
+        """One of each weight shape and kind, and attention with the model's head shapes:
+        what batch invariance is measured on."""
+        layer = self.layers[0]
+        return [
+            layer.wqkv,
+            layer.wo,
+            layer.w_gate_up,
+            layer.w_down,
+            self.lm_head,
+            *(AttentionRows(self.args, keys, self.device) for keys in (16, 48, 272)),
+        ]
+
+
+class AttentionRows:
+    """Attention of one decode query per row over `keys` cached keys and values of its
+    own, as a map from rows to rows: the batched matmuls inside `_attention` may pick
+    their kernels by batch size, so this is measured like the linear maps."""
+
+    def __init__(self, args: ModelArgs, keys: int, device: str) -> None:
+        self.args = args
+        self.in_features = args.n_heads * args.head_dim
+        self.input_dtype = torch.float32
+        gen = torch.Generator().manual_seed(keys)
+        shape = (1, args.n_kv_heads, keys, args.head_dim)
+        self.keys = torch.randn(shape, generator=gen).to(device)
+        self.values = torch.randn(shape, generator=gen).to(device)
+        self.n_keys = keys
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.args
+        rows = x.shape[0]
+        # The layouts `forward` hands over: (B, T, H, D) and (B, K, G, D), transposed.
+        q = x.view(rows, 1, a.n_heads, a.head_dim).transpose(1, 2)
+        # Each row sees the keys shifted by its own values, so rows differ.
+        shift = x[:, : a.head_dim].reshape(rows, 1, 1, a.head_dim)
+        keys = (self.keys + shift).transpose(1, 2).contiguous().transpose(1, 2)
+        values = self.values.expand(rows, -1, -1, -1).transpose(1, 2).contiguous()
+        values = values.transpose(1, 2)
+        mask = torch.ones((rows, 1, 1, self.n_keys), dtype=torch.bool, device=x.device)
+        return _attention(q, keys, values, mask).reshape(rows, -1)
 
 
 def load_transformer(
-    gguf: GGUFFile, *, dtype: torch.dtype, device: str, max_positions: int
+    gguf: GGUFFile,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    max_positions: int,
+    weights: str = "int4",
 ) -> Transformer:
-    """Build the model from a GGUF file: dequantize, fuse QKV and gate/up, tie the head."""
+    """Build the model from a GGUF file: fuse QKV and gate/up, tie the head. With
+    weights="int4" (CPU only), Q4_0/Q4_1 matrices stay in their 4-bit blocks and run
+    through the int4 kernel; every other tensor is dequantized to `dtype`."""
     a = gguf.args
+    if weights not in WEIGHT_MODES:
+        raise ValueError(f"weights must be one of {WEIGHT_MODES}")
+    use_int4 = weights == "int4" and device == "cpu"
 
     def w(name: str) -> torch.Tensor:
         return gguf.tensor(name, dtype).to(device)
@@ -197,26 +295,43 @@ def load_transformer(
     def norm(name: str) -> torch.Tensor:
         return gguf.tensor(name, torch.float32).to(dtype).to(device)
 
+    def linear(*names: str) -> Linear:
+        """The matrices stacked along their outputs, as one Linear."""
+        blocks = [gguf.int4_blocks(n) for n in names] if use_int4 else [None]
+        if all(b is not None for b in blocks) and all(
+            int(b[0].shape[1]) % (_GROUP * 2) == 0 for b in blocks if b is not None
+        ):
+            q, scale, zero = (torch.cat([b[i] for b in blocks if b is not None]) for i in range(3))
+            return Int4(q, scale, zero)
+        return Dense(torch.cat([w(n) for n in names]) if len(names) > 1 else w(names[0]))
+
     layers = []
     for i in range(a.n_layers):
         p = f"blk.{i}."
-        wqkv = torch.cat([w(p + "attn_q.weight"), w(p + "attn_k.weight"), w(p + "attn_v.weight")])
-        assert wqkv.shape == (a.n_heads * a.head_dim + 2 * a.kv_dim, a.dim)
-        gate_up = torch.cat([w(p + "ffn_gate.weight"), w(p + "ffn_up.weight")])
-        assert gate_up.shape == (2 * a.ffn_dim, a.dim)
+        wqkv = linear(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")
+        assert (wqkv.in_features, _out(wqkv)) == (a.dim, a.n_heads * a.head_dim + 2 * a.kv_dim)
+        gate_up = linear(p + "ffn_gate.weight", p + "ffn_up.weight")
+        assert (gate_up.in_features, _out(gate_up)) == (a.dim, 2 * a.ffn_dim)
         layers.append(
             Layer(
                 attn_norm=norm(p + "attn_norm.weight"),
                 wqkv=wqkv,
-                wo=w(p + "attn_output.weight"),
+                wo=linear(p + "attn_output.weight"),
                 ffn_norm=norm(p + "ffn_norm.weight"),
                 w_gate_up=gate_up,
-                w_down=w(p + "ffn_down.weight"),
+                w_down=linear(p + "ffn_down.weight"),
             )
         )
     embedding = w("token_embd.weight")
     assert embedding.shape == (a.vocab_size, a.dim), embedding.shape
-    lm_head = w("output.weight") if gguf.has_tensor("output.weight") else embedding
+    if gguf.has_tensor("output.weight"):
+        lm_head = linear("output.weight")
+    elif use_int4:
+        # With the int4 kernel the matmuls already take bfloat16 inputs; the tied head,
+        # the largest matrix read every step, does too (half the bytes of float32).
+        lm_head = Dense(embedding.to(torch.bfloat16))
+    else:
+        lm_head = Dense(embedding)
     return Transformer(
         args=a,
         embedding=embedding,
@@ -227,3 +342,7 @@ def load_transformer(
         dtype=dtype,
         device=device,
     )
+
+
+def _out(linear: Linear) -> int:
+    return linear.out_features if isinstance(linear, Int4) else int(linear.weight.shape[0])

@@ -41,7 +41,7 @@ class Sink:
 def main() -> None:
     model_path, cases_path, chunk = sys.argv[1], sys.argv[2], int(sys.argv[3])
     cases = orjson.loads(Path(cases_path).read_bytes())
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(sys.argv[4]) if len(sys.argv) > 4 else 1)
     sink = Sink()
     engine = Engine(
         lambda: load_model(model_path, dtype=torch.float32, device="cpu", max_positions=8192),

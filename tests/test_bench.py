@@ -22,7 +22,7 @@ async def test_bench_closed_and_open_loop(tiny_gguf: Path, tmp_path: Path, route
     rows = [r.summary() for r in results]
     assert [(r["mode"], r["load"]) for r in rows] == [("closed", 1), ("closed", 6), ("open", 40)]
     for row in rows:
-        assert row["failed"] == 0
+        assert row["failed"] == 0, row["errors"]
         assert row["ok"] > 0
         assert row["completion_tokens"] == 8 * row["ok"]
         assert row["ttft_p50"] is not None

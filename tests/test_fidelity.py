@@ -90,7 +90,7 @@ def _direct(model: Path, cases: list[dict[str, Any]], tmp_path: Path) -> list[di
     cases_file.write_bytes(orjson.dumps(cases))
     script = Path(__file__).parent / "fidelity_engine.py"
     done = subprocess.run(
-        [sys.executable, str(script), str(model), str(cases_file), "256"],
+        [sys.executable, str(script), str(model), str(cases_file), "256", "2"],
         capture_output=True,
         timeout=600,
         check=True,
