@@ -1,6 +1,7 @@
 """Engine micro-benchmark: load time, RSS, prefill and decode throughput per dtype.
 
-    .venv/bin/python benchmarks/engine.py [--modes float32,bfloat16,float32+int4] [--model PATH|NAME]
+    .venv/bin/python benchmarks/engine.py [--modes float32,bfloat16,float32+int4]
+        [--model PATH|NAME]
 
 Each dtype runs in a fresh subprocess so RSS after load is its own. Decode
 throughput is measured over the window where all B requests are decoding

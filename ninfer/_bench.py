@@ -217,8 +217,8 @@ async def _closed(
             sample = await client.one()
             result.samples.append(sample)  # a request begun in the window counts whole
             tick()
-            if sample.status in (429, 503):
-                await trio.sleep(0.05)  # do not spin on refusals
+            if sample.status != 200 or sample.error is not None:
+                await trio.sleep(0.05)  # do not spin on refusals or failures
 
     async with trio.open_nursery() as n:
         for _ in range(clients):
