@@ -338,15 +338,26 @@ class Engine:
             self._waiting.append(active)
 
     def _step(self) -> None:
-        if self._waiting:
-            self._prefill_chunk(self._waiting[0])
+        # Prefill chunks up to --prefill-chunk tokens in all, across as many waiting
+        # requests as fit whole: a burst of short prompts starts decoding together
+        # instead of one per decode step. A prompt's chunks always start at multiples of
+        # --prefill-chunk, so its numbers never depend on what else was waiting.
+        budget = self.config.prefill_chunk
+        while self._waiting:
+            a = self._waiting[0]
+            size = min(self.config.prefill_chunk, len(a.request.prompt_ids) - a.prefilled)
+            if size > budget or not self._prefill_chunk(a):
+                break
+            budget -= size
         if self._decoding:
             self._decode_step()
         with self._stats_lock:
             self._steps += 1
             self._last_progress = time.monotonic()
 
-    def _prefill_chunk(self, a: _Active) -> None:
+    def _prefill_chunk(self, a: _Active) -> bool:
+        """Prefill `a`'s next chunk; True when its prompt is done and it moved on to
+        decoding (so the next waiting request may start)."""
         assert self._pool is not None
         prompt = a.request.prompt_ids
         if not a.pages:
@@ -354,7 +365,7 @@ class Engine:
                 pages_for(len(prompt) + a.request.max_new_tokens, self.config.page_size)
             )
             if pages is None:
-                return  # pages come back when running requests finish
+                return False  # pages come back when running requests finish
             self._kv.zero_pages(pages)
             a.pages = pages
             a.prefill_start = time.perf_counter()
@@ -374,7 +385,7 @@ class Engine:
             a.prefilled += len(chunk)
             self._prefill_tokens += len(chunk)
             if a.prefilled < len(prompt):
-                return
+                return False
             with self._stats_lock:
                 self._waiting.popleft()
             a.position = len(prompt)
@@ -382,10 +393,11 @@ class Engine:
             token = sample_rows(logits.float().cpu(), [a.sampler])[0]
         except Exception:
             self._fail(a, "prefill")
-            return
+            return False
         with self._stats_lock:
             self._decoding.append(a)
         self._accept(a, token)
+        return True
 
     def _decode_step(self) -> None:
         rows = list(self._decoding)
