@@ -101,8 +101,12 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--logs", default="race-logs", help="directory for the servers' output")
+    ap.add_argument("--replot", default=None, help="only redraw --plot from this --json file")
     args = ap.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
+    if args.replot:
+        _plot(json.loads(Path(args.replot).read_text()), args.plot or "race.png", args)
+        return 0
     slots = max(args.clients)
     gguf = str(resolve_model(args.model, cache_dir(None, os.environ)))
     llama = find_llama_server(args.llama_server)
@@ -164,11 +168,11 @@ def _plot(results: dict[str, list[dict[str, Any]]], out: str, args: argparse.Nam
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
-    for name, rows in results.items():
+    for color, (name, rows) in zip(("tab:blue", "tab:orange"), results.items(), strict=False):
         x = [r["load"] for r in rows]
-        ax_t.plot(x, [r["tokens_per_second"] for r in rows], "o-", label=name)
-        ax_l.plot(x, [r["ttft_p50"] for r in rows], "o-", label=f"{name} TTFT p50")
-        ax_l.plot(x, [r["itl_p50"] for r in rows], "s--", label=f"{name} ITL p50")
+        ax_t.plot(x, [r["tokens_per_second"] for r in rows], "o-", color=color, label=name)
+        ax_l.plot(x, [r["ttft_p50"] for r in rows], "o-", color=color, label=f"{name} TTFT p50")
+        ax_l.plot(x, [r["itl_p50"] for r in rows], "s--", color=color, label=f"{name} ITL p50")
     ax_t.set_xlabel("clients (closed loop)")
     ax_t.set_title(f"completion tokens/s ({args.max_tokens}-token completions)")
     ax_l.set_xlabel("clients (closed loop)")

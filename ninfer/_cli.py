@@ -283,9 +283,16 @@ def _bench(args: argparse.Namespace) -> int:
         }
         Path(args.json).write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     if args.plot:
-        plot_bench(
-            rows, args.plot, f"ninfer bench {args.url} ({args.route}, {args.max_tokens} tokens)"
-        )
+        try:
+            plot_bench(
+                rows, args.plot, f"ninfer bench {args.url} ({args.route}, {args.max_tokens} tokens)"
+            )
+        except ImportError:
+            print(
+                "ninfer bench: --plot needs matplotlib (pip install 'ninfer[plot]')",
+                file=sys.stderr,
+            )
+            return 2
     return 1 if any(r["failed"] for r in rows) else 0
 
 
