@@ -18,9 +18,7 @@ from typing import Any
 import trio
 from hypercorn.typing import (
     ASGIReceiveCallable,
-    ASGIReceiveEvent,
     ASGISendCallable,
-    ASGISendEvent,
     HTTPScope,
     LifespanScope,
     Scope,
@@ -40,11 +38,16 @@ from ninfer._generation import (
 )
 from ninfer._http import (
     ClientGone,
+    Exchange,
     discard_body,
+    error_for,
     header,
+    preflight,
     read_body,
     request_id_from,
+    rid_header,
     send_bytes,
+    with_cors,
     worth_draining,
 )
 from ninfer._loader import LoadedModel, load_model
@@ -65,13 +68,8 @@ from protocols import (
     ApiError,
     NativeCodec,
     OpenAICodec,
-    anthropic_error_body,
-    anthropic_status,
     dumps,
-    error_body,
     loads,
-    openai_error_body,
-    openai_status,
 )
 from scheduler import AdmissionController
 
@@ -303,8 +301,8 @@ class App:
     ) -> None:
         request_id = request_id_from(scope)
         if self.config.cors:
-            send = _with_cors(send)
-        exchange = _Exchange(receive, send)
+            send = with_cors(send)
+        exchange = Exchange(receive, send)
         try:
             await self._route(scope, exchange, request_id)
         except ClientGone:
@@ -321,12 +319,12 @@ class App:
             return "/v1/models/{model}"
         return "unmatched"
 
-    async def _route(self, scope: HTTPScope, exchange: _Exchange, request_id: str) -> None:
+    async def _route(self, scope: HTTPScope, exchange: Exchange, request_id: str) -> None:
         path, method = scope["path"], scope["method"]
         receive, send = exchange.raw_receive, exchange.send
         try:
             if method == "OPTIONS" and self.config.cors:
-                await _preflight(send)
+                await preflight(send)
                 return
             route = self._routes.get(path)
             if route is None and path.startswith("/v1/models/"):
@@ -350,17 +348,17 @@ class App:
                         "request_rejected",
                         request_id,
                         endpoint=path,
-                        status=self._error_for(path, err, request_id)[0],
+                        status=error_for(path, err, request_id)[0],
                         type=err.kind,
                         code=err.code,
                         param=err.param,
                         phase="route",
                     )
-                status, body = self._error_for(path, err, request_id)
+                status, body = error_for(path, err, request_id)
                 if not exchange.body_done and worth_draining(scope, err.kind):
                     await discard_body(receive, self.config.max_request_bytes, DISCARD_BODY_S)
                 await send_bytes(
-                    send, status, body, error_headers(err, _rid_header(path), request_id)
+                    send, status, body, error_headers(err, rid_header(path), request_id)
                 )
         except ClientGone:
             return  # gone before anything was prepared: nothing to answer or log
@@ -373,19 +371,10 @@ class App:
                 internal = ApiError(
                     "internal_error", "an unexpected error occurred; see the server log"
                 )
-                status, body = self._error_for(path, internal, request_id)
+                status, body = error_for(path, internal, request_id)
                 await send_bytes(
-                    send, status, body, error_headers(internal, _rid_header(path), request_id)
+                    send, status, body, error_headers(internal, rid_header(path), request_id)
                 )
-
-    @staticmethod
-    def _error_for(path: str, err: ApiError, request_id: str) -> tuple[int, bytes]:
-        """The status and body of an error in the shape of the route's protocol."""
-        if path in _OPENAI_PATHS or path.startswith("/v1/models"):
-            return openai_status(err), openai_error_body(err)
-        if path.startswith("/v1/messages"):
-            return anthropic_status(err), anthropic_error_body(err, request_id)
-        return err.status, error_body(err, request_id)
 
     def _authorize(self, scope: HTTPScope) -> None:
         key = self.config.api_key
@@ -695,78 +684,6 @@ class App:
         await send_bytes(
             send, 200, dumps({"input_tokens": count}), [(b"request-id", request_id.encode())]
         )
-
-
-class _Exchange:
-    """One HTTP exchange's ASGI callables, noting the response status once it starts
-    and whether the request body has been read to its end."""
-
-    def __init__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        self.raw_receive = receive
-        self._send = send
-        self.status = 0  # 0 until http.response.start has been sent
-        self.body_done = False
-
-    async def send(self, message: ASGISendEvent) -> None:
-        """Send, turning a broken connection into ClientGone: a failure of the transport
-        is the client gone, never an internal error of the request. (Hypercorn can also
-        report a client that closed right after the last byte as a busy stream.)"""
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-        try:
-            await self._send(message)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
-            raise ClientGone("respond") from None
-
-    async def receive(self) -> ASGIReceiveEvent:
-        message = await self.raw_receive()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            self.body_done = True
-        return message
-
-
-_OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-
-
-def _rid_header(path: str) -> bytes:
-    return b"request-id" if path.startswith("/v1/messages") else b"x-request-id"
-
-
-def _with_cors(send: ASGISendCallable) -> ASGISendCallable:
-    async def cors_send(message: ASGISendEvent) -> None:
-        if message["type"] == "http.response.start":
-            headers = list(message.get("headers", []))
-            headers.append((b"access-control-allow-origin", b"*"))
-            headers.append(
-                (
-                    b"access-control-expose-headers",
-                    b"x-request-id, request-id, retry-after, server-timing",
-                )
-            )
-            message = {**message, "headers": headers}
-        await send(message)
-
-    return cors_send
-
-
-async def _preflight(send: ASGISendCallable) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 204,
-            "headers": [
-                (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-                (
-                    b"access-control-allow-headers",
-                    b"authorization, content-type, x-api-key, x-request-id, anthropic-version",
-                ),
-                (b"access-control-max-age", b"600"),
-                (b"content-length", b"0"),
-            ],
-            "trailers": False,
-        }
-    )
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def create_app(config: ServerConfig | None = None, **kwargs: Any) -> App:

@@ -316,6 +316,16 @@ def _rate_list(text: str) -> list[float]:
     return values
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -427,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the deployment's --max-request-mib, to size the oversized bodies (default: 4)",
     )
     probe.add_argument(
-        "--concurrency", type=int, default=4, help="probes in flight at once (default: 4)"
+        "--concurrency", type=_positive_int, default=4, help="probes in flight at once (default: 4)"
     )
     probe.add_argument(
         "--timeout", type=_positive_float, default=60.0, help="seconds per probe (default: 60)"
@@ -490,12 +500,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--max-requests",
-        type=int,
+        type=_positive_int,
         default=2000,
         help="at most this many requests per level (default: 2000)",
     )
     bench.add_argument(
-        "--max-tokens", type=int, default=64, help="output tokens per request (default: 64)"
+        "--max-tokens",
+        type=_positive_int,
+        default=64,
+        help="output tokens per request (default: 64)",
     )
     bench.add_argument(
         "--warmup-s",

@@ -1,4 +1,5 @@
-"""ASGI plumbing: headers, bounded body reading, plain responses, the disconnect watch."""
+"""ASGI plumbing: headers, bounded body reading, plain responses, each protocol's error
+shape by route, CORS, and the exchange bookkeeping the app routes with."""
 
 from __future__ import annotations
 
@@ -7,18 +8,37 @@ import uuid
 from collections.abc import Iterable
 
 import trio
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
+from hypercorn.typing import (
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    ASGISendEvent,
+    HTTPScope,
+)
 
-from protocols import ApiError
+from protocols import (
+    ApiError,
+    anthropic_error_body,
+    anthropic_status,
+    error_body,
+    openai_error_body,
+    openai_status,
+)
 
 __all__ = [
+    "OPENAI_PATHS",
     "ClientGone",
+    "Exchange",
     "Headers",
     "discard_body",
+    "error_for",
     "header",
+    "preflight",
     "read_body",
     "request_id_from",
+    "rid_header",
     "send_bytes",
+    "with_cors",
     "worth_draining",
 ]
 
@@ -135,3 +155,84 @@ async def discard_body(receive: ASGIReceiveCallable, limit: int, seconds: float)
             remaining -= len(message["body"])
             if not message.get("more_body", False):
                 return
+
+
+class Exchange:
+    """One HTTP exchange's ASGI callables, noting the response status once it starts
+    and whether the request body has been read to its end."""
+
+    def __init__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        self.raw_receive = receive
+        self._send = send
+        self.status = 0  # 0 until http.response.start has been sent
+        self.body_done = False
+
+    async def send(self, message: ASGISendEvent) -> None:
+        """Send, turning a broken connection into ClientGone: a failure of the transport
+        is the client gone, never an internal error of the request. (Hypercorn can also
+        report a client that closed right after the last byte as a busy stream.)"""
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        try:
+            await self._send(message)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            raise ClientGone("respond") from None
+
+    async def receive(self) -> ASGIReceiveEvent:
+        message = await self.raw_receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.body_done = True
+        return message
+
+
+OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def rid_header(path: str) -> bytes:
+    return b"request-id" if path.startswith("/v1/messages") else b"x-request-id"
+
+
+def with_cors(send: ASGISendCallable) -> ASGISendCallable:
+    async def cors_send(message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            headers.append((b"access-control-allow-origin", b"*"))
+            headers.append(
+                (
+                    b"access-control-expose-headers",
+                    b"x-request-id, request-id, retry-after, server-timing",
+                )
+            )
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return cors_send
+
+
+async def preflight(send: ASGISendCallable) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 204,
+            "headers": [
+                (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+                (
+                    b"access-control-allow-headers",
+                    b"authorization, content-type, x-api-key, x-request-id, anthropic-version",
+                ),
+                (b"access-control-max-age", b"600"),
+                (b"content-length", b"0"),
+            ],
+            "trailers": False,
+        }
+    )
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def error_for(path: str, err: ApiError, request_id: str) -> tuple[int, bytes]:
+    """The status and body of an error in the shape of the route's protocol."""
+    if path in OPENAI_PATHS or path.startswith("/v1/models"):
+        return openai_status(err), openai_error_body(err)
+    if path.startswith("/v1/messages"):
+        return anthropic_status(err), anthropic_error_body(err, request_id)
+    return err.status, error_body(err, request_id)
