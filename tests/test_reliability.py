@@ -262,6 +262,7 @@ async def test_random_disconnects_leave_nothing_behind(
     # Clients really did leave at every stage.
     assert stages["body"] > 0
     assert stages["decode"] + stages["prefill"] > 0
+    print(f"disconnects: {dict(kinds)} client kinds; server stages {dict(stages)}; {outcomes}")
     assert sum(stages.values()) >= 200, (stages, outcomes)
 
 
