@@ -94,11 +94,17 @@ class _Cancel:
 
 
 @attrs.frozen
+class _Pause:
+    handle: RequestHandle
+    paused: bool
+
+
+@attrs.frozen
 class _Shutdown:
     pass
 
 
-_Command = _Submit | _Cancel | _Shutdown
+_Command = _Submit | _Cancel | _Pause | _Shutdown
 
 
 @attrs.define(eq=False)
@@ -116,6 +122,7 @@ class _Active:
     prefill_start: float = 0.0
     decode_start: float = 0.0
     pending_ids: list[int] = attrs.field(factory=list)
+    paused: bool = False  # its reader is far behind: left out of decode steps until it reads
 
 
 class Engine:
@@ -188,6 +195,12 @@ class Engine:
         self._commands.put(_Submit(handle, request, time.perf_counter()))
         return handle
 
+    def pause(self, handle: RequestHandle, paused: bool) -> None:
+        """Leave a decoding request out of decode steps (its pages kept) until resumed:
+        for a reader that has fallen far behind, so that the others' steps do not pay
+        for tokens nobody is reading yet. Non-blocking."""
+        self._commands.put(_Pause(handle, paused))
+
     def cancel(self, handle: RequestHandle) -> None:
         """Ask the engine to drop a request at the next step boundary; never blocks."""
         self._commands.put(_Cancel(handle))
@@ -217,7 +230,7 @@ class Engine:
                 pages_free=pool.free if pool else 0,
                 steps=self._steps,
                 last_progress=self._last_progress,
-                busy=bool(self._waiting or self._decoding),
+                busy=bool(self._waiting) or any(not a.paused for a in self._decoding),
                 batch_invariant=self.batch_invariant,
                 batch_sizes=tuple(self._batch_sizes),
                 decode_steps=self._decode_steps,
@@ -293,7 +306,7 @@ class Engine:
 
     def _loop(self) -> None:
         while True:
-            idle = not self._waiting and not self._decoding
+            idle = not self._waiting and all(a.paused for a in self._decoding)
             if not self._drain_commands(block=idle):
                 return
             try:
@@ -315,6 +328,10 @@ class Engine:
                 return True
             if isinstance(command, _Submit):
                 self._admit(command.handle, command.request, command.submitted)
+            elif isinstance(command, _Pause):
+                paused = self._by_id.get(command.handle.id)
+                if paused is not None:
+                    paused.paused = command.paused
             elif isinstance(command, _Cancel):
                 active = self._by_id.get(command.handle.id)
                 if active is not None:
@@ -349,7 +366,7 @@ class Engine:
             if size > budget or not self._prefill_chunk(a):
                 break
             budget -= size
-        if self._decoding:
+        if any(not a.paused for a in self._decoding):
             self._decode_step()
         with self._stats_lock:
             self._steps += 1
@@ -400,7 +417,7 @@ class Engine:
         return True
 
     def _decode_step(self) -> None:
-        rows = list(self._decoding)
+        rows = [a for a in self._decoding if not a.paused]
         dev = self.config.device
         S = self.config.page_size
         width = max(pages_for(a.position + 1, S) for a in rows)

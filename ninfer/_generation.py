@@ -340,6 +340,7 @@ class _Run:
                 await self._start_stream(prepared)
             async with events:
                 async for event in events:
+                    self.ctx.service.consumed(self.handle, events.statistics().current_buffer_used)
                     if isinstance(event, TokenDelta):
                         now = trio.current_time()
                         if self.first_token_at is None:

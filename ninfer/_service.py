@@ -30,6 +30,11 @@ __all__ = ["EngineService", "ServiceState"]
 _log = logging.getLogger("ninfer.service")
 
 SWITCH_INTERVAL_S = 0.0005
+# A request whose reader has this many undelivered events is left out of decode steps
+# until it has taken all but RESUME_BACKLOG of them: a client that stops reading costs the
+# others nothing, and one that reads slowly is served at its own pace.
+PAUSE_BACKLOG = 64
+RESUME_BACKLOG = 8
 
 
 @attrs.frozen
@@ -67,6 +72,7 @@ class EngineService:
         self.engine: Engine | None = None
         self.model: LoadedModel | None = None
         self._channels: dict[int, trio.MemorySendChannel[Event]] = {}
+        self._paused: set[int] = set()
         self._phase = "loading"
         self._error: str | None = None
         self._ready = trio.Event()
@@ -169,6 +175,7 @@ class EngineService:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     # The request task is gone: stop computing for it.
                     del self._channels[handle.id]
+                    self._paused.discard(handle.id)
                     send.close()
                     if not isinstance(event, Finish) and self.engine is not None:
                         self.engine.cancel(handle)
@@ -183,8 +190,27 @@ class EngineService:
                 if isinstance(event, Finish):
                     del self._channels[handle.id]
                     send.close()
+                    self._paused.discard(handle.id)
+                elif (
+                    handle.id not in self._paused
+                    and send.statistics().current_buffer_used >= PAUSE_BACKLOG
+                    and self.engine is not None
+                ):
+                    self._paused.add(handle.id)
+                    self.engine.pause(handle, True)
         except Exception:
             _log.exception("event dispatch failed")
+
+    def paused_requests(self) -> int:
+        """How many requests are left out of decode steps for a reader that fell behind."""
+        return len(self._paused)
+
+    def consumed(self, handle: RequestHandle, backlog: int) -> None:
+        """The request task took an event and `backlog` remain: resume a paused request
+        once its reader has caught up."""
+        if handle.id in self._paused and backlog <= RESUME_BACKLOG and self.engine is not None:
+            self._paused.discard(handle.id)
+            self.engine.pause(handle, False)
 
     def _close_all(self) -> None:
         for send in self._channels.values():

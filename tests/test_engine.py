@@ -209,3 +209,23 @@ def test_events_leave_once_per_step(tiny_engine: RunningEngine) -> None:
     assert tokens == 16 * 20
     assert sink.batches <= eng.statistics().steps + 1
     assert sink.batches < tokens / 4
+
+
+def test_a_paused_request_waits_and_then_gets_its_own_tokens(tiny_engine: RunningEngine) -> None:
+    """Pausing (for a reader far behind) leaves a request out of decode steps without
+    losing its place: resumed, it finishes with exactly the tokens it gets unpaused."""
+    eng, sink = tiny_engine.engine, tiny_engine.sink
+    seeded = SamplingParams(temperature=0.9, seed=7)
+    alone = eng.submit(GenerationRequest("alone", _prompt(10), 30, seeded, ignore_eos=True))
+    sink.wait_done(alone)
+    paused = eng.submit(GenerationRequest("paused", _prompt(10), 30, seeded, ignore_eos=True))
+    eng.pause(paused, True)
+    sink.wait_for(lambda: len(sink.tokens.get(paused.id, [])) >= 1)  # prefill's token
+    held = len(sink.tokens[paused.id])
+    other = eng.submit(GenerationRequest("other", _prompt(6, 1), 40, ignore_eos=True))
+    sink.wait_done(other)
+    assert len(sink.tokens[paused.id]) == held, "decoded while paused"
+    assert eng.statistics().decoding == 1
+    eng.pause(paused, False)
+    sink.wait_done(paused)
+    assert sink.tokens[paused.id] == sink.tokens[alone.id]

@@ -298,6 +298,19 @@ async def test_a_client_that_stops_reading_does_not_stall_others(
             r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 64, "ignore_eos": True})
             answered.append((r.status_code, r.json()["usage"]["completion_tokens"]))
         assert answered == [(200, 64)] * 4
+        # Once its buffers are full and 64 events wait unread, the stalled stream is left
+        # out of decode steps: the others' steps compute their own rows only.
+        await _until(lambda: srv.app.service.paused_requests() == 1)
+        engine = srv.app.service.engine
+        assert engine is not None
+        before = engine.statistics()
+        for _ in range(3):
+            r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 32, "ignore_eos": True})
+            assert r.status_code == 200
+        after = engine.statistics()
+        steps = after.decode_steps - before.decode_steps
+        assert steps >= 3 * 31
+        assert after.decode_rows - before.decode_rows == steps, "one row a step: its own"
         # The last answer's slot is released just after its last byte; then only the
         # stalled stream is left, holding its slot.
         await _until(lambda: sched.statistics().running <= 1)
