@@ -173,7 +173,8 @@ def _probe(args: argparse.Namespace) -> int:
         async with httpx.AsyncClient(base_url=base, timeout=args.timeout) as client:
             listing = await client.get("/v1/models", headers=headers)
         if listing.status_code != 200:
-            raise RuntimeError(f"GET /v1/models answered {listing.status_code}")
+            hint = " (is --api-key needed?)" if listing.status_code == 401 else ""
+            raise RuntimeError(f"GET /v1/models answered {listing.status_code}{hint}")
         model = listing.json()["data"][0]["id"]
         env = ProbeEnv(
             model=model, max_request_bytes=int(args.max_request_mib * (1 << 20)), api_key=key
@@ -190,7 +191,7 @@ def _probe(args: argparse.Namespace) -> int:
     try:
         results = trio.run(main)
     except (httpx.HTTPError, OSError, RuntimeError, KeyError, ValueError) as exc:
-        print(f"ninfer probe: error: cannot reach {base}: {exc}", file=sys.stderr)
+        print(f"ninfer probe: error: {base}: {exc}", file=sys.stderr)
         return 2
     sent = [r for r in results if r.skipped is None]
     failed = [r for r in sent if not r.ok]

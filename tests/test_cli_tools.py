@@ -1,0 +1,39 @@
+"""The `ninfer probe` and `ninfer bench` commands, run as a user would, against a server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import trio
+from server import serve
+
+
+async def _ninfer(*args: str) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(300):
+        return await trio.run_process(
+            [sys.executable, "-m", "ninfer", *args], capture_stdout=True, capture_stderr=True,
+            check=False,
+        )  # fmt: skip
+
+
+async def test_probe_and_bench_commands(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path, api_key="cli-key") as srv:
+        probe = await _ninfer("probe", srv.url, "--api-key", "cli-key", "--only", "native:")
+        assert probe.returncode == 0, probe.stderr.decode()[-2000:]
+        assert b"probes passed" in probe.stderr
+        refused = await _ninfer("probe", srv.url, "--only", "native:")  # no key: cannot list
+        assert refused.returncode == 2
+        assert b"is --api-key needed?" in refused.stderr
+        out = tmp_path / "bench.json"
+        bench = await _ninfer(
+            "bench", srv.url, "--api-key", "cli-key", "--clients", "2", "--duration-s", "0.5",
+            "--max-tokens", "4", "--warmup-s", "0", "--json", str(out),
+        )  # fmt: skip
+        assert bench.returncode == 0, bench.stderr.decode()[-2000:]
+    assert b"tok/s" in bench.stdout
+    levels = orjson.loads(out.read_bytes())["levels"]
+    assert levels[0]["ok"] > 0
+    assert levels[0]["completion_tokens"] == 4 * levels[0]["ok"]
