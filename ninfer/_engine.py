@@ -24,7 +24,7 @@ import torch
 
 from ninfer._errors import EngineStopped, RequestInvalid
 from ninfer._invariance import invariant_batch_sizes
-from ninfer._kvpool import PagePool, pages_for
+from ninfer._kvpool import PagePool, page_keys, pages_for
 from ninfer._loader import LoadedModel
 from ninfer._messages import (
     EngineTimings,
@@ -78,6 +78,8 @@ class EngineStatistics:
     decode_steps: int  # cumulative
     decode_rows: int  # cumulative rows over all decode steps (occupancy = rows / steps)
     prefill_tokens: int  # cumulative prompt tokens computed
+    cached_prompt_tokens: int  # cumulative prompt tokens served from the prefix cache
+    pages_cached: int  # full prompt pages indexed in the prefix cache (held or idle)
     generated_tokens: int  # cumulative tokens sampled
 
 
@@ -123,6 +125,7 @@ class _Active:
     decode_start: float = 0.0
     pending_ids: list[int] = attrs.field(factory=list)
     paused: bool = False  # its reader is far behind: left out of decode steps until it reads
+    cached: int = 0  # prompt tokens whose pages were shared from the prefix cache
 
 
 class Engine:
@@ -151,6 +154,7 @@ class Engine:
         self._decode_steps = 0
         self._decode_rows = 0
         self._prefill_tokens = 0
+        self._cached_tokens = 0
         self._generated = 0
         self._last_progress = time.monotonic()
         self._stats_lock = threading.Lock()
@@ -236,6 +240,8 @@ class Engine:
                 decode_steps=self._decode_steps,
                 decode_rows=self._decode_rows,
                 prefill_tokens=self._prefill_tokens,
+                cached_prompt_tokens=self._cached_tokens,
+                pages_cached=pool.cached if pool else 0,
                 generated_tokens=self._generated,
             )
 
@@ -357,8 +363,9 @@ class Engine:
     def _step(self) -> None:
         # Prefill chunks up to --prefill-chunk tokens in all, across as many waiting
         # requests as fit whole: a burst of short prompts starts decoding together
-        # instead of one per decode step. A prompt's chunks always start at multiples of
-        # --prefill-chunk, so its numbers never depend on what else was waiting.
+        # instead of one per decode step. A prompt's chunks start at page boundaries and
+        # every row is computed on its own, so its numbers never depend on what else was
+        # waiting or cached.
         budget = self.config.prefill_chunk
         while self._waiting:
             a = self._waiting[0]
@@ -377,14 +384,22 @@ class Engine:
         decoding (so the next waiting request may start)."""
         assert self._pool is not None
         prompt = a.request.prompt_ids
+        S = self.config.page_size
         if not a.pages:
-            pages = self._pool.allocate(
-                pages_for(len(prompt) + a.request.max_new_tokens, self.config.page_size)
+            # Full pages of this prompt someone computed before are shared, not computed
+            # again; at least one token is always left to prefill (its logits are the
+            # first output).
+            shared = self._pool.share(page_keys(prompt, S, (len(prompt) - 1) // S))
+            fresh = self._pool.allocate(
+                pages_for(len(prompt) + a.request.max_new_tokens, S) - len(shared)
             )
-            if pages is None:
+            if fresh is None:
+                self._pool.release(shared)
                 return False  # pages come back when running requests finish
-            self._kv.zero_pages(pages)
-            a.pages = pages
+            self._kv.zero_pages(fresh)
+            a.pages = shared + fresh
+            a.prefilled = a.cached = len(shared) * S
+            self._cached_tokens += a.cached
             a.prefill_start = time.perf_counter()
         start = a.prefilled
         chunk = prompt[start : start + self.config.prefill_chunk]
@@ -403,6 +418,9 @@ class Engine:
             self._prefill_tokens += len(chunk)
             if a.prefilled < len(prompt):
                 return False
+            full = len(prompt) // S  # pages of prompt tokens only: final from now on
+            for i, key in enumerate(page_keys(prompt, S, full)):
+                self._pool.register(a.pages[i], key)
             with self._stats_lock:
                 self._waiting.popleft()
             a.position = len(prompt)
@@ -502,7 +520,7 @@ class Engine:
         )
         finish = Finish(
             reason=reason,
-            usage=Usage(len(a.request.prompt_ids), a.generated),
+            usage=Usage(len(a.request.prompt_ids), a.generated, a.cached),
             timings=timings,
             seed=a.sampler.seed if not a.request.sampling.greedy else None,
             stop_string=a.text.stop_string if reason == "stop" else None,

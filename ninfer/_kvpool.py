@@ -1,23 +1,56 @@
-"""Accounting of KV-cache pages: a fixed pool of fixed-size pages, owned by the engine."""
+"""Accounting of KV-cache pages: a fixed pool of fixed-size pages, owned by the engine,
+with a prefix cache of full prompt pages.
+
+A page full of prompt tokens is never written again once its request's prefill is
+done; it is indexed by a digest of every token up to its end, and a later prompt that
+starts with the same tokens shares it instead of computing it again (reference counts
+per page). A page no request holds any more stays cached until its memory is needed:
+it counts as free, and `allocate` takes the least recently used of those after the
+never-used ones. Sharing is exact: a prompt prefilled from a page boundary gets the
+same keys and values as one prefilled whole (every row is computed on its own).
+"""
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
 import attrs
 
-__all__ = ["PagePool", "pages_for"]
+__all__ = ["PagePool", "page_keys", "pages_for"]
 
 
 def pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
 
+def page_keys(tokens: Sequence[int], page_size: int, pages: int) -> list[bytes]:
+    """The cache keys of the first `pages` full pages of `tokens`: a chained digest, so a
+    page's key stands for every token before its end."""
+    keys = []
+    digest = b""
+    for i in range(pages):
+        block = tokens[i * page_size : (i + 1) * page_size]
+        h = hashlib.blake2b(digest, digest_size=16)
+        h.update(b"".join(t.to_bytes(4, "little") for t in block))
+        digest = h.digest()
+        keys.append(digest)
+    return keys
+
+
 @attrs.define(eq=False)
 class PagePool:
-    """Free list of page ids 1..n_pages (page 0 is the zero padding page)."""
+    """Page ids 1..n_pages (page 0 is the zero padding page): free, held (with a reference
+    count), or cached (held by nobody, still indexed, reclaimed last)."""
 
     n_pages: int
     page_size: int
     _free: list[int] = attrs.field(init=False)
+    _refs: dict[int, int] = attrs.field(init=False, factory=dict)
+    _index: dict[bytes, int] = attrs.field(init=False, factory=dict)
+    _key_of: dict[int, bytes] = attrs.field(init=False, factory=dict)
+    _idle: OrderedDict[int, None] = attrs.field(init=False, factory=OrderedDict)
 
     def __attrs_post_init__(self) -> None:
         # Pop from the end: lowest ids first, so a light load touches little memory.
@@ -25,18 +58,64 @@ class PagePool:
 
     @property
     def free(self) -> int:
-        return len(self._free)
+        """Pages `allocate` can hand out: never used, released, or cached but idle."""
+        return len(self._free) + len(self._idle)
 
     @property
     def used(self) -> int:
-        return self.n_pages - len(self._free)
+        return self.n_pages - self.free
+
+    @property
+    def cached(self) -> int:
+        return len(self._index)
 
     def allocate(self, n: int) -> list[int] | None:
-        """n pages, or None (and nothing taken) when fewer are free."""
-        if n > len(self._free):
+        """n fresh pages (contents undefined), or None (and nothing taken) when fewer are
+        free. Cached idle pages are reclaimed, least recently used first, only when the
+        free list runs out."""
+        if n > self.free:
             return None
-        taken = [self._free.pop() for _ in range(n)]
+        taken = []
+        for _ in range(n):
+            if self._free:
+                page = self._free.pop()
+            else:
+                page, _ = self._idle.popitem(last=False)
+                del self._index[self._key_of.pop(page)]
+            self._refs[page] = 1
+            taken.append(page)
         return taken
 
+    def share(self, keys: Sequence[bytes]) -> list[int]:
+        """The pages of the longest cached prefix of `keys`, each now held once more."""
+        pages = []
+        for key in keys:
+            page = self._index.get(key)
+            if page is None:
+                break
+            if self._refs.get(page, 0) == 0:
+                del self._idle[page]
+            self._refs[page] = self._refs.get(page, 0) + 1
+            pages.append(page)
+        return pages
+
+    def register(self, page: int, key: bytes) -> None:
+        """Index a held page whose tokens are complete and final (a full prompt page)."""
+        if key in self._index or page in self._key_of:
+            return  # the same prefix computed twice at once: the first copy serves
+        self._index[key] = page
+        self._key_of[page] = key
+
     def release(self, pages: list[int]) -> None:
-        self._free.extend(reversed(pages))
+        """Let go of one hold on each page; a page nobody holds is free again, or cached
+        (and reclaimable) when indexed."""
+        for page in reversed(pages):
+            refs = self._refs[page] - 1
+            if refs:
+                self._refs[page] = refs
+                continue
+            del self._refs[page]
+            if page in self._key_of:
+                self._idle[page] = None
+            else:
+                self._free.append(page)

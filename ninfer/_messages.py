@@ -50,6 +50,7 @@ class RequestHandle:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def total_tokens(self) -> int:

@@ -229,3 +229,45 @@ def test_a_paused_request_waits_and_then_gets_its_own_tokens(tiny_engine: Runnin
     eng.pause(paused, False)
     sink.wait_done(paused)
     assert sink.tokens[paused.id] == sink.tokens[alone.id]
+
+
+def _alone(path: Path, request: GenerationRequest) -> list[int]:
+    """The request's tokens from a fresh engine: nothing cached, nothing shared."""
+    running = start_engine(
+        path, EngineConfig(max_batch=16, kv_capacity=4096, page_size=16, prefill_chunk=8)
+    )
+    try:
+        h = running.engine.submit(request)
+        running.sink.wait_done(h)
+        return running.sink.tokens[h.id]
+    finally:
+        stop_engine(running)
+
+
+def test_shared_prompt_pages_give_the_same_tokens(
+    tiny_gguf: Path, tiny_engine: RunningEngine
+) -> None:
+    """A prompt whose full pages are in the prefix cache skips computing them and still
+    gets exactly the tokens it gets computed from scratch; the pages are held once per
+    request and come back when both are done."""
+    eng, sink = tiny_engine.engine, tiny_engine.sink
+    total = eng.statistics().pages_total
+    base = _prompt(50)  # three full pages and two tokens
+    fork = (*base[:40], 7, 7, 7)  # two pages in common, then it differs
+
+    def req(name: str, prompt: tuple[int, ...]) -> GenerationRequest:
+        return GenerationRequest(name, prompt, 20, SamplingParams(temperature=0.8, seed=3),
+                                 ignore_eos=True)  # fmt: skip
+
+    first = eng.submit(req("first", base))
+    (f1,) = sink.wait_done(first)
+    assert f1.usage.cached_tokens == 0
+    again = eng.submit(req("again", base))
+    forked = eng.submit(req("forked", fork))
+    f2, f3 = sink.wait_done(again, forked)
+    assert (f2.usage.cached_tokens, f3.usage.cached_tokens) == (48, 32)
+    assert sink.tokens[again.id] == sink.tokens[first.id] == _alone(tiny_gguf, req("b", base))
+    assert sink.tokens[forked.id] == _alone(tiny_gguf, req("f", fork))
+    stats = eng.statistics()
+    assert stats.cached_prompt_tokens == 48 + 32
+    assert stats.pages_free == total  # cached pages nobody holds count as free
