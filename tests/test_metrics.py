@@ -93,3 +93,22 @@ async def test_metrics_need_the_api_key(tiny_gguf: Path, tmp_path: Path) -> None
         ok = await c.get("/metrics", headers={"authorization": "Bearer sekrit"})
         assert ok.status_code == 200
         assert "ninfer_num_requests_running" in ok.text
+
+
+async def test_a_repeated_prompt_is_served_from_the_prefix_cache(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        body = {"model": srv.app.public_id, "prompt": " ".join(["x y"] * 30), "max_tokens": 4,
+                "temperature": 0}  # fmt: skip
+        first = (await c.post("/v1/completions", json=body)).json()
+        second = (await c.post("/v1/completions", json=body)).json()
+        m = _samples((await c.get("/metrics")).text)
+    prompt = first["usage"]["prompt_tokens"]
+    assert prompt > 32
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == 16 * ((prompt - 1) // 16)
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]
+    assert _value(m, "ninfer_prefix_cache_hits_total") == cached
+    assert _value(m, "ninfer_prefix_cache_queries_total") == 2 * prompt
