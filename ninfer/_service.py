@@ -183,6 +183,7 @@ class EngineService:
                 except trio.WouldBlock:
                     _log.error("event channel full for %s; cancelling", handle.request_id)
                     del self._channels[handle.id]
+                    self._paused.discard(handle.id)
                     send.close()
                     if self.engine is not None:
                         self.engine.cancel(handle)
