@@ -343,18 +343,18 @@ class App:
             await handler(scope, exchange.receive, exchange.send, request_id)
         except ApiError as err:
             if not exchange.status:
+                status, body = error_for(path, err, request_id)
                 if path not in ("/health", "/ready"):
                     self.log.emit(
                         "request_rejected",
                         request_id,
                         endpoint=path,
-                        status=error_for(path, err, request_id)[0],
+                        status=status,
                         type=err.kind,
                         code=err.code,
                         param=err.param,
                         phase="route",
                     )
-                status, body = error_for(path, err, request_id)
                 if not exchange.body_done and worth_draining(scope, err.kind):
                     await discard_body(receive, self.config.max_request_bytes, DISCARD_BODY_S)
                 await send_bytes(
@@ -672,10 +672,12 @@ class App:
         self._check_ready()
         self._require_json(scope)
         assert self.model is not None
-        with trio.move_on_after(self.config.read_timeout_s) as read_scope:
-            body = await read_body(scope, receive, self.config.max_request_bytes)
-        if read_scope.cancelled_caught:
-            raise ApiError("request_timeout", "the request body did not arrive in time")
+        body = await read_body(
+            scope,
+            receive,
+            self.config.max_request_bytes,
+            trio.current_time() + self.config.read_timeout_s,
+        )
         req = self._anthropic.parse_count(loads(body))
         prompt = render_conversation(
             self.model.tokenizer.chat_template, req.system_text(), req.messages

@@ -258,10 +258,12 @@ class _Run:
     async def serve(
         self, ticket: Ticket, prepare: Callable[[bytes], Awaitable[Prepared]], deadline: float
     ) -> None:
-        with trio.move_on_at(self.arrival + self.ctx.read_timeout_s) as read_scope:
-            body = await read_body(self.scope, self.receive, self.ctx.max_request_bytes)
-        if read_scope.cancelled_caught:
-            raise ApiError("request_timeout", "the request body did not arrive in time")
+        body = await read_body(
+            self.scope,
+            self.receive,
+            self.ctx.max_request_bytes,
+            self.arrival + self.ctx.read_timeout_s,
+        )
         self.body_read = True
         self.stage = "prepare"
         prepared = await prepare(body)

@@ -75,10 +75,18 @@ class ClientGone(Exception):
         self.stage = stage
 
 
-async def read_body(scope: HTTPScope, receive: ASGIReceiveCallable, limit: int) -> bytes:
-    """The whole body, refused with 413 past `limit` bytes: by the declared Content-Length
-    before reading anything, and by counting what arrives (chunked bodies). The caller
-    puts a deadline around this (408)."""
+async def read_body(
+    scope: HTTPScope, receive: ASGIReceiveCallable, limit: int, deadline: float
+) -> bytes:
+    """The whole body by `deadline` (absolute Trio time), else 408; refused with 413 past
+    `limit` bytes: by the declared Content-Length before reading anything, and by
+    counting what arrives (chunked bodies)."""
+    with trio.move_on_at(deadline):
+        return await _read_body(scope, receive, limit)
+    raise ApiError("request_timeout", "the request body did not arrive in time")
+
+
+async def _read_body(scope: HTTPScope, receive: ASGIReceiveCallable, limit: int) -> bytes:
     declared = header(scope, b"content-length")
     if declared is not None:
         try:
