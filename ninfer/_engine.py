@@ -126,6 +126,7 @@ class _Active:
     pending_ids: list[int] = attrs.field(factory=list)
     paused: bool = False  # its reader is far behind: left out of decode steps until it reads
     cached: int = 0  # prompt tokens whose pages were shared from the prefix cache
+    page_keys: list[bytes] = attrs.field(factory=list)  # of the prompt's full pages
 
 
 class Engine:
@@ -389,7 +390,10 @@ class Engine:
             # Full pages of this prompt someone computed before are shared, not computed
             # again; at least one token is always left to prefill (its logits are the
             # first output).
-            shared = self._pool.share(page_keys(prompt, S, (len(prompt) - 1) // S))
+            # Keys of the prompt's full pages: the lookup uses all but a page holding
+            # the last token, the registration after prefill uses them all.
+            a.page_keys = page_keys(prompt, S, len(prompt) // S)
+            shared = self._pool.share(a.page_keys[: (len(prompt) - 1) // S])
             fresh = self._pool.allocate(
                 pages_for(len(prompt) + a.request.max_new_tokens, S) - len(shared)
             )
@@ -418,9 +422,9 @@ class Engine:
             self._prefill_tokens += len(chunk)
             if a.prefilled < len(prompt):
                 return False
-            full = len(prompt) // S  # pages of prompt tokens only: final from now on
-            for i, key in enumerate(page_keys(prompt, S, full)):
-                self._pool.register(a.pages[i], key)
+            # Pages of prompt tokens only are final from now on.
+            for page, key in zip(a.pages, a.page_keys, strict=False):
+                self._pool.register(page, key)
             with self._stats_lock:
                 self._waiting.popleft()
             a.position = len(prompt)
