@@ -39,9 +39,9 @@ def run_one(model: str, mode: str, threads: int) -> dict[str, Any]:
     import torch
 
     from ninfer._artifacts import cache_dir, resolve_model
-    from ninfer._engine import DTYPES, Engine, EngineConfig
-    from ninfer._loader import load_model
-    from ninfer._messages import Finish, GenerationRequest, RequestHandle, TokenDelta
+    from ninfer.engine import EngineConfig, Finish, GenerationRequest, RequestHandle, TokenDelta
+    from ninfer.engine._engine import DTYPES, Engine
+    from ninfer.engine._loader import load_model
 
     torch.set_num_threads(threads)
     path = str(resolve_model(model, cache_dir(None, os.environ)))

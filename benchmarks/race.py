@@ -32,7 +32,7 @@ import httpx
 import trio
 
 from ninfer._artifacts import DEFAULT_MODEL, cache_dir, resolve_model
-from ninfer._bench import BenchConfig, render_table, run_bench
+from ninfer.tools._bench import BenchConfig, render_table, run_bench
 
 
 def _free_port() -> int:

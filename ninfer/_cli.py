@@ -94,7 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _logs_summarize(args: argparse.Namespace) -> int:
-    from ninfer._logtools import read_logs, render_table, summarize
+    from ninfer.tools._logtools import read_logs, render_table, summarize
 
     try:
         read = read_logs(args.files)
@@ -116,10 +116,10 @@ def _logs_summarize(args: argparse.Namespace) -> int:
 def _logs_plot(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ninfer._logtools import read_logs
+    from ninfer.tools._logtools import read_logs
 
     try:
-        from ninfer._logplot import plot_log
+        from ninfer.tools._logplot import plot_log
     except ImportError:  # pragma: no cover - depends on the install
         print(
             "ninfer logs plot: error: matplotlib is not installed (pip install 'ninfer[plot]')",
@@ -149,7 +149,7 @@ def _probe(args: argparse.Namespace) -> int:
     import httpx
     import trio
 
-    from ninfer._probes import PROBES, ProbeEnv, ProbeResult, probe_table, run_probes
+    from ninfer.tools._probes import PROBES, ProbeEnv, ProbeResult, probe_table, run_probes
 
     if args.list:
         import orjson
@@ -249,7 +249,7 @@ def _openapi(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import trio
 
-    from ninfer._bench import BenchConfig, check_loopback, plot_bench, render_table, run_bench
+    from ninfer.tools._bench import BenchConfig, check_loopback, plot_bench, render_table, run_bench
 
     try:
         if not args.allow_remote:

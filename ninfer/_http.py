@@ -1,5 +1,5 @@
-"""ASGI plumbing: headers, bounded body reading, plain responses, each protocol's error
-shape by route, CORS, and the exchange bookkeeping the app routes with."""
+"""ASGI plumbing: headers, bounded body reading, plain responses, refusals in a
+protocol's dialect, CORS, and the exchange bookkeeping the app routes with."""
 
 from __future__ import annotations
 
@@ -16,31 +16,23 @@ from hypercorn.typing import (
     HTTPScope,
 )
 
-from protocols import (
-    ApiError,
-    anthropic_error_body,
-    anthropic_status,
-    error_body,
-    openai_error_body,
-    openai_status,
-)
+from protocols import ApiError, Dialect
 
 __all__ = [
-    "OPENAI_PATHS",
     "ClientGone",
     "Exchange",
     "Headers",
-    "discard_body",
-    "error_for",
     "header",
     "preflight",
     "read_body",
     "request_id_from",
-    "rid_header",
     "send_bytes",
+    "send_refusal",
     "with_cors",
-    "worth_draining",
 ]
+
+# How long a refused request's unread body may take to arrive before the answer.
+DISCARD_BODY_S = 1.0
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -193,13 +185,6 @@ class Exchange:
         return message
 
 
-OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-
-
-def rid_header(path: str) -> bytes:
-    return b"request-id" if path.startswith("/v1/messages") else b"x-request-id"
-
-
 def with_cors(send: ASGISendCallable) -> ASGISendCallable:
     async def cors_send(message: ASGISendEvent) -> None:
         if message["type"] == "http.response.start":
@@ -237,10 +222,31 @@ async def preflight(send: ASGISendCallable) -> None:
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def error_for(path: str, err: ApiError, request_id: str) -> tuple[int, bytes]:
-    """The status and body of an error in the shape of the route's protocol."""
-    if path in OPENAI_PATHS or path.startswith("/v1/models"):
-        return openai_status(err), openai_error_body(err)
-    if path.startswith("/v1/messages"):
-        return anthropic_status(err), anthropic_error_body(err, request_id)
-    return err.status, error_body(err, request_id)
+def refusal_headers(err: ApiError, dialect: Dialect, request_id: str) -> Headers:
+    headers: Headers = [(dialect.request_id_header, request_id.encode())]
+    if err.retry_after is not None:
+        headers.append((b"retry-after", str(err.retry_after).encode()))
+    if err.allow:
+        headers.append((b"allow", ", ".join(err.allow).encode()))
+    if err.kind in ("payload_too_large", "request_timeout"):
+        headers.append((b"connection", b"close"))
+    return headers
+
+
+async def send_refusal(
+    exchange: Exchange,
+    scope: HTTPScope,
+    dialect: Dialect,
+    err: ApiError,
+    request_id: str,
+    *,
+    max_request_bytes: int,
+) -> None:
+    """Answer a refusal in the route's dialect: the one place a refusal reaches the wire.
+    An unread body is drained first (bounded), so the answer is not lost to a reset."""
+    if not exchange.body_done and worth_draining(scope, err.kind):
+        await discard_body(exchange.receive, max_request_bytes, DISCARD_BODY_S)
+    body = dialect.error_body(err, request_id)
+    await send_bytes(
+        exchange.send, dialect.status(err), body, refusal_headers(err, dialect, request_id)
+    )

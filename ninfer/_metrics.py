@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ninfer._engine import EngineStatistics
+from ninfer.engine import EngineStatistics
 from scheduler import SchedulerStatistics
 
 __all__ = ["CONTENT_TYPE", "Metrics"]

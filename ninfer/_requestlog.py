@@ -20,6 +20,7 @@ from typing import IO, Any, TextIO
 
 import orjson
 import structlog
+from structlog.typing import EventDict, FilteringBoundLogger
 
 from ninfer._errors import ConfigError
 
@@ -29,6 +30,8 @@ SCHEMA = "ninfer.request_log"
 SCHEMA_VERSION = 1
 
 _STOP = object()
+_INFO = 20  # the stdlib level number structlog filters by
+_LEVELS = frozenset({"debug", "info", "warning", "error", "critical"})
 
 
 class _QueueLogger:
@@ -117,6 +120,32 @@ class RequestLog:
     def console(self, message: str, **fields: Any) -> None:
         """A human-readable line on stderr."""
         self._console.info(message, **fields)
+
+    def diagnostics(self) -> FilteringBoundLogger:
+        """The server's and the engine's diagnostics (callable from any thread): each is
+        a console line and a `diagnostic` record in the JSONL log with its level, its
+        event and its fields; `.exception(...)` (or exc_info=True) adds the traceback as
+        `exception`. The one logging system of the process: no stdlib loggers."""
+        logger: FilteringBoundLogger = structlog.wrap_logger(
+            None,
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.processors.format_exc_info,
+                self._diagnostic,
+            ],
+            wrapper_class=structlog.make_filtering_bound_logger(_INFO),
+        )
+        return logger
+
+    def _diagnostic(self, _logger: Any, _method: str, event_dict: EventDict) -> EventDict:
+        fields = dict(event_dict)
+        level = str(fields.pop("level", "info"))
+        event = str(fields.pop("event", ""))
+        request_id = fields.pop("request_id", None)
+        shown = {"request_id": request_id, **fields} if request_id else fields
+        getattr(self._console, level if level in _LEVELS else "info")(event, **shown)
+        self.emit("diagnostic", request_id, level=level, message=event, **fields)
+        raise structlog.DropEvent
 
     def close(self) -> None:
         if self._writer is not None:

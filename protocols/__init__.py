@@ -1,4 +1,6 @@
-"""Wire contracts: strict request parsing, error envelopes and responses, sans-IO.
+"""Wire contracts, sans-IO: strict request parsing (attrs + cattrs), the limits each
+field declares, the shapes of answers and stream events, each protocol's refusals,
+and the OpenAPI document made from the same classes.
 
 Imports neither trio nor torch: pure data and translation.
 """
@@ -7,51 +9,160 @@ from __future__ import annotations
 
 from protocols._anthropic import (
     AnthropicCodec,
+    AnthropicMessage,
     CountTokensRequest,
     MessagesRequest,
-    anthropic_error_body,
-    anthropic_status,
 )
-from protocols._compat import Break, classify
-from protocols._errors import KINDS, ApiError, ErrorKind, ProtocolError
-from protocols._json import dumps, loads
-from protocols._native import GenerateRequest, NativeCodec, error_body, response_body
+from protocols._compat import (
+    Break,
+    classify,
+)
+from protocols._dialect import (
+    AnthropicDialect,
+    Dialect,
+    Encoder,
+    NativeDialect,
+    OpenAIDialect,
+)
+from protocols._errors import (
+    KINDS,
+    ApiError,
+    ErrorKind,
+    ProtocolError,
+)
+from protocols._json import (
+    dumps,
+    loads,
+)
+from protocols._native import (
+    GenerateRequest,
+    NativeCodec,
+)
 from protocols._openai import (
     ChatMessage,
     ChatRequest,
     CompletionRequest,
     OpenAICodec,
-    openai_error_body,
-    openai_status,
 )
-from protocols._openapi import openapi_document
-from protocols._sse import sse_data, sse_event
+from protocols._openapi import (
+    openapi_document,
+)
+from protocols._responses import (
+    ANTHROPIC_STREAM_EVENTS,
+    NATIVE_STREAM_EVENTS,
+    AnthropicError,
+    AnthropicErrorBody,
+    AnthropicUsage,
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionChunkChoice,
+    ContentBlockDelta,
+    ContentBlockStart,
+    ContentBlockStop,
+    CountTokensResponse,
+    GenerateResponse,
+    MessageDelta,
+    MessageResponse,
+    MessageStart,
+    MessageStop,
+    ModelCard,
+    ModelList,
+    NativeDoneEvent,
+    NativeError,
+    NativeErrorBody,
+    NativeModel,
+    NativeTokenEvent,
+    OpenAIError,
+    OpenAIErrorBody,
+    OpenAIUsage,
+    OutputUsage,
+    Ping,
+    PromptTokensDetails,
+    StopDelta,
+    StreamMessage,
+    TextBlock,
+    TextDelta,
+    Timing,
+    Usage,
+)
+from protocols._schema import (
+    check_limits,
+)
 
 __all__ = [
+    "ANTHROPIC_STREAM_EVENTS",
     "KINDS",
+    "NATIVE_STREAM_EVENTS",
     "AnthropicCodec",
+    "AnthropicDialect",
+    "AnthropicError",
+    "AnthropicErrorBody",
+    "AnthropicMessage",
+    "AnthropicUsage",
     "ApiError",
+    "AssistantMessage",
     "Break",
+    "ChatChoice",
+    "ChatChunkChoice",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatDelta",
     "ChatMessage",
     "ChatRequest",
+    "Completion",
+    "CompletionChoice",
+    "CompletionChunk",
+    "CompletionChunkChoice",
     "CompletionRequest",
+    "ContentBlockDelta",
+    "ContentBlockStart",
+    "ContentBlockStop",
     "CountTokensRequest",
+    "CountTokensResponse",
+    "Dialect",
+    "Encoder",
     "ErrorKind",
     "GenerateRequest",
+    "GenerateResponse",
+    "MessageDelta",
+    "MessageResponse",
+    "MessageStart",
+    "MessageStop",
     "MessagesRequest",
+    "ModelCard",
+    "ModelList",
     "NativeCodec",
+    "NativeDialect",
+    "NativeDoneEvent",
+    "NativeError",
+    "NativeErrorBody",
+    "NativeModel",
+    "NativeTokenEvent",
     "OpenAICodec",
+    "OpenAIDialect",
+    "OpenAIError",
+    "OpenAIErrorBody",
+    "OpenAIUsage",
+    "OutputUsage",
+    "Ping",
+    "PromptTokensDetails",
     "ProtocolError",
-    "anthropic_error_body",
-    "anthropic_status",
+    "StopDelta",
+    "StreamMessage",
+    "TextBlock",
+    "TextDelta",
+    "Timing",
+    "Usage",
+    "check_limits",
     "classify",
     "dumps",
-    "error_body",
     "loads",
-    "openai_error_body",
-    "openai_status",
     "openapi_document",
-    "response_body",
-    "sse_data",
-    "sse_event",
 ]

@@ -13,11 +13,9 @@ import attrs
 import cattrs
 
 from protocols._errors import ApiError
-from protocols._json import dumps
-from protocols._schema import schema
+from protocols._schema import check_limits, schema
 from protocols._strict import (
     InvalidType,
-    check_sampling,
     invalid_value,
     kind_name,
     make_converter,
@@ -27,10 +25,9 @@ from protocols._strict import (
 
 __all__ = [
     "AnthropicCodec",
+    "AnthropicMessage",
     "CountTokensRequest",
     "MessagesRequest",
-    "anthropic_error_body",
-    "anthropic_status",
 ]
 
 
@@ -199,20 +196,7 @@ class AnthropicCodec:
                 f"messages[{len(req.messages) - 1}].role",
                 "the last message must be from the user (assistant prefill is not supported)",
             )
-        if req.max_tokens < 1:
-            raise _invalid("max_tokens", "max_tokens must be at least 1")
-        check_sampling(
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            min_p=None,
-            max_temperature=1.0,
-        )
-        if req.stop_sequences is not None:
-            if len(req.stop_sequences) > 4:
-                raise _invalid("stop_sequences", "stop_sequences takes at most 4 strings")
-            if any(not s for s in req.stop_sequences):
-                raise _invalid("stop_sequences", "stop sequences must be non-empty")
+        check_limits(req)
         return req
 
     def parse_count(self, body: Any) -> CountTokensRequest:
@@ -225,38 +209,4 @@ class AnthropicCodec:
         return req
 
 
-_TYPES = {
-    "malformed_json": "invalid_request_error",
-    "invalid_request": "invalid_request_error",
-    "context_length_exceeded": "invalid_request_error",
-    "unsupported_media_type": "invalid_request_error",
-    "request_timeout": "timeout_error",
-    "unauthorized": "authentication_error",
-    "not_found": "not_found_error",
-    "model_not_found": "not_found_error",
-    "method_not_allowed": "invalid_request_error",
-    "payload_too_large": "request_too_large",
-    "server_overloaded": "rate_limit_error",
-    "request_queue_timeout": "overloaded_error",
-    "model_loading": "overloaded_error",
-    "shutting_down": "overloaded_error",
-    "engine_unavailable": "overloaded_error",
-    "internal_error": "api_error",
-}
-
-
-def anthropic_status(err: ApiError) -> int:
-    if err.kind in ("invalid_request", "context_length_exceeded", "malformed_json"):
-        return 400
-    return err.status
-
-
-def anthropic_error_body(err: ApiError, request_id: str) -> bytes:
-    message = err.message if err.param is None else f"{err.param}: {err.message}"
-    return dumps(
-        {
-            "type": "error",
-            "error": {"type": _TYPES.get(err.kind, "api_error"), "message": message},
-            "request_id": request_id,
-        }
-    )
+AnthropicMessage = Message  # the public name of one message of a Messages request

@@ -15,7 +15,9 @@ from typing import Any, Literal, Union
 
 import attrs
 
-__all__ = ["Schemas", "schema"]
+from protocols._errors import ApiError
+
+__all__ = ["Schemas", "check_limits", "schema"]
 
 
 def schema(**keywords: Any) -> dict[str, Any]:
@@ -138,3 +140,88 @@ def _applies(keyword: str, kind: str | None) -> bool:
     if keyword in _STRING:
         return kind == "string"
     return kind is None  # default, description, ...: on the property itself
+
+
+def check_limits(obj: Any, path: str = "") -> None:
+    """Refuse a parsed request whose values break the limits declared in its fields'
+    `schema(...)` metadata (the same keywords the OpenAPI document shows), naming the
+    parameter by path (`stop[1]`). Nested attrs objects and lists of them are checked
+    too. Types are the converter's business; `enum` is each protocol's (it refuses an
+    unsupported kind by name)."""
+    for field in attrs.fields(type(obj)):
+        value = getattr(obj, field.name)
+        if value is None:
+            continue
+        where = f"{path}.{field.name}" if path else field.name
+        keywords = field.metadata.get("schema", {})
+        if not keywords.get("refused"):
+            problem = _limit_problem(value, keywords)
+            if problem is None and isinstance(value, list) and "items" in keywords:
+                for i, item in enumerate(value):
+                    problem = _limit_problem(item, keywords["items"])
+                    if problem is not None:
+                        where = f"{where}[{i}]"
+                        break
+            if problem is not None:
+                raise ApiError(
+                    "invalid_request", f"{where} {problem}", param=where, code="invalid_value"
+                )
+        if attrs.has(type(value)):
+            check_limits(value, where)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if attrs.has(type(item)):
+                    check_limits(item, f"{where}[{i}]")
+
+
+def _num(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+_BOUNDS = (
+    ("minimum", "at least"),
+    ("exclusiveMinimum", "greater than"),
+    ("maximum", "at most"),
+    ("exclusiveMaximum", "less than"),
+)
+
+
+def _within(key: str, value: float, bound: float) -> bool:
+    if key == "minimum":
+        return value >= bound
+    if key == "exclusiveMinimum":
+        return value > bound
+    if key == "maximum":
+        return value <= bound
+    return value < bound
+
+
+def _limit_problem(value: Any, keywords: dict[str, Any]) -> str | None:
+    """What is wrong with `value` under the JSON Schema `keywords` that apply to its
+    JSON type, as the end of a sentence; None when nothing is."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        conds = []
+        broken = False
+        for key, word in _BOUNDS:
+            if key in keywords:
+                bound = keywords[key]
+                conds.append(f"{word} {_num(bound)}")
+                broken = broken or not _within(key, value, bound)
+        return f"must be {' and '.join(conds)}" if broken else None
+    if isinstance(value, str):
+        low, high = keywords.get("minLength"), keywords.get("maxLength")
+        if (low is not None and len(value) < low) or (high is not None and len(value) > high):
+            if low == 1 and high is None:
+                return "must be a non-empty string"
+            bounds = [f"at least {low}" if low else "", f"at most {high}" if high else ""]
+            return f"must be {' and '.join(b for b in bounds if b)} characters long"
+        return None
+    if isinstance(value, list):
+        low, high = keywords.get("minItems"), keywords.get("maxItems")
+        if low is not None and len(value) < low:
+            return f"must contain at least {low} item{'s' if low != 1 else ''}"
+        if high is not None and len(value) > high:
+            return f"takes at most {high} items; {len(value)} were sent"
+    return None

@@ -30,7 +30,6 @@ from protocols._errors import ApiError
 __all__ = [
     "InvalidType",
     "InvalidValue",
-    "check_sampling",
     "invalid_value",
     "make_converter",
     "register_list",
@@ -245,22 +244,3 @@ def structure(conv: cattrs.Converter, value: Any, cls: type[T]) -> T:
 def invalid_value(param: str, message: str) -> ApiError:
     """A well-typed value that is not allowed: invalid_request naming the parameter."""
     return ApiError("invalid_request", message, param=param, code="invalid_value")
-
-
-def check_sampling(
-    *,
-    temperature: float | None,
-    top_p: float | None,
-    top_k: int | None,
-    min_p: float | None,
-    max_temperature: float,
-) -> None:
-    """The sampling ranges every protocol shares (only the temperature ceiling differs)."""
-    if temperature is not None and not 0.0 <= temperature <= max_temperature:
-        raise invalid_value("temperature", f"temperature must be between 0 and {max_temperature:g}")
-    if top_k is not None and top_k < 0:
-        raise invalid_value("top_k", "top_k must be 0 (off) or a positive integer")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise invalid_value("top_p", "top_p must be greater than 0 and at most 1")
-    if min_p is not None and not 0.0 <= min_p < 1.0:
-        raise invalid_value("min_p", "min_p must be at least 0 and less than 1")

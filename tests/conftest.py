@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tinymodel import write_tiny_gguf
 
 from ninfer._artifacts import DEFAULT_MODEL, cache_dir, fetch
-from ninfer._engine import Engine, EngineConfig
-from ninfer._loader import LoadedModel, load_model
-from ninfer._messages import Event, Finish, RequestHandle, TokenDelta
+from ninfer.engine import EngineConfig, Event, Finish, RequestHandle, TokenDelta
+from ninfer.engine._engine import Engine
+from ninfer.engine._loader import LoadedModel, load_model
 
 HANG_GUARD_S = 120.0
 

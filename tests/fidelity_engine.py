@@ -14,10 +14,17 @@ from pathlib import Path
 import orjson
 import torch
 
-from ninfer._engine import Engine, EngineConfig
-from ninfer._loader import load_model
-from ninfer._messages import Event, Finish, GenerationRequest, RequestHandle, TokenDelta
-from ninfer._sampling import SamplingParams
+from ninfer.engine import (
+    EngineConfig,
+    Event,
+    Finish,
+    GenerationRequest,
+    RequestHandle,
+    SamplingParams,
+    TokenDelta,
+)
+from ninfer.engine._engine import Engine
+from ninfer.engine._loader import load_model
 
 HANG_GUARD_S = 300
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from server import serve
 
-from ninfer._bench import BenchConfig, check_loopback, plot_bench, render_table, run_bench
+from ninfer.tools._bench import BenchConfig, check_loopback, plot_bench, render_table, run_bench
 
 
 @pytest.mark.parametrize("route", ["chat", "native"])

@@ -7,10 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import RunningEngine, start_engine, stop_engine
 
-from ninfer._engine import EngineConfig
 from ninfer._errors import RequestInvalid
-from ninfer._messages import GenerationRequest, RequestHandle
-from ninfer._sampling import SamplingParams
+from ninfer.engine import EngineConfig, GenerationRequest, RequestHandle, SamplingParams
 
 
 def _prompt(n: int, salt: int = 0) -> tuple[int, ...]:
@@ -174,7 +172,7 @@ def test_an_exception_fails_one_request_not_the_engine(
     tiny_engine: RunningEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     eng, sink = tiny_engine.engine, tiny_engine.sink
-    from ninfer import _sampling
+    from ninfer.engine import _sampling
 
     real = _sampling.RowSampler.pick
 

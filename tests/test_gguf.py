@@ -11,8 +11,8 @@ import torch
 from tinymodel import write_tiny_gguf
 
 from ninfer._errors import ArtifactError
-from ninfer._gguf import dequantize, file_sha256, open_gguf
-from ninfer._loader import load_model
+from ninfer.engine._gguf import dequantize, file_sha256, open_gguf
+from ninfer.engine._loader import load_model
 
 
 def test_identity_of_tiny_model(tiny_gguf: Path) -> None:

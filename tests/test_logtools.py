@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from server import serve
 
 from ninfer._cli import main
-from ninfer._logtools import percentile, read_logs, request_spans, summarize
+from ninfer.tools._logtools import percentile, read_logs, request_spans, summarize
 
 GEN = "/v1/generate"
 CHAT = "/v1/chat/completions"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ninfer._loader import load_model
-from ninfer._model import KVPages
+from ninfer.engine._loader import load_model
+from ninfer.engine._model import KVPages
 
 
 @pytest.mark.parametrize(("weights", "tol"), [("dense", 1e-4), ("int4", 5e-2)])
@@ -69,7 +69,7 @@ def test_padding_rows_do_not_change_results(tiny_gguf: Path) -> None:
 
 def test_attention_rows_do_not_depend_on_the_batch() -> None:
     """Each row's attention is the same alone, in any batch, and with padded keys."""
-    from ninfer._model import _attention
+    from ninfer.engine._model import _attention
 
     g = torch.Generator().manual_seed(3)
     B, H, G, K, D = 6, 9, 3, 40, 64
@@ -91,8 +91,8 @@ def test_attention_rows_do_not_depend_on_the_batch() -> None:
 
 
 def test_invariant_batch_sizes_always_include_the_largest() -> None:
-    from ninfer._invariance import invariant_batch_sizes
-    from ninfer._model import Dense
+    from ninfer.engine._invariance import invariant_batch_sizes
+    from ninfer.engine._model import Dense
 
     w = torch.randn(96, 64, generator=torch.Generator().manual_seed(0))
     sizes = invariant_batch_sizes([Dense(w)], max_rows=8)

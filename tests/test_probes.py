@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from server import serve
 
-from ninfer._probes import PROBES, ProbeEnv, ProbeResult, run_probes
+from ninfer.tools._probes import PROBES, ProbeEnv, ProbeResult, run_probes
 
 TERMINAL = {"request_done", "request_rejected", "request_error", "request_cancelled"}
 

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import start_engine, stop_engine
 
-from ninfer._engine import EngineConfig
-from ninfer._messages import GenerationRequest
+from ninfer.engine import EngineConfig, GenerationRequest
 
 pytestmark = pytest.mark.realmodel
 

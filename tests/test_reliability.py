@@ -301,7 +301,7 @@ async def test_a_client_that_stops_reading_does_not_stall_others(
         # Once its buffers are full and 64 events wait unread, the stalled stream is left
         # out of decode steps: the others' steps compute their own rows only.
         await _until(lambda: srv.app.service.paused_requests() == 1)
-        engine = srv.app.service.engine
+        engine = srv.app.service
         assert engine is not None
         before = engine.statistics()
         for _ in range(3):

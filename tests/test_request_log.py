@@ -45,3 +45,44 @@ def test_new_fields_are_allowed_within_the_major_version(extra: dict[str, object
         "server_instance_id": "x", "request_id": None, **extra,
     }  # fmt: skip
     assert not list(_validator().iter_errors(record))
+
+
+async def test_an_engine_traceback_reaches_the_console_and_the_log(
+    tiny_gguf: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Engine diagnostics go through the one logging system: the traceback of a request
+    that fails inside the engine is a console line and a `diagnostic` record (with the
+    request id) in the JSONL log, while the client gets a clean 500 without it."""
+    from server import serve
+
+    from ninfer.engine import _sampling
+
+    real = _sampling.RowSampler.pick
+
+    def broken(self: _sampling.RowSampler, logits):  # type: ignore[no-untyped-def]
+        if self.params.seed == 666:
+            raise RuntimeError("planted failure")
+        return real(self, logits)
+
+    monkeypatch.setattr(_sampling.RowSampler, "pick", broken)
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        r = await c.post(
+            "/v1/generate",
+            json={"prompt": "x", "temperature": 1.0, "seed": 666},
+            headers={"x-request-id": "doomed"},
+        )
+        assert r.status_code == 500
+        assert "planted" not in r.text
+    (diag,) = [rec for rec in srv.log_records() if rec["event"] == "diagnostic"]
+    assert (diag["level"], diag["message"], diag["request_id"]) == (
+        "error",
+        "engine_request_failed",
+        "doomed",
+    )
+    assert "RuntimeError: planted failure" in diag["exception"]
+    err = capfd.readouterr().err
+    assert "engine_request_failed" in err
+    assert "RuntimeError: planted failure" in err

@@ -6,7 +6,8 @@ from collections import Counter
 
 import torch
 
-from ninfer._sampling import RowSampler, SamplingParams, _draw
+from ninfer.engine import SamplingParams
+from ninfer.engine._sampling import RowSampler, _draw
 
 
 def test_draw_follows_the_probabilities_and_skips_zeros() -> None:

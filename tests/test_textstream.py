@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from ninfer._loader import load_model
-from ninfer._textstream import TextStream
-from ninfer._tokenizer import TextTokenizer
+from ninfer.engine._loader import load_model
+from ninfer.engine._textstream import TextStream
+from ninfer.engine._tokenizer import TextTokenizer
 
 
 def _tok(path: Path) -> TextTokenizer:

@@ -14,21 +14,12 @@ from collections.abc import Callable, Mapping
 import attrs
 import torch
 
-from ninfer._gguf import file_sha256, open_gguf
-from ninfer._model import Transformer, load_transformer
-from ninfer._tokenizer import TextTokenizer, tokenizer_from_metadata
+from ninfer.engine._contract import ModelIdentity
+from ninfer.engine._gguf import file_sha256, open_gguf
+from ninfer.engine._model import Transformer, load_transformer
+from ninfer.engine._tokenizer import TextTokenizer, tokenizer_from_metadata
 
-__all__ = ["LoadedModel", "ModelIdentity", "load_model"]
-
-
-@attrs.frozen
-class ModelIdentity:
-    model_id: str
-    architecture: str
-    sha256: str
-    context_length: int
-    vocab_size: int
-    path: str
+__all__ = ["LoadedModel", "load_model"]
 
 
 @attrs.frozen

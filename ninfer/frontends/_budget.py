@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import attrs
 
 from ninfer._config import ServerConfig
-from ninfer._sampling import SamplingParams
+from ninfer.engine import SamplingParams, ServedModel
 from protocols import ApiError
 
-__all__ = ["Limits", "SamplingRequest", "resolve_budget", "resolve_sampling"]
+__all__ = ["Budget", "SamplingRequest", "resolve_sampling"]
 
 DEFAULT_TEMPERATURE = 1.0
 
@@ -59,46 +57,48 @@ def resolve_sampling(req: SamplingRequest, cfg: ServerConfig) -> tuple[SamplingP
     return params, warnings
 
 
-@attrs.frozen
-class Limits:
-    max_context: int
-    default_max_tokens: int
-    pages_total: int
-    pages_needed: Callable[[int, int], int]
+class Budget:
+    """The one budget check: a prompt has tokens, and prompt plus output fits the
+    context window and the KV pool (whose pages are reserved whole at admission)."""
 
+    def __init__(self, model: ServedModel, default_max_tokens: int) -> None:
+        self._model = model
+        self._default = default_max_tokens
 
-def resolve_budget(
-    prompt_tokens: int, requested: int | None, limits: Limits, *, param: str, prompt_param: str
-) -> int:
-    """The output budget, or context_length_exceeded with the numbers and the parameter."""
-    ctx = limits.max_context
-    if prompt_tokens >= ctx:
-        raise ApiError(
-            "context_length_exceeded",
-            f"the prompt has {prompt_tokens} tokens; the context window is {ctx} tokens "
-            "and leaves no room for output",
-            param=prompt_param,
-            code="context_length_exceeded",
-        )
-    if requested is None:
-        budget = min(limits.default_max_tokens, ctx - prompt_tokens)
-    else:
-        if prompt_tokens + requested > ctx:
+    def resolve(
+        self, prompt_tokens: int, requested: int | None, *, param: str, prompt_param: str
+    ) -> int:
+        """The output budget, or a refusal with the numbers and the parameter at fault."""
+        ctx = self._model.max_context
+        if prompt_tokens == 0:
+            raise ApiError("invalid_request", "the prompt produces no tokens", param=prompt_param)
+        if prompt_tokens >= ctx:
             raise ApiError(
                 "context_length_exceeded",
-                f"the prompt has {prompt_tokens} tokens and {param} asks for {requested}: "
-                f"{prompt_tokens + requested} exceeds the context window of {ctx} tokens",
-                param=param,
+                f"the prompt has {prompt_tokens} tokens; the context window is {ctx} tokens "
+                "and leaves no room for output",
+                param=prompt_param,
                 code="context_length_exceeded",
             )
-        budget = requested
-    pages = limits.pages_needed(prompt_tokens, budget)
-    if pages > limits.pages_total:
-        raise ApiError(
-            "context_length_exceeded",
-            f"the prompt ({prompt_tokens} tokens) plus {budget} output tokens needs {pages} "
-            f"KV pages; the server's KV pool holds {limits.pages_total}",
-            param=param if requested is not None else prompt_param,
-            code="context_length_exceeded",
-        )
-    return budget
+        if requested is None:
+            budget = min(self._default, ctx - prompt_tokens)
+        else:
+            if prompt_tokens + requested > ctx:
+                raise ApiError(
+                    "context_length_exceeded",
+                    f"the prompt has {prompt_tokens} tokens and {param} asks for {requested}: "
+                    f"{prompt_tokens + requested} exceeds the context window of {ctx} tokens",
+                    param=param,
+                    code="context_length_exceeded",
+                )
+            budget = requested
+        pages = self._model.pages_needed(prompt_tokens, budget)
+        if pages > self._model.kv_pages:
+            raise ApiError(
+                "context_length_exceeded",
+                f"the prompt ({prompt_tokens} tokens) plus {budget} output tokens needs "
+                f"{pages} KV pages; the server's KV pool holds {self._model.kv_pages}",
+                param=param if requested is not None else prompt_param,
+                code="context_length_exceeded",
+            )
+        return budget

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import attrs
 import orjson
 
-from ninfer._logtools import percentile
+from ninfer.tools._logtools import percentile
 
 __all__ = ["BenchConfig", "LevelResult", "render_table", "run_bench"]
 

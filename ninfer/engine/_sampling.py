@@ -13,32 +13,13 @@ import secrets
 import attrs
 import torch
 
-__all__ = ["RowSampler", "SamplingParams", "sample_rows"]
+from ninfer.engine._contract import SamplingParams
+
+__all__ = ["RowSampler", "sample_rows"]
 
 MAX_SEED = 2**63 - 1
 # Positive temperatures below this sample as if it were this (already all but greedy).
 MIN_TEMPERATURE = 1e-6
-
-
-@attrs.frozen
-class SamplingParams:
-    """How one request picks its tokens. temperature 0 is greedy."""
-
-    temperature: float = 0.0
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1.0: off
-    min_p: float = 0.0  # 0.0: off
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def penalized(self) -> bool:
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 @attrs.define(eq=False)

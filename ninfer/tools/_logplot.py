@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from ninfer._logtools import LogRead, RequestSpan, percentile, request_spans
+from ninfer.tools._logtools import LogRead, RequestSpan, percentile, request_spans
 
 __all__ = ["plot_log"]
 

@@ -20,7 +20,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from ninfer._gguf import GGUFFile, ModelArgs
+from ninfer.engine._gguf import GGUFFile, ModelArgs
 
 __all__ = ["WEIGHT_MODES", "Dense", "Int4", "KVPages", "Linear", "Transformer", "load_transformer"]
 

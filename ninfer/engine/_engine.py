@@ -11,7 +11,6 @@ call. A request ends with exactly one `Finish` event.
 from __future__ import annotations
 
 import itertools
-import logging
 import queue
 import threading
 import time
@@ -20,13 +19,14 @@ from collections import deque
 from collections.abc import Callable
 
 import attrs
+import structlog
 import torch
+from structlog.typing import FilteringBoundLogger
 
 from ninfer._errors import EngineStopped, RequestInvalid
-from ninfer._invariance import invariant_batch_sizes
-from ninfer._kvpool import PagePool, page_keys, pages_for
-from ninfer._loader import LoadedModel
-from ninfer._messages import (
+from ninfer.engine._contract import (
+    EngineConfig,
+    EngineStatistics,
     EngineTimings,
     Event,
     EventSink,
@@ -34,53 +34,20 @@ from ninfer._messages import (
     FinishReason,
     GenerationRequest,
     RequestHandle,
+    ServedModel,
     TokenDelta,
     Usage,
 )
-from ninfer._model import KVPages, Transformer
-from ninfer._sampling import RowSampler, sample_rows
-from ninfer._textstream import TextStream
+from ninfer.engine._invariance import invariant_batch_sizes
+from ninfer.engine._kvpool import PagePool, page_keys, pages_for
+from ninfer.engine._loader import LoadedModel
+from ninfer.engine._model import KVPages, Transformer
+from ninfer.engine._sampling import RowSampler, sample_rows
+from ninfer.engine._textstream import TextStream
 
-__all__ = ["Engine", "EngineConfig", "EngineStatistics"]
-
-_log = logging.getLogger("ninfer.engine")
+__all__ = ["DTYPES", "Engine"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@attrs.frozen
-class EngineConfig:
-    max_batch: int = 8
-    kv_capacity: int = 16384  # tokens in the page pool
-    page_size: int = 16
-    prefill_chunk: int = 256
-    max_context: int | None = None  # None: the model's own context length
-    dtype: str = "float32"
-    weights: str = "int4"
-    device: str = "cpu"
-    threads: int | None = None  # torch intra-op threads; None: torch's default
-
-
-@attrs.frozen
-class EngineStatistics:
-    state: str  # starting | loading | ready | stopped | failed
-    waiting: int  # submitted, not yet prefilling
-    prefilling: int
-    decoding: int
-    pages_total: int
-    pages_used: int
-    pages_free: int
-    steps: int
-    last_progress: float  # time.monotonic() of the last completed step or idle wait
-    busy: bool
-    batch_invariant: bool  # whether a row's tokens are independent of its batch
-    batch_sizes: tuple[int, ...]  # decode batches are padded up to one of these sizes
-    decode_steps: int  # cumulative
-    decode_rows: int  # cumulative rows over all decode steps (occupancy = rows / steps)
-    prefill_tokens: int  # cumulative prompt tokens computed
-    cached_prompt_tokens: int  # cumulative prompt tokens served from the prefix cache
-    pages_cached: int  # full prompt pages indexed in the prefix cache (held or idle)
-    generated_tokens: int  # cumulative tokens sampled
 
 
 @attrs.frozen
@@ -137,8 +104,11 @@ class Engine:
         loader: Callable[[], LoadedModel],
         config: EngineConfig,
         sink: EventSink,
+        *,
+        log: FilteringBoundLogger | None = None,
     ) -> None:
         self._loader = loader
+        self._log: FilteringBoundLogger = log if log is not None else structlog.get_logger()
         self.config = config
         self._sink = sink
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
@@ -217,6 +187,23 @@ class Engine:
     def pages_needed(self, prompt_tokens: int, max_new_tokens: int) -> int:
         return pages_for(prompt_tokens + max_new_tokens, self.config.page_size)
 
+    def served(self) -> ServedModel:
+        """The loaded model and this engine's limits, as the server may see them."""
+        assert self.model is not None, "only once ready"
+        assert self._pool is not None
+        return ServedModel(
+            identity=self.model.identity,
+            tokenizer=self.model.tokenizer,
+            load_seconds=self.model.load_seconds,
+            max_context=self.max_context,
+            page_size=self.config.page_size,
+            kv_pages=self._pool.n_pages,
+            dtype=self.config.dtype,
+            device=self.config.device,
+            batch_invariant=self.batch_invariant,
+            batch_sizes=tuple(self._batch_sizes),
+        )
+
     @property
     def page_count(self) -> int:
         return self._pool.n_pages if self._pool is not None else 0
@@ -248,18 +235,16 @@ class Engine:
 
     # ---- the engine thread ------------------------------------------------------------
 
-    def run(self, on_ready: Callable[[LoadedModel], None] = lambda _m: None) -> None:
+    def run(self, on_ready: Callable[[ServedModel], None] = lambda _m: None) -> None:
         """Load, warm up and serve until `shutdown`. Runs on the engine thread."""
         try:
             with torch.inference_mode():
-                if self.config.threads:
-                    torch.set_num_threads(self.config.threads)
                 self._state = "loading"
                 loaded = self._loader()
                 self._setup(loaded)
                 self._warm_up()
                 self._state = "ready"
-                on_ready(loaded)
+                on_ready(self.served())
                 self._loop()
                 self._state = "stopped"
         except BaseException as exc:
@@ -291,7 +276,7 @@ class Engine:
         # alone on this CPU even with every linear shape measured invariant.
         self.batch_invariant = sizes is not None and cfg.dtype == "float32"
         if not self.batch_invariant:
-            _log.warning("in %s, batching can change a request's tokens", cfg.dtype)
+            self._log.warning("batching_not_invariant", dtype=cfg.dtype)
 
     def _warm_up(self) -> None:
         """One tiny prefill and decode so the first request does not pay for kernel setup."""
@@ -533,8 +518,11 @@ class Engine:
         self._events.append((a.handle, finish))
 
     def _fail(self, a: _Active, stage: str) -> None:
-        _log.error(
-            "request %s failed during %s\n%s", a.handle.request_id, stage, traceback.format_exc()
+        self._log.error(
+            "engine_request_failed",
+            request_id=a.handle.request_id,
+            stage=stage,
+            exception=traceback.format_exc(),
         )
         self._finish(a, "error", f"the engine failed during {stage}")
 

@@ -1,0 +1,350 @@
+"""One generation request's life on the Trio side, for any frontend.
+
+A place in the scheduler (429 when full) -> the body under a byte limit and a read
+deadline (413, 408) -> the frontend's preparation (4xx) -> FIFO admission for a slot
+and KV pages under the absolute pending deadline (503) -> the engine -> the answer,
+streamed or whole. Each step is a transition of the request's `Lifecycle`, which
+writes its records. A sibling task watches for the client going away until the
+outcome is settled; a write watchdog cancels a request whose client stopped reading.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+import attrs
+import trio
+from hypercorn.typing import ASGISendEvent, HTTPScope
+
+from ninfer._http import (
+    ClientGone,
+    Exchange,
+    read_body,
+    send_refusal,
+)
+from ninfer._lifecycle import Lifecycle, Stage, Trigger
+from ninfer._requestlog import RequestLog
+from ninfer.engine import Event, Finish, GenerationRequest, RequestHandle
+from ninfer.frontends import Frontend, Outcome, Prepared
+from protocols import ApiError
+from scheduler import AdmissionController, Overloaded, Ticket
+
+__all__ = ["EngineChannel", "FlowContext", "serve_generation"]
+
+
+class EngineChannel(Protocol):
+    """The engine as a request task uses it (the bridge's EngineService)."""
+
+    def submit(
+        self, request: GenerationRequest
+    ) -> tuple[RequestHandle, trio.MemoryReceiveChannel[Event]]: ...
+
+    def cancel(self, handle: RequestHandle) -> None: ...
+
+    def consumed(self, handle: RequestHandle, backlog: int) -> None: ...
+
+
+@attrs.frozen
+class FlowContext:
+    """What the app hands to each generation request."""
+
+    scheduler: AdmissionController
+    engine: EngineChannel
+    log: RequestLog
+    max_request_bytes: int
+    read_timeout_s: float
+    write_timeout_s: float
+    pending_timeout_s: float
+    pages_needed: Callable[[int, int], int]
+    is_draining: Callable[[], bool]
+    # (seconds since the previous tokens, how many arrived): the inter-token metric.
+    on_tokens: Callable[[float, int], None] = lambda _s, _n: None
+
+
+class _Writer:
+    """Sends ASGI messages and notices when one has been in flight for too long."""
+
+    def __init__(self, exchange: Exchange, timeout: float) -> None:
+        self._exchange = exchange
+        self.timeout = timeout
+        self.in_flight_since: float | None = None
+        self.completed = 0
+
+    async def send(self, message: ASGISendEvent) -> None:
+        self.in_flight_since = trio.current_time()
+        await self._exchange.send(message)
+        self.in_flight_since = None
+        self.completed += 1
+
+    async def frames(self, frames: list[bytes]) -> None:
+        for frame in frames:
+            await self.send({"type": "http.response.body", "body": frame, "more_body": True})
+
+    async def watch(self, on_stall: Callable[[], None]) -> None:
+        """Call `on_stall` once one send has been in flight for `timeout` seconds."""
+        while True:
+            since = self.in_flight_since
+            if since is None:
+                # Nothing in flight: look again in `timeout`. A send that starts meanwhile
+                # has its deadline after that look, so it is still caught on time.
+                await trio.sleep(self.timeout)
+                continue
+            seen = self.completed
+            await trio.sleep_until(since + self.timeout)
+            if self.in_flight_since == since and self.completed == seen:
+                on_stall()
+                return
+
+
+async def serve_generation(
+    ctx: FlowContext,
+    frontend: Frontend,
+    scope: HTTPScope,
+    exchange: Exchange,
+    life: Lifecycle,
+) -> None:
+    """Serve one generation request; its lifecycle is routed and ends decided."""
+    run = _Run(ctx, frontend, scope, exchange, life)
+    life.routed()
+    try:
+        if ctx.is_draining():
+            raise ApiError("shutting_down", "the server is shutting down", retry_after=1)
+        try:
+            ticket = ctx.scheduler.enter()
+        except Overloaded as exc:
+            raise ApiError(
+                "server_overloaded",
+                "the server is at capacity; retry after the time in Retry-After",
+                retry_after=exc.retry_after,
+            ) from None
+        with ticket:
+            await run.serve(ticket)
+    except ApiError as err:
+        await run.refuse(err)
+    except ClientGone:
+        if not life.decided:
+            life.gone(trio.current_time())
+
+
+class _Run:
+    def __init__(
+        self,
+        ctx: FlowContext,
+        frontend: Frontend,
+        scope: HTTPScope,
+        exchange: Exchange,
+        life: Lifecycle,
+    ) -> None:
+        self.ctx = ctx
+        self.frontend = frontend
+        self.scope = scope
+        self.exchange = exchange
+        self.life = life
+        self.writer = _Writer(exchange, ctx.write_timeout_s)
+        self.rid_header = frontend.dialect.request_id_header
+        self.handle: RequestHandle | None = None
+        self.work = trio.CancelScope()  # generation and its answer
+        self.client_gone = False  # noted by the disconnect watcher or a failed write
+        self.stalled = False  # noted by the write watchdog
+
+    async def refuse(self, err: ApiError) -> None:
+        """Record a refusal (or an internal failure) and answer it, unless the response
+        has already begun (a stream's error frames were sent)."""
+        if not self.life.decided:
+            status = self.frontend.dialect.status(err)
+            if err.kind == "internal_error":
+                self.life.failed(status=status, kind=err.kind, message=err.message)
+            else:
+                self.life.refused(
+                    trio.current_time(),
+                    status=status,
+                    kind=err.kind,
+                    code=err.code,
+                    param=err.param,
+                )
+        if self.exchange.status:
+            return
+        with trio.move_on_after(self.ctx.write_timeout_s):
+            await send_refusal(
+                self.exchange,
+                self.scope,
+                self.frontend.dialect,
+                err,
+                self.life.request_id,
+                max_request_bytes=self.ctx.max_request_bytes,
+            )
+
+    # ---- the flow -------------------------------------------------------------------------
+
+    async def serve(self, ticket: Ticket) -> None:
+        life = self.life
+        body = await read_body(
+            self.scope,
+            self.exchange.receive,
+            self.ctx.max_request_bytes,
+            life.arrival + self.ctx.read_timeout_s,
+        )
+        life.body_read()
+        prepared = await self.frontend.prepare(body, life.request_id)
+        req = prepared.request
+        life.prepared(
+            trio.current_time(),
+            prompt_tokens=len(req.prompt_ids),
+            max_new_tokens=req.max_new_tokens,
+            stream=prepared.stream,
+            sampling=attrs.asdict(req.sampling),
+            stop_count=len(req.stop),
+            ignore_eos=req.ignore_eos,
+            **prepared.log_fields,
+        )
+        failure: ApiError | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_disconnect)
+            nursery.start_soon(self.writer.watch, lambda: self._stalled(ticket))
+            with self.work:
+                try:
+                    await self._admit_and_generate(ticket, prepared)
+                except ApiError as err:
+                    failure = err  # re-raised below, outside the nursery's exception group
+                except ClientGone:
+                    self._gone()  # the connection broke while we wrote to it
+            nursery.cancel_scope.cancel()
+        if self.handle is not None:
+            self.ctx.engine.cancel(self.handle)  # a no-op once the engine has finished it
+        # Only this task moves the lifecycle: the watchers above just noted what they saw
+        # (the work may have run on to its next checkpoint after they cancelled it).
+        now = trio.current_time()
+        if self.stalled and life.allows(Trigger.STALLED):
+            life.stalled(now)
+        elif self.client_gone and life.allows(Trigger.GONE):
+            life.gone(now)
+        if failure is not None:
+            raise failure  # refuse() records it unless the outcome is already decided
+        if life.stage is Stage.RESPOND:
+            life.gone(now)  # cancelled while answering: the settled outcome stands
+
+    def _gone(self) -> None:
+        """The client went away: until the outcome is settled, that cancels the work;
+        after, the answer being written is simply not read."""
+        self.client_gone = True
+        if not self.life.decided:
+            self.work.cancel()
+
+    def _stalled(self, ticket: Ticket) -> None:
+        """The client stopped reading: free the slot and pages now, whatever send does."""
+        self.stalled = True
+        if self.handle is not None:
+            self.ctx.engine.cancel(self.handle)
+        ticket.release()
+        self.work.cancel()
+
+    async def _watch_disconnect(self) -> None:
+        while True:
+            message = await self.exchange.receive()
+            if message["type"] == "http.disconnect":
+                self._gone()
+                return
+
+    async def _admit_and_generate(self, ticket: Ticket, prepared: Prepared) -> None:
+        life, ctx = self.life, self.ctx
+        req = prepared.request
+        units = ctx.pages_needed(len(req.prompt_ids), req.max_new_tokens)
+        with trio.move_on_at(life.arrival + ctx.pending_timeout_s) as queue_scope:
+            await ctx.scheduler.admit(ticket, units)
+        if queue_scope.cancelled_caught:
+            retry = max(1, math.ceil(ctx.scheduler.retry_after()))
+            raise ApiError(
+                "request_queue_timeout",
+                f"the request waited {ctx.pending_timeout_s:g}s without being admitted",
+                retry_after=retry,
+            )
+        life.admitted(trio.current_time())
+        try:
+            self.handle, events = ctx.engine.submit(req)
+        except Exception as exc:  # the engine stopped or refused: not the client's fault
+            raise ApiError("internal_error", "the engine is not accepting requests") from exc
+        answer = prepared.answer
+        if prepared.stream:
+            await self._start_stream()
+            await self.writer.frames(answer.head())
+        finish, token_ids, text = await self._collect(events, prepared)
+        if finish is None or finish.reason == "error":
+            await self._engine_failed(finish, prepared)
+            return
+        now = trio.current_time()
+        outcome = Outcome(
+            life.request_id, token_ids, text, finish, life.timing(finish.timings, now)
+        )
+        life.settled(finish, outcome.timing, stream=prepared.stream)
+        if prepared.stream:
+            await self.writer.frames(answer.tail(outcome))
+            await self.writer.send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            body = answer.body(outcome)
+            total_ms = outcome.timing["total"] * 1000
+            await self._start(
+                200,
+                [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"server-timing", f"total;dur={total_ms:.3f}".encode()),
+                ],
+            )
+            await self.writer.send({"type": "http.response.body", "body": body, "more_body": False})
+        life.sent()
+
+    async def _collect(
+        self, events: trio.MemoryReceiveChannel[Event], prepared: Prepared
+    ) -> tuple[Finish | None, list[int], str]:
+        """Take the engine's events (streaming each delta), up to its Finish."""
+        assert self.handle is not None
+        token_ids: list[int] = []
+        texts: list[str] = []
+        last_at = trio.current_time()
+        async with events:
+            async for event in events:
+                self.ctx.engine.consumed(self.handle, events.statistics().current_buffer_used)
+                if isinstance(event, Finish):
+                    return event, token_ids, "".join(texts)
+                now = trio.current_time()
+                if self.life.stage is Stage.PREFILL:
+                    self.life.first_token(now)
+                elif event.token_ids:
+                    self.ctx.on_tokens(now - last_at, len(event.token_ids))
+                last_at = now
+                token_ids.extend(event.token_ids)
+                texts.append(event.text)
+                if prepared.stream:
+                    await self.writer.frames(prepared.answer.delta(event))
+        return None, token_ids, "".join(texts)
+
+    async def _engine_failed(self, finish: Finish | None, prepared: Prepared) -> None:
+        detail = finish.error if finish is not None and finish.error else "the engine stopped"
+        err = ApiError("internal_error", "generation failed inside the server")
+        self.life.failed(status=500, kind=err.kind, message=detail)
+        if not prepared.stream:
+            raise err  # answered by refuse(), which records nothing more
+        await self.writer.frames(self.frontend.dialect.stream_error(err, self.life.request_id))
+        await self.writer.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        await self.writer.send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [*headers, (self.rid_header, self.life.request_id.encode())],
+                "trailers": False,
+            }
+        )
+
+    async def _start_stream(self) -> None:
+        await self._start(
+            200,
+            [
+                (b"content-type", b"text/event-stream"),
+                (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no"),
+            ],
+        )

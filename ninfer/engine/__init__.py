@@ -1,0 +1,52 @@
+"""The engine: one thread owns torch, the model, the KV cache and every sampler.
+
+This package's public face is its contract (`ninfer.engine._contract`), free of torch
+and of trio: `import ninfer.engine` loads neither. The torch side (`_engine`, `_model`,
+`_gguf`, `_loader`, `_tokenizer`, `_sampling`, `_kvpool`, `_textstream`,
+`_invariance`) is started by `ninfer.engine._runtime.create_engine`, which only the
+bridge (`ninfer._bridge`) calls, on the engine thread.
+"""
+
+from __future__ import annotations
+
+from ninfer.engine._contract import (
+    DTYPE_NAMES,
+    WEIGHT_MODES,
+    ChatTemplate,
+    EngineConfig,
+    EngineStatistics,
+    EngineTimings,
+    Event,
+    EventSink,
+    Finish,
+    FinishReason,
+    GenerationRequest,
+    ModelIdentity,
+    RequestHandle,
+    SamplingParams,
+    ServedModel,
+    TokenDelta,
+    Tokenizer,
+    Usage,
+)
+
+__all__ = [
+    "DTYPE_NAMES",
+    "WEIGHT_MODES",
+    "ChatTemplate",
+    "EngineConfig",
+    "EngineStatistics",
+    "EngineTimings",
+    "Event",
+    "EventSink",
+    "Finish",
+    "FinishReason",
+    "GenerationRequest",
+    "ModelIdentity",
+    "RequestHandle",
+    "SamplingParams",
+    "ServedModel",
+    "TokenDelta",
+    "Tokenizer",
+    "Usage",
+]

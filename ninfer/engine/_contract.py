@@ -1,0 +1,221 @@
+"""The engine's face to the server, free of torch and trio.
+
+What goes in (a `GenerationRequest` with its `SamplingParams`), what comes out
+(`TokenDelta` events and exactly one `Finish`), what the server may know of a
+loaded model (`ServedModel`: identity, tokenizer, chat template, limits), how the
+engine is configured (`EngineConfig`, `DTYPE_NAMES`, `WEIGHT_MODES`) and how it
+reports (`EngineStatistics`). The server imports this module and nothing else of
+`ninfer.engine`; only the bridge (`ninfer._bridge`) starts the torch side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
+
+import attrs
+
+__all__ = [
+    "DTYPE_NAMES",
+    "WEIGHT_MODES",
+    "ChatTemplate",
+    "EngineConfig",
+    "EngineStatistics",
+    "EngineTimings",
+    "Event",
+    "EventSink",
+    "Finish",
+    "FinishReason",
+    "GenerationRequest",
+    "ModelIdentity",
+    "RequestHandle",
+    "SamplingParams",
+    "ServedModel",
+    "TokenDelta",
+    "Tokenizer",
+    "Usage",
+]
+
+# Activation dtypes and weight layouts by name; the engine maps them to torch types.
+DTYPE_NAMES = ("float32", "bfloat16")
+WEIGHT_MODES = ("int4", "dense")
+
+# eos: an end-of-sequence token; stop: a stop string; length: the output budget;
+# context: the end of the context window; cancelled: the caller cancelled;
+# error: serving this request failed (the message says why, the log has detail).
+FinishReason = Literal["eos", "stop", "length", "context", "cancelled", "error"]
+
+
+@attrs.frozen
+class SamplingParams:
+    """How one request picks its tokens. temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    min_p: float = 0.0  # 0.0: off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+@attrs.frozen
+class GenerationRequest:
+    """One protocol-neutral request for the engine."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@attrs.frozen
+class RequestHandle:
+    """What `Engine.submit` returns; events carry it and `Engine.cancel` takes it."""
+
+    id: int
+    request_id: str
+
+
+@attrs.frozen
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@attrs.frozen
+class EngineTimings:
+    """Seconds spent by the engine: waiting in its queue, prefilling, decoding."""
+
+    wait_s: float
+    prefill_s: float
+    decode_s: float
+
+
+@attrs.frozen
+class TokenDelta:
+    """New tokens of one request from one engine step, and the text they complete."""
+
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@attrs.frozen
+class Finish:
+    """The last event of a request: exactly one per request."""
+
+    reason: FinishReason
+    usage: Usage
+    timings: EngineTimings
+    seed: int | None
+    stop_string: str | None = None
+    error: str | None = None
+
+
+Event = TokenDelta | Finish
+
+
+class EventSink(Protocol):
+    """Where the engine thread publishes: once per step, never once per token."""
+
+    def deliver(self, events: list[tuple[RequestHandle, Event]]) -> None: ...
+
+
+@attrs.frozen
+class EngineConfig:
+    max_batch: int = 8
+    kv_capacity: int = 16384  # tokens in the page pool
+    page_size: int = 16
+    prefill_chunk: int = 256
+    max_context: int | None = None  # None: the model's own context length
+    dtype: str = "float32"  # one of DTYPE_NAMES
+    weights: str = "int4"  # one of WEIGHT_MODES
+    device: str = "cpu"
+
+
+@attrs.frozen
+class EngineStatistics:
+    state: str  # starting | loading | ready | stopped | failed
+    waiting: int  # submitted, not yet prefilling
+    prefilling: int
+    decoding: int
+    pages_total: int
+    pages_used: int
+    pages_free: int
+    steps: int
+    last_progress: float  # time.monotonic() of the last completed step or idle wait
+    busy: bool
+    batch_invariant: bool  # whether a row's tokens are independent of its batch
+    batch_sizes: tuple[int, ...]  # decode batches are padded up to one of these sizes
+    decode_steps: int  # cumulative
+    decode_rows: int  # cumulative rows over all decode steps (occupancy = rows / steps)
+    prefill_tokens: int  # cumulative prompt tokens computed
+    cached_prompt_tokens: int  # cumulative prompt tokens served from the prefix cache
+    pages_cached: int  # full prompt pages indexed in the prefix cache (held or idle)
+    generated_tokens: int  # cumulative tokens sampled
+
+
+@attrs.frozen
+class ModelIdentity:
+    model_id: str
+    architecture: str
+    sha256: str
+    context_length: int
+    vocab_size: int
+    path: str
+
+
+class ChatTemplate(Protocol):
+    """A model's chat template, rendered in a sandbox."""
+
+    @property
+    def supports_tools(self) -> bool: ...
+
+    def render(
+        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str: ...
+
+
+class Tokenizer(Protocol):
+    """What the server needs of a model's tokenizer: text to ids, and its template."""
+
+    @property
+    def chat_template(self) -> ChatTemplate | None: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+@attrs.frozen
+class ServedModel:
+    """A loaded model as the server sees it: identity, text handling and the engine's
+    limits, fixed once loading has finished. Holds no tensor."""
+
+    identity: ModelIdentity
+    tokenizer: Tokenizer
+    load_seconds: float
+    max_context: int  # tokens a request may span (prompt plus output)
+    page_size: int  # tokens per KV page
+    kv_pages: int  # pages in the pool
+    dtype: str
+    device: str
+    batch_invariant: bool
+    batch_sizes: tuple[int, ...]
+
+    def pages_needed(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """KV pages a request reserves: its whole prompt plus its whole output budget."""
+        return -(-(prompt_tokens + max_new_tokens) // self.page_size)

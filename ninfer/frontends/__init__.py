@@ -1,0 +1,23 @@
+"""One frontend per protocol, built once when the model is ready; the route table maps
+(method, path) to them. A new protocol plugs in as one more `Frontend`."""
+
+from __future__ import annotations
+
+from ninfer.frontends._anthropic import MessagesFrontend
+from ninfer.frontends._base import Answer, Frontend, FrontendContext, Outcome, Prepared
+from ninfer.frontends._native import NativeFrontend
+from ninfer.frontends._openai import ChatFrontend, CompletionsFrontend, model_card, model_list
+
+__all__ = [
+    "Answer",
+    "ChatFrontend",
+    "CompletionsFrontend",
+    "Frontend",
+    "FrontendContext",
+    "MessagesFrontend",
+    "NativeFrontend",
+    "Outcome",
+    "Prepared",
+    "model_card",
+    "model_list",
+]

@@ -1,0 +1,153 @@
+"""The Anthropic-compatible routes as a frontend: /v1/messages, and the token count of
+/v1/messages/count_tokens with the same template."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from ninfer.engine import TokenDelta
+from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
+from ninfer.frontends._budget import SamplingRequest
+from protocols import (
+    AnthropicCodec,
+    AnthropicDialect,
+    AnthropicMessage,
+    AnthropicUsage,
+    ApiError,
+    ContentBlockDelta,
+    ContentBlockStart,
+    ContentBlockStop,
+    CountTokensResponse,
+    Encoder,
+    MessageDelta,
+    MessageResponse,
+    MessageStart,
+    MessageStop,
+    OutputUsage,
+    Ping,
+    StopDelta,
+    StreamMessage,
+    TextBlock,
+    TextDelta,
+    loads,
+)
+
+__all__ = ["MessagesFrontend"]
+
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
+STOP_REASON: dict[str, StopReason] = {
+    "eos": "end_turn",
+    "stop": "stop_sequence",
+    "length": "max_tokens",
+    "context": "max_tokens",
+}
+
+
+@attrs.frozen
+class MessageAnswer:
+    encoder: Encoder
+    id: str
+    label: str  # the request's `model` field, echoed back as sent
+    input_tokens: int
+
+    def head(self) -> list[bytes]:
+        message = StreamMessage(
+            self.id,
+            "message",
+            "assistant",
+            [],
+            self.label,
+            None,
+            None,
+            AnthropicUsage(self.input_tokens, 0),
+        )
+        sse = self.encoder.sse
+        return [
+            sse(MessageStart("message_start", message), "message_start"),
+            sse(
+                ContentBlockStart("content_block_start", 0, TextBlock("text", "")),
+                "content_block_start",
+            ),
+            sse(Ping("ping"), "ping"),
+        ]
+
+    def delta(self, delta: TokenDelta) -> list[bytes]:
+        if not delta.text:
+            return []
+        block = ContentBlockDelta("content_block_delta", 0, TextDelta("text_delta", delta.text))
+        return [self.encoder.sse(block, "content_block_delta")]
+
+    def tail(self, outcome: Outcome) -> list[bytes]:
+        f = outcome.finish
+        sse = self.encoder.sse
+        stop = StopDelta(STOP_REASON[f.reason], f.stop_string)
+        return [
+            sse(ContentBlockStop("content_block_stop", 0), "content_block_stop"),
+            sse(
+                MessageDelta("message_delta", stop, OutputUsage(f.usage.completion_tokens)),
+                "message_delta",
+            ),
+            sse(MessageStop("message_stop"), "message_stop"),
+        ]
+
+    def body(self, outcome: Outcome) -> bytes:
+        f = outcome.finish
+        return self.encoder.json(
+            MessageResponse(
+                self.id,
+                "message",
+                "assistant",
+                [TextBlock("text", outcome.text)],
+                self.label,
+                STOP_REASON[f.reason],
+                f.stop_string,
+                AnthropicUsage(f.usage.prompt_tokens, f.usage.completion_tokens),
+            )
+        )
+
+
+class MessagesFrontend(Frontend):
+    endpoint = "/v1/messages"
+    protocol = "anthropic"
+
+    def __init__(self, ctx: FrontendContext) -> None:
+        super().__init__(ctx, AnthropicDialect())
+        self._codec = AnthropicCodec()
+
+    def _render(self, system: str | None, messages: list[AnthropicMessage]) -> str:
+        template = self.ctx.model.tokenizer.chat_template
+        if template is None:
+            raise ApiError("invalid_request", "this model has no chat template", param="messages")
+        conv: list[dict[str, object]] = []
+        if system is not None:
+            conv.append({"role": "system", "content": system})
+        conv.extend({"role": m.role, "content": m.text()} for m in messages)
+        try:
+            return template.render(conv, add_generation_prompt=True)
+        except ValueError:
+            raise ApiError(
+                "invalid_request", "the chat template refused this conversation", param="messages"
+            ) from None
+
+    async def prepare(self, body: bytes, request_id: str) -> Prepared:
+        req = self._codec.parse_messages(loads(body))
+        ids = await self.ctx.tokenize(self._render(req.system_text(), req.messages))
+        gen, _warnings = self.request(
+            request_id,
+            ids,
+            requested=req.max_tokens,
+            param="max_tokens",
+            prompt_param="messages",
+            sampling=SamplingRequest(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k),
+            stop=tuple(req.stop_sequences or ()),
+        )
+        answer = MessageAnswer(self.dialect.encoder, "msg_" + request_id, req.model, len(ids))
+        return Prepared(gen, bool(req.stream), answer, {"protocol": self.protocol})
+
+    async def count_tokens(self, body: bytes) -> bytes:
+        """POST /v1/messages/count_tokens: the prompt /v1/messages would build, counted."""
+        req = self._codec.parse_count(loads(body))
+        ids = await self.ctx.tokenize(self._render(req.system_text(), req.messages))
+        return self.dialect.encoder.json(CountTokensResponse(len(ids)))

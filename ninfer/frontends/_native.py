@@ -1,0 +1,116 @@
+"""POST /v1/generate: the native contract (protocols._native), as a frontend."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from ninfer.engine import TokenDelta
+from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
+from ninfer.frontends._budget import SamplingRequest
+from protocols import (
+    Encoder,
+    GenerateResponse,
+    NativeCodec,
+    NativeDialect,
+    NativeDoneEvent,
+    NativeModel,
+    NativeTokenEvent,
+    Timing,
+    Usage,
+    loads,
+)
+
+__all__ = ["NativeFrontend"]
+
+NativeFinish = Literal["eos", "stop", "length", "context"]
+FINISH_REASONS: dict[str, NativeFinish] = {
+    "eos": "eos",
+    "stop": "stop",
+    "length": "length",
+    "context": "length",
+}
+
+
+@attrs.frozen
+class NativeAnswer:
+    encoder: Encoder
+    model: NativeModel
+    request_id: str
+    warnings: tuple[str, ...]
+
+    def head(self) -> list[bytes]:
+        return []
+
+    def delta(self, delta: TokenDelta) -> list[bytes]:
+        event = NativeTokenEvent(list(delta.token_ids), delta.text)
+        return [self.encoder.sse(event, "token")]
+
+    def _usage(self, outcome: Outcome) -> Usage:
+        u = outcome.finish.usage
+        return Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens)
+
+    def tail(self, outcome: Outcome) -> list[bytes]:
+        f = outcome.finish
+        done = NativeDoneEvent(
+            id=outcome.request_id,
+            model=self.model,
+            finish_reason=FINISH_REASONS[f.reason],
+            stop_sequence=f.stop_string,
+            seed=f.seed,
+            usage=self._usage(outcome),
+            warnings=list(self.warnings),
+            timing=Timing(**outcome.timing),
+        )
+        return [self.encoder.sse(done, "done")]
+
+    def body(self, outcome: Outcome) -> bytes:
+        f = outcome.finish
+        return self.encoder.json(
+            GenerateResponse(
+                id=outcome.request_id,
+                model=self.model,
+                text=outcome.text,
+                token_ids=outcome.token_ids,
+                finish_reason=FINISH_REASONS[f.reason],
+                stop_sequence=f.stop_string,
+                seed=f.seed,
+                usage=self._usage(outcome),
+                warnings=list(self.warnings),
+                timing=Timing(**outcome.timing),
+            )
+        )
+
+
+class NativeFrontend(Frontend):
+    endpoint = "/v1/generate"
+    protocol = "native"
+
+    def __init__(self, ctx: FrontendContext) -> None:
+        super().__init__(ctx, NativeDialect())
+        self._codec = NativeCodec()
+        ident = ctx.model.identity
+        self.model = NativeModel(ctx.public_id, ident.architecture, ident.sha256)
+
+    async def prepare(self, body: bytes, request_id: str) -> Prepared:
+        req = self._codec.parse_generate(loads(body))
+        ids = await self.ctx.tokenize(req.prompt)
+        gen, warnings = self.request(
+            request_id,
+            ids,
+            requested=req.max_new_tokens,
+            param="max_new_tokens",
+            prompt_param="prompt",
+            sampling=SamplingRequest(
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                min_p=req.min_p,
+                seed=req.seed,
+            ),
+            stop=tuple(req.stop or ()),
+            ignore_eos=req.ignore_eos,
+        )
+        answer = NativeAnswer(self.dialect.encoder, self.model, request_id, warnings)
+        return Prepared(gen, req.stream, answer, {"protocol": self.protocol})

@@ -1,0 +1,144 @@
+"""How each protocol answers: its answers encoded from the attrs classes of
+`protocols._responses`, and its refusals (status, envelope, request-id header,
+the error frame of a stream that has already begun).
+
+    Dialect                 one per protocol, built once per app
+    ├── NativeDialect       /v1/generate: the native statuses, `{"error": {...}}`
+    ├── OpenAIDialect       400 for anything invalid, OpenAI's envelope and types
+    └── AnthropicDialect    400 for anything invalid, Anthropic's envelope and types
+
+A refusal becomes a wire envelope here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+import cattrs
+
+from protocols._errors import ApiError
+from protocols._json import dumps
+from protocols._responses import (
+    AnthropicError,
+    AnthropicErrorBody,
+    NativeError,
+    NativeErrorBody,
+    OpenAIError,
+    OpenAIErrorBody,
+)
+
+__all__ = ["AnthropicDialect", "Dialect", "Encoder", "NativeDialect", "OpenAIDialect"]
+
+
+class Encoder:
+    """Answer objects (attrs classes of `protocols._responses`) to compact JSON and SSE
+    frames. A field left at its default of None is omitted (a chunk's `usage`, a
+    delta's `role`); a field without a default is always written, null or not."""
+
+    def __init__(self) -> None:
+        self._conv = cattrs.Converter(omit_if_default=True)
+
+    def json(self, answer: Any) -> bytes:
+        assert attrs.has(type(answer)), "answers are built from the protocol classes"
+        return dumps(self._conv.unstructure(answer))
+
+    def sse(self, answer: Any, event: str | None = None) -> bytes:
+        """One SSE frame: an optional `event:` line and one `data:` line."""
+        head = f"event: {event}\n".encode() if event else b""
+        return head + b"data: " + self.json(answer) + b"\n\n"
+
+
+class Dialect:
+    """A protocol's refusals; subclasses fill in the envelope and the status rule."""
+
+    name: ClassVar[str]
+    request_id_header: ClassVar[bytes] = b"x-request-id"
+
+    def __init__(self) -> None:
+        self.encoder = Encoder()
+
+    def status(self, err: ApiError) -> int:
+        return err.status
+
+    def envelope(self, err: ApiError, request_id: str) -> Any:
+        raise NotImplementedError
+
+    def error_body(self, err: ApiError, request_id: str) -> bytes:
+        return self.encoder.json(self.envelope(err, request_id))
+
+    def stream_error(self, err: ApiError, request_id: str) -> list[bytes]:
+        """The frames that end a stream which fails after it has begun."""
+        return [self.encoder.sse(self.envelope(err, request_id), "error")]
+
+
+class NativeDialect(Dialect):
+    name = "native"
+
+    def envelope(self, err: ApiError, request_id: str) -> NativeErrorBody:
+        return NativeErrorBody(NativeError(err.kind, err.message, err.param, request_id))
+
+
+_INVALID = frozenset({"invalid_request", "context_length_exceeded", "malformed_json"})
+
+_OPENAI_TYPES = {
+    "unauthorized": "authentication_error",
+    "not_found": "invalid_request_error",
+    "model_not_found": "invalid_request_error",
+    "server_overloaded": "rate_limit_error",
+    "request_queue_timeout": "server_error",
+    "model_loading": "server_error",
+    "shutting_down": "server_error",
+    "engine_unavailable": "server_error",
+    "internal_error": "server_error",
+}
+
+
+class OpenAIDialect(Dialect):
+    name = "openai"
+
+    def status(self, err: ApiError) -> int:
+        """OpenAI's convention: 400 for every invalid request, else the native status."""
+        return 400 if err.kind in _INVALID else err.status
+
+    def envelope(self, err: ApiError, request_id: str) -> OpenAIErrorBody:
+        code = "invalid_api_key" if err.kind == "unauthorized" else err.code or err.kind
+        kind = _OPENAI_TYPES.get(err.kind, "invalid_request_error")
+        return OpenAIErrorBody(OpenAIError(err.message, kind, err.param, code))
+
+    def stream_error(self, err: ApiError, request_id: str) -> list[bytes]:
+        # OpenAI streams are data-only lines, ended by [DONE] whatever happened.
+        return [self.encoder.sse(self.envelope(err, request_id)), b"data: [DONE]\n\n"]
+
+
+_ANTHROPIC_TYPES = {
+    "malformed_json": "invalid_request_error",
+    "invalid_request": "invalid_request_error",
+    "context_length_exceeded": "invalid_request_error",
+    "unsupported_media_type": "invalid_request_error",
+    "request_timeout": "timeout_error",
+    "unauthorized": "authentication_error",
+    "not_found": "not_found_error",
+    "model_not_found": "not_found_error",
+    "method_not_allowed": "invalid_request_error",
+    "payload_too_large": "request_too_large",
+    "server_overloaded": "rate_limit_error",
+    "request_queue_timeout": "overloaded_error",
+    "model_loading": "overloaded_error",
+    "shutting_down": "overloaded_error",
+    "engine_unavailable": "overloaded_error",
+    "internal_error": "api_error",
+}
+
+
+class AnthropicDialect(Dialect):
+    name = "anthropic"
+    request_id_header = b"request-id"
+
+    def status(self, err: ApiError) -> int:
+        return 400 if err.kind in _INVALID else err.status
+
+    def envelope(self, err: ApiError, request_id: str) -> AnthropicErrorBody:
+        message = err.message if err.param is None else f"{err.param}: {err.message}"
+        kind = _ANTHROPIC_TYPES.get(err.kind, "api_error")
+        return AnthropicErrorBody("error", AnthropicError(kind, message), request_id)

@@ -1,0 +1,412 @@
+"""The request's life, without sockets or threads.
+
+The lifecycle's transition table is walked exhaustively (synchronously); then the
+real app (routes, frontends, the request flow, the scheduler and the bridge) serves
+a fake engine inside Trio on the autojump clock: disconnects at every stage,
+deadlines to the exact virtual instant, overload, a reader that stops and resumes,
+a reader that stalls for good, and an engine failure. Every test reads the request
+log back and finds exactly one terminal record per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import trio
+import trio.testing
+from fakeengine import FAIL, AsgiClient, FakeEngine, request
+
+from ninfer._app import App
+from ninfer._config import build_config
+from ninfer._lifecycle import TABLE, TERMINAL, Lifecycle, LifecycleError, Stage, Trigger
+from ninfer.engine import EngineTimings, Finish, Usage
+
+TERMINAL_RECORDS = {"request_done", "request_rejected", "request_cancelled", "request_error"}
+GEN = "/v1/generate"
+
+# ---- the lifecycle, synchronously ------------------------------------------------------------
+
+_FINISH = Finish("length", Usage(3, 2), EngineTimings(0.0, 0.0, 0.0), None)
+
+
+def _fire(life: Lifecycle, trigger: Trigger) -> None:
+    """Fire `trigger` through the public method that owns it."""
+    if trigger is Trigger.ROUTED:
+        life.routed()
+    elif trigger is Trigger.BODY_READ:
+        life.body_read()
+    elif trigger is Trigger.PREPARED:
+        life.prepared(1.0)
+    elif trigger is Trigger.ADMITTED:
+        life.admitted(2.0)
+    elif trigger is Trigger.FIRST_TOKEN:
+        life.first_token(3.0)
+    elif trigger is Trigger.SETTLED:
+        life.settled(_FINISH, life.timing(_FINISH.timings, 4.0), stream=False)
+    elif trigger is Trigger.SENT:
+        life.sent()
+    elif trigger is Trigger.REFUSED:
+        life.refused(5.0, status=400, kind="invalid_request", code=None, param="x")
+    elif trigger is Trigger.GONE:
+        life.gone(5.0)
+    elif trigger is Trigger.STALLED:
+        life.stalled(5.0)
+    else:
+        life.failed(status=500, kind="internal_error", message="boom")
+
+
+def _recorder(records: list[str]) -> Any:
+    def emit(event: str, *_args: Any, **_fields: Any) -> None:
+        records.append(event)
+
+    return emit
+
+
+def test_every_path_writes_exactly_one_terminal_record() -> None:
+    """Walk every sequence of events the table allows: a terminal record is written at
+    most once along the way, and exactly once in every terminal state; an event the
+    table does not allow raises and writes nothing."""
+    paths: list[list[Trigger]] = [[]]
+    terminal_paths = 0
+    while paths:
+        path = paths.pop()
+        records: list[str] = []
+        life = Lifecycle("r", GEN, 0.0, _recorder(records))
+        for trigger in path:
+            _fire(life, trigger)
+        terminals = [r for r in records if r in TERMINAL_RECORDS]
+        assert len(terminals) <= 1, (path, records)
+        assert life.decided == (len(terminals) == 1), (path, records)
+        if life.stage in TERMINAL:
+            terminal_paths += 1
+        for trigger in Trigger:
+            if life.allows(trigger):
+                paths.append([*path, trigger])
+            else:
+                before = (life.stage, list(records))
+                with pytest.raises(LifecycleError):
+                    _fire(life, trigger)
+                assert (life.stage, records) == before
+    # ROUTE 2 ways out, BODY/PREPARE/QUEUED 3 each, PREFILL and DECODE 3 each plus
+    # 3 through RESPOND each: 2 + 9 + 12 = 23 complete lives.
+    assert terminal_paths == 23
+
+
+def test_the_record_names_the_stage_it_was_decided_in() -> None:
+    records: list[tuple[str, dict[str, Any]]] = []
+    life = Lifecycle("r", GEN, 0.0, lambda ev, _rid, **f: records.append((ev, f)))
+    for trigger in (Trigger.ROUTED, Trigger.BODY_READ, Trigger.PREPARED, Trigger.ADMITTED):
+        _fire(life, trigger)
+    life.stalled(7.5)
+    event, fields = records[-1]
+    assert event == "request_cancelled"
+    assert fields["stage"] == "write_stalled"
+    assert fields["elapsed_seconds"] == 7.5
+    assert fields["queue_seconds"] == 1.0
+    assert life.stage is Stage.CANCELLED
+
+
+def test_table_has_no_way_out_of_a_terminal_state() -> None:
+    assert not [key for key in TABLE if key[0] in TERMINAL]
+    # RESPOND's ways out write nothing: its outcome was written when it was entered.
+    assert all(TABLE[key][1] is None for key in TABLE if key[0] is Stage.RESPOND)
+
+
+# ---- the app over a fake engine, on the autojump clock -------------------------------------
+
+
+@asynccontextmanager
+async def running(tmp_path: Path, engine: FakeEngine, **settings: Any) -> AsyncIterator[App]:
+    values: dict[str, Any] = {
+        "model": "fake",
+        "request_log_jsonl": str(tmp_path / "requests.jsonl"),
+        "log_stats_interval_ms": 0,
+        **settings,
+    }
+    app = App(build_config(values), argv=["test"], engine=engine)
+    to_app, app_receive = trio.open_memory_channel[dict[str, Any]](2)
+    app_send, from_app = trio.open_memory_channel[dict[str, Any]](2)
+    scope = {"type": "lifespan", "asgi": {"version": "3.0"}}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(app, scope, app_receive.receive, app_send.send)
+        await to_app.send({"type": "lifespan.startup"})
+        assert (await from_app.receive())["type"] == "lifespan.startup.complete"
+        await app.settled.wait()
+        yield app
+        await to_app.send({"type": "lifespan.shutdown"})
+        assert (await from_app.receive())["type"] == "lifespan.shutdown.complete"
+
+
+def records(tmp_path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in (tmp_path / "requests.jsonl").read_bytes().splitlines()]
+
+
+def terminal(tmp_path: Path) -> dict[str, dict[str, Any]]:
+    """The terminal record of each request, asserting there is exactly one."""
+    out: dict[str, dict[str, Any]] = {}
+    for rec in records(tmp_path):
+        if rec["event"] in TERMINAL_RECORDS:
+            assert rec["request_id"] not in out, f"two terminal records for {rec['request_id']}"
+            out[rec["request_id"]] = rec
+    return out
+
+
+def _client(app: App, rid: str, path: str = GEN) -> AsgiClient:
+    return AsgiClient(
+        app,
+        "POST",
+        path,
+        headers=[(b"content-type", b"application/json"), (b"x-request-id", rid.encode())],
+    )
+
+
+async def _wait_for(predicate: Any) -> None:
+    """Poll a condition of the server's state, every virtual millisecond: on the autojump
+    clock that is free and deterministic (the state has no event to wait on)."""
+    while not predicate():  # noqa: ASYNC110
+        await trio.sleep(0.001)
+
+
+def _quiet(app: App, engine: FakeEngine) -> None:
+    """Nothing is held anywhere: no ticket, no page, no engine request."""
+    assert app.scheduler is not None
+    s = app.scheduler.statistics()
+    assert (s.in_system, s.running, s.waiting, s.units_used) == (0, 0, 0, 0)
+    assert engine.active == 0
+
+
+async def test_a_request_is_served_with_exact_stage_times(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    engine = FakeEngine(step_s=0.01, prefill_steps=3)
+    async with running(tmp_path, engine) as app:
+        start = trio.current_time()
+        r = await request(app, "POST", GEN, {"prompt": "hi", "max_new_tokens": 4})
+        assert r.status == 200
+        body = r.json()
+        assert body["text"] == "aaaa"
+        assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+        # three prefill steps, then four decode steps of 10 ms, on the virtual clock
+        assert body["timing"]["ttft"] == pytest.approx(0.04)
+        assert body["timing"]["total"] == pytest.approx(0.07)
+        assert trio.current_time() - start == pytest.approx(0.07)
+        _quiet(app, engine)
+    recs = records(tmp_path)
+    events = [r["event"] for r in recs if r["request_id"] is not None]
+    assert events == ["request_start", "request_done"]
+
+
+@pytest.mark.parametrize("stage", ["body", "queued", "prefill", "decode", "respond"])
+async def test_a_disconnect_at_every_stage_frees_everything(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, stage: str
+) -> None:
+    """The client leaves at `stage`: the record says where (a settled request stays
+    done), and the slot, the queue place and the engine row are all freed."""
+    engine = FakeEngine(step_s=0.01, prefill_steps=5)
+    async with running(tmp_path, engine, max_concurrency=1, max_pending_requests=4) as app:
+        async with trio.open_nursery() as n:
+            blocker = _client(app, "blocker")
+            if stage == "queued":  # someone holds the only slot
+                blocker.send_body(b'{"prompt": "x", "max_new_tokens": 50}')
+                n.start_soon(blocker.run)
+                await _wait_for(lambda: engine.active == 1)
+            c = _client(app, "leaver")
+            body = b'{"prompt": "hello", "max_new_tokens": 20, "stream": true}'
+            if stage == "respond":  # a whole answer: its one write comes after it settled
+                body = b'{"prompt": "hello", "max_new_tokens": 20}'
+                c.reading = trio.Event()
+            if stage == "body":
+                c.send_body(body[:10], more=True)
+                n.start_soon(c.run)
+                await trio.sleep(0.05)
+                c.disconnect()
+            else:
+                c.send_body(body)
+                n.start_soon(c.run)
+                sched = app.scheduler
+                assert sched is not None
+                if stage == "queued":
+                    await _wait_for(lambda: sched.statistics().waiting == 1)
+                elif stage == "prefill":
+                    await _wait_for(lambda: engine.active == 1)
+                elif stage == "decode":
+                    await _wait_for(lambda: b"token" in c.response.body)
+                else:  # respond: the body's write is held by a reader that paused
+                    await c.started.wait()
+                c.disconnect()
+                if stage == "respond":
+                    c.reading.set()  # what was being written completes
+            await c.finished.wait()
+            if stage == "queued":
+                await blocker.finished.wait()
+        _quiet(app, engine)
+    rec = terminal(tmp_path)["leaver"]
+    if stage == "respond":
+        assert rec["event"] == "request_done"
+    else:
+        assert (rec["event"], rec["stage"]) == ("request_cancelled", stage)
+        if stage in ("prefill", "decode"):
+            assert engine.cancelled == ["leaver"]
+
+
+async def test_the_queue_deadline_is_exact(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Behind a long request, a queued one is refused 503 at arrival + the pending
+    timeout, to the virtual microsecond, with Retry-After; it never reached the engine."""
+    engine = FakeEngine(step_s=0.01)
+    settings = {"max_concurrency": 1, "max_pending_requests": 2, "pending_timeout_ms": 250}
+    async with running(tmp_path, engine, **settings) as app, trio.open_nursery() as n:
+        long = _client(app, "long")
+        long.send_body(b'{"prompt": "x", "max_new_tokens": 100}')
+        n.start_soon(long.run)
+        await _wait_for(lambda: engine.active == 1)
+        arrival = trio.current_time()
+        r = await request(app, "POST", GEN, {"prompt": "y", "max_new_tokens": 2})
+        assert trio.current_time() - arrival == pytest.approx(0.25, abs=1e-6)
+        assert r.status == 503
+        assert r.json()["error"]["type"] == "request_queue_timeout"
+        assert int(r.headers[b"retry-after"]) >= 1
+        await long.finished.wait()
+        assert long.response.status == 200
+    (queued,) = [r for r in terminal(tmp_path).values() if r["request_id"] != "long"]
+    assert (queued["event"], queued["phase"], queued["status"]) == (
+        "request_rejected",
+        "queued",
+        503,
+    )
+
+
+async def test_overload_is_refused_at_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    engine = FakeEngine(step_s=0.01)
+    async with running(tmp_path, engine, max_concurrency=1, max_pending_requests=1) as app:
+        async with trio.open_nursery() as n:
+            held = [_client(app, f"held{i}") for i in range(2)]
+            for c in held:
+                c.send_body(b'{"prompt": "x", "max_new_tokens": 30}')
+                n.start_soon(c.run)
+            sched = app.scheduler
+            assert sched is not None
+            await _wait_for(lambda: sched.statistics().in_system == 2)
+            before = trio.current_time()
+            r = await request(app, "POST", "/v1/chat/completions", {"model": "x", "messages": []})
+            assert trio.current_time() == before  # not a moment of waiting
+            assert r.status == 429
+            assert r.json()["error"]["type"] == "rate_limit_error"
+            assert r.headers[b"retry-after"].isdigit()
+        assert [c.response.status for c in held] == [200, 200]
+        _quiet(app, engine)
+    recs = terminal(tmp_path)
+    refused = [r for r in recs.values() if r["event"] == "request_rejected"]
+    assert [(r["status"], r["phase"], r["endpoint"]) for r in refused] == [
+        (429, "body", "/v1/chat/completions")
+    ]
+
+
+async def test_a_reader_that_falls_behind_is_paused_then_resumed(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A stream whose reader stops is left out of decode steps once 64 events wait
+    unread, and is decoded again when the reader catches up: every token arrives."""
+    engine = FakeEngine(step_s=0.01)
+    async with running(tmp_path, engine, write_timeout_s=600.0) as app:
+        c = _client(app, "slow")
+        c.send_body(b'{"prompt": "x", "max_new_tokens": 200, "stream": true}')
+        c.reading = trio.Event()  # stops reading at once
+        async with trio.open_nursery() as n:
+            n.start_soon(c.run)
+            await _wait_for(lambda: app.service.paused_requests() == 1)
+            steps = engine.decode_steps
+            await trio.sleep(1.0)  # a hundred steps' time: none is spent on the paused row
+            assert engine.decode_steps == steps
+            assert engine.generated < 200
+            c.reading.set()
+            await c.finished.wait()
+        events = c.response.events()
+        assert sum(1 for name, _ in events if name == "token") == 200
+        assert events[-1][0] == "done"
+        assert app.service.paused_requests() == 0
+    assert terminal(tmp_path)["slow"]["event"] == "request_done"
+
+
+async def test_a_reader_that_stalls_for_good_loses_its_slot(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    engine = FakeEngine(step_s=0.01)
+    async with running(tmp_path, engine, write_timeout_s=2.0, max_concurrency=1) as app:
+        c = _client(app, "stalled")
+        c.send_body(b'{"prompt": "x", "max_new_tokens": 500, "stream": true}')
+        c.reading = trio.Event()
+        async with trio.open_nursery() as n:
+            n.start_soon(c.run)
+            sched = app.scheduler
+            assert sched is not None
+            await _wait_for(lambda: c.held_since is not None)
+            await _wait_for(lambda: sched.statistics().in_system == 0)
+            # freed when one write has waited for the write timeout (polled every 1 ms)
+            assert c.held_since is not None
+            assert trio.current_time() - c.held_since == pytest.approx(2.0, abs=0.0015)
+            r = await request(app, "POST", GEN, {"prompt": "y", "max_new_tokens": 2})
+            assert r.status == 200  # the only slot is free again
+            c.reading.set()
+        assert engine.active == 0
+    rec = terminal(tmp_path)["stalled"]
+    assert (rec["event"], rec["stage"]) == ("request_cancelled", "write_stalled")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_engine_failure_is_one_error_record(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, stream: bool
+) -> None:
+    engine = FakeEngine(step_s=0.01)
+    async with running(tmp_path, engine) as app:
+        r = await request(app, "POST", GEN, {"prompt": FAIL, "stream": stream})
+        if stream:
+            assert r.status == 200
+            name, data = r.events()[-1]
+            assert (name, data["error"]["type"]) == ("error", "internal_error")
+        else:
+            assert r.status == 500
+            assert r.json()["error"]["type"] == "internal_error"
+        _quiet(app, engine)
+    (rec,) = terminal(tmp_path).values()
+    assert (rec["event"], rec["status"], rec["stage"]) == ("request_error", 500, "prefill")
+    assert rec["message"] == "injected failure"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (GEN, {"prompt": "hi", "max_new_tokens": 3}),
+        ("/v1/chat/completions", {"model": "fake", "messages": [{"role": "user", "content": "hi"}],
+                                  "max_tokens": 3}),
+        ("/v1/completions", {"model": "fake", "prompt": "hi", "max_tokens": 3}),
+        ("/v1/messages", {"model": "any", "max_tokens": 3,
+                          "messages": [{"role": "user", "content": "hi"}]}),
+    ],
+)  # fmt: skip
+async def test_every_frontend_runs_the_same_flow(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, path: str, body: dict[str, Any]
+) -> None:
+    """Each frontend, whole and streamed, through the same flow: one start, one done."""
+    engine = FakeEngine(step_s=0.01)
+    async with running(tmp_path, engine) as app:
+        whole = await request(app, "POST", path, body)
+        assert whole.status == 200, whole.body
+        streamed = await request(app, "POST", path, {**body, "stream": True})
+        assert streamed.status == 200
+        assert streamed.headers[b"content-type"] == b"text/event-stream"
+        assert streamed.events()
+    recs = records(tmp_path)
+    per_request = [r["event"] for r in recs if r["request_id"] is not None]
+    assert per_request == ["request_start", "request_done"] * 2
+    assert {r["protocol"] for r in recs if r["event"] == "request_start"} == {
+        {GEN: "native", "/v1/messages": "anthropic"}.get(path, "openai")
+    }

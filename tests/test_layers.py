@@ -1,0 +1,111 @@
+"""The packages depend in one direction, checked in a fresh interpreter per package.
+
+protocols loads neither trio nor torch (nor ninfer, nor scheduler); scheduler loads no
+torch (nor ninfer, nor protocols); `ninfer.app` and the client tools load no torch;
+no module of `ninfer.engine` loads trio; and outside `ninfer/engine/` only the bridge
+names a module of the engine's torch side. The checker is run once on a copy of the
+tree with violations planted in it, to show that it fails when it should.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE_MODULES = sorted(
+    f"ninfer.engine.{p.stem}" for p in (ROOT / "ninfer" / "engine").glob("_*.py")
+)
+
+# modules imported together in one fresh interpreter -> what they must not load
+# (a package, or every module under it). Together is enough: if the group loads none of
+# them, no member does.
+RULES: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("protocols",): ("trio", "torch", "hypercorn", "ninfer", "scheduler"),
+    ("scheduler",): ("torch", "hypercorn", "ninfer", "protocols"),
+    ("ninfer.engine",): ("torch", "trio"),
+    ("ninfer.app",): ("torch",),
+    ("ninfer._cli", "ninfer.tools._probes", "ninfer.tools._logtools"): ("torch", "trio"),
+    ("ninfer.tools._bench",): ("torch",),
+    tuple(ENGINE_MODULES): ("trio", "hypercorn", "scheduler", "protocols"),
+}
+
+_PROBE = """
+import importlib, sys, orjson
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+sys.stdout.buffer.write(orjson.dumps(sorted(sys.modules)))
+"""
+
+
+def _loaded_by(modules: tuple[str, ...], root: Path) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, *modules],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
+    loaded: list[str] = orjson.loads(out.stdout)
+    return loaded
+
+
+def _bridge_violations(root: Path) -> list[str]:
+    """Server modules (outside ninfer/engine/) that name an engine module other than the
+    contract: only ninfer/_bridge.py may."""
+    found = []
+    for path in sorted((root / "ninfer").rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[:2] == ("ninfer", "engine") or rel == Path("ninfer/_bridge.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                if name.startswith("ninfer.engine._") and name != "ninfer.engine._contract":
+                    found.append(f"{rel}:{node.lineno} imports {name}")
+    return found
+
+
+def layer_violations(root: Path) -> list[str]:
+    problems = []
+    for modules, forbidden in RULES.items():
+        loaded = _loaded_by(modules, root)
+        for bad in forbidden:
+            if any(m == bad or m.startswith(bad + ".") for m in loaded):
+                engine = modules == tuple(ENGINE_MODULES)
+                name = "ninfer.engine._*" if engine else ", ".join(modules)
+                problems.append(f"import {name} loads {bad}")
+    return problems + _bridge_violations(root)
+
+
+def test_the_packages_depend_in_one_direction() -> None:
+    assert layer_violations(ROOT) == []
+
+
+def test_the_checker_fails_on_planted_violations(tmp_path: Path) -> None:
+    for package in ("ninfer", "scheduler", "protocols"):
+        shutil.copytree(
+            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    # What v0.1 did: the engine's message module pulled torch into every Trio-side module.
+    contract = tmp_path / "ninfer" / "engine" / "_contract.py"
+    contract.write_text(contract.read_text() + "\nimport torch  # planted\n")
+    json_mod = tmp_path / "protocols" / "_json.py"
+    json_mod.write_text(json_mod.read_text() + "\nimport trio  # planted\n")
+    flow = tmp_path / "ninfer" / "_flow.py"
+    flow.write_text(flow.read_text() + "\nfrom ninfer.engine._model import Transformer\n")
+    problems = layer_violations(tmp_path)
+    assert "import protocols loads trio" in problems
+    assert "import ninfer.app loads torch" in problems
+    assert "import ninfer.engine loads torch" in problems
+    assert any(p.startswith("ninfer/_flow.py:") for p in problems)
