@@ -106,7 +106,7 @@ async def serve_generation(
     life: Lifecycle,
 ) -> None:
     """Serve one generation request; its lifecycle is routed and ends decided."""
-    run = _Run(ctx, frontend, scope, exchange, life)
+    run = _Run(ctx=ctx, frontend=frontend, scope=scope, exchange=exchange, life=life)
     life.routed()
     try:
         if ctx.is_draining():
@@ -128,26 +128,21 @@ async def serve_generation(
             life.gone(trio.current_time())
 
 
+@attrs.define(eq=False)
 class _Run:
-    def __init__(
-        self,
-        ctx: FlowContext,
-        frontend: Frontend,
-        scope: HTTPScope,
-        exchange: Exchange,
-        life: Lifecycle,
-    ) -> None:
-        self.ctx = ctx
-        self.frontend = frontend
-        self.scope = scope
-        self.exchange = exchange
-        self.life = life
-        self.writer = _Writer(exchange, ctx.write_timeout_s)
-        self.rid_header = frontend.dialect.request_id_header
-        self.handle: RequestHandle | None = None
-        self.work = trio.CancelScope()  # generation and its answer
-        self.client_gone = False  # noted by the disconnect watcher or a failed write
-        self.stalled = False  # noted by the write watchdog
+    ctx: FlowContext
+    frontend: Frontend
+    scope: HTTPScope
+    exchange: Exchange
+    life: Lifecycle
+    handle: RequestHandle | None = None
+    work: trio.CancelScope = attrs.Factory(trio.CancelScope)  # generation and its answer
+    client_gone: bool = False  # noted by the disconnect watcher or a failed write
+    stalled: bool = False  # noted by the write watchdog
+    writer: _Writer = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.writer = _Writer(self.exchange, self.ctx.write_timeout_s)
 
     async def refuse(self, err: ApiError) -> None:
         """Record a refusal (or an internal failure) and answer it, unless the response
@@ -334,7 +329,10 @@ class _Run:
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [*headers, (self.rid_header, self.life.request_id.encode())],
+                "headers": [
+                    *headers,
+                    (self.frontend.dialect.request_id_header, self.life.request_id.encode()),
+                ],
                 "trailers": False,
             }
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -47,40 +47,28 @@ class NativeAnswer:
         event = NativeTokenEvent(list(delta.token_ids), delta.text)
         return [self.encoder.sse(event, "token")]
 
-    def _usage(self, outcome: Outcome) -> Usage:
-        u = outcome.finish.usage
-        return Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens)
+    def _summary(self, outcome: Outcome) -> dict[str, Any]:
+        """The fields the whole answer and the stream's `done` event share."""
+        f, u = outcome.finish, outcome.finish.usage
+        return {
+            "id": outcome.request_id,
+            "model": self.model,
+            "finish_reason": FINISH_REASONS[f.reason],
+            "stop_sequence": f.stop_string,
+            "seed": f.seed,
+            "usage": Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens),
+            "warnings": list(self.warnings),
+            "timing": Timing(**outcome.timing),
+        }
 
     def tail(self, outcome: Outcome) -> list[bytes]:
-        f = outcome.finish
-        done = NativeDoneEvent(
-            id=outcome.request_id,
-            model=self.model,
-            finish_reason=FINISH_REASONS[f.reason],
-            stop_sequence=f.stop_string,
-            seed=f.seed,
-            usage=self._usage(outcome),
-            warnings=list(self.warnings),
-            timing=Timing(**outcome.timing),
-        )
-        return [self.encoder.sse(done, "done")]
+        return [self.encoder.sse(NativeDoneEvent(**self._summary(outcome)), "done")]
 
     def body(self, outcome: Outcome) -> bytes:
-        f = outcome.finish
-        return self.encoder.json(
-            GenerateResponse(
-                id=outcome.request_id,
-                model=self.model,
-                text=outcome.text,
-                token_ids=outcome.token_ids,
-                finish_reason=FINISH_REASONS[f.reason],
-                stop_sequence=f.stop_string,
-                seed=f.seed,
-                usage=self._usage(outcome),
-                warnings=list(self.warnings),
-                timing=Timing(**outcome.timing),
-            )
+        whole = GenerateResponse(
+            text=outcome.text, token_ids=outcome.token_ids, **self._summary(outcome)
         )
+        return self.encoder.json(whole)
 
 
 class NativeFrontend(Frontend):
