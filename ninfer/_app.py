@@ -29,6 +29,7 @@ from hypercorn.typing import (
 from ninfer._artifacts import REGISTRY, cache_dir, resolve_model
 from ninfer._bridge import EngineHost, EngineService, ThreadedEngine
 from ninfer._config import ServerConfig, config_from_env, public_settings, redacted_argv
+from ninfer._estimate import ServiceTimes
 from ninfer._flow import FlowContext, serve_generation
 from ninfer._http import (
     ClientGone,
@@ -136,6 +137,8 @@ class App:
         self.log.subscribe(self.metrics.on_event)
         self.public_id = config.model_id or ""
         self._draining = False
+        self._started_at: float | None = None  # Trio time the lifespan began loading
+        self._drain_started_at: float | None = None
         self.load_failed = trio.Event()  # set when the model cannot be loaded
         self.settled = trio.Event()  # set once the model is loaded and admitting, or failed
         self._background = trio.CancelScope()  # the periodic tasks, cancelled at shutdown
@@ -190,6 +193,7 @@ class App:
     ) -> None:
         message = await receive()
         assert message["type"] == "lifespan.startup"
+        self._started_at = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.service.run)
@@ -257,10 +261,12 @@ class App:
     def _build_serving(self, model: ServedModel) -> _Serving:
         """The scheduler, the frontends and the request flow, built once."""
         cfg = self.config
+        service_times = ServiceTimes(self.service.statistics, cfg.default_max_tokens)
         scheduler = AdmissionController(
             max_running=cfg.max_concurrency,
             max_pending=cfg.max_pending_requests,
             units_total=model.kv_pages,
+            service_time=service_times,
         )
         ctx = FrontendContext(
             model=model,
@@ -285,7 +291,8 @@ class App:
             write_timeout_s=cfg.write_timeout_s,
             pending_timeout_s=cfg.pending_timeout_ms / 1000.0,
             pages_needed=model.pages_needed,
-            is_draining=lambda: self._draining,
+            draining=lambda: self.shutting_down() if self._draining else None,
+            service_times=service_times,
             on_tokens=self.metrics.inter_token,
         )
         return _Serving(
@@ -334,10 +341,18 @@ class App:
             )
             prev = cur
 
+    def shutting_down(self) -> ApiError:
+        """The refusal while draining; Retry-After is what remains of the drain (after
+        which this process is gone, and a supervisor may have started another)."""
+        began = self._drain_started_at if self._drain_started_at is not None else 0.0
+        left = max(1.0, self.config.graceful_timeout_s - (trio.current_time() - began))
+        return ApiError("shutting_down", "the server is shutting down", retry_after=left)
+
     def begin_drain(self) -> None:
         """Stop admitting: new generation requests get 503 shutting_down."""
         if not self._draining:
             self._draining = True
+            self._drain_started_at = trio.current_time()
             self.log.console("draining: new requests are refused, in-flight ones finish")
 
     # ---- HTTP -----------------------------------------------------------------------------
@@ -444,10 +459,13 @@ class App:
 
     def _readiness_error(self) -> ApiError | None:
         if self._draining:
-            return ApiError("shutting_down", "the server is shutting down", retry_after=1)
+            return self.shutting_down()
         state = self.service.state()
         if state.phase == "loading" or (state.phase == "ready" and self.serving is None):
-            return ApiError("model_loading", "the model is still loading", retry_after=2)
+            # As long again as it has taken so far: loading time is not known in advance.
+            began = self._started_at if self._started_at is not None else trio.current_time()
+            loading_for = max(1.0, trio.current_time() - began)
+            return ApiError("model_loading", "the model is still loading", retry_after=loading_for)
         if state.phase != "ready":
             return ApiError("engine_unavailable", "the engine is not running", retry_after=5)
         if state.stalled:

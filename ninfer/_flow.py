@@ -10,7 +10,6 @@ outcome is settled; a write watchdog cancels a request whose client stopped read
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -18,6 +17,7 @@ import attrs
 import trio
 from hypercorn.typing import ASGISendEvent, HTTPScope
 
+from ninfer._estimate import Progress, ServiceTimes
 from ninfer._http import (
     ClientGone,
     Exchange,
@@ -58,7 +58,8 @@ class FlowContext:
     write_timeout_s: float
     pending_timeout_s: float
     pages_needed: Callable[[int, int], int]
-    is_draining: Callable[[], bool]
+    draining: Callable[[], ApiError | None]  # the refusal while the server drains
+    service_times: ServiceTimes  # sizes each ticket for the scheduler's estimates
     # (seconds since the previous tokens, how many arrived): the inter-token metric.
     on_tokens: Callable[[float, int], None] = lambda _s, _n: None
 
@@ -109,8 +110,9 @@ async def serve_generation(
     run = _Run(ctx=ctx, frontend=frontend, scope=scope, exchange=exchange, life=life)
     life.routed()
     try:
-        if ctx.is_draining():
-            raise ApiError("shutting_down", "the server is shutting down", retry_after=1)
+        refusal = ctx.draining()
+        if refusal is not None:
+            raise refusal
         try:
             ticket = ctx.scheduler.enter()
         except Overloaded as exc:
@@ -139,6 +141,7 @@ class _Run:
     work: trio.CancelScope = attrs.Factory(trio.CancelScope)  # generation and its answer
     client_gone: bool = False  # noted by the disconnect watcher or a failed write
     stalled: bool = False  # noted by the write watchdog
+    progress: Progress | None = None  # the ticket's tag: how far the request has come
     writer: _Writer = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -174,7 +177,7 @@ class _Run:
     # ---- the flow -------------------------------------------------------------------------
 
     async def serve(self, ticket: Ticket) -> None:
-        life = self.life
+        life, ctx = self.life, self.ctx
         body = await read_body(
             self.scope,
             self.exchange.receive,
@@ -184,6 +187,7 @@ class _Run:
         life.body_read()
         prepared = await self.frontend.prepare(body, life.request_id)
         req = prepared.request
+        self.progress = ctx.service_times.track(ticket, len(req.prompt_ids), req.max_new_tokens)
         life.prepared(
             trio.current_time(),
             prompt_tokens=len(req.prompt_ids),
@@ -249,11 +253,10 @@ class _Run:
         with trio.move_on_at(life.arrival + ctx.pending_timeout_s) as queue_scope:
             await ctx.scheduler.admit(ticket, units)
         if queue_scope.cancelled_caught:
-            retry = max(1, math.ceil(ctx.scheduler.retry_after()))
             raise ApiError(
                 "request_queue_timeout",
                 f"the request waited {ctx.pending_timeout_s:g}s without being admitted",
-                retry_after=retry,
+                retry_after=ctx.scheduler.admitted_in(units),
             )
         life.admitted(trio.current_time())
         try:
@@ -311,6 +314,8 @@ class _Run:
                 last_at = now
                 token_ids.extend(event.token_ids)
                 texts.append(event.text)
+                if self.progress is not None:
+                    self.progress.generated += len(event.token_ids)
                 if prepared.stream:
                     await self.writer.frames(prepared.answer.delta(event))
         return None, token_ids, "".join(texts)

@@ -3,6 +3,7 @@ protocol's dialect, CORS, and the exchange bookkeeping the app routes with."""
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from collections.abc import Iterable
@@ -193,7 +194,7 @@ def with_cors(send: ASGISendCallable) -> ASGISendCallable:
             headers.append(
                 (
                     b"access-control-expose-headers",
-                    b"x-request-id, request-id, retry-after, server-timing",
+                    b"x-request-id, request-id, retry-after, retry-after-ms, server-timing",
                 )
             )
             message = {**message, "headers": headers}
@@ -222,10 +223,19 @@ async def preflight(send: ASGISendCallable) -> None:
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def retry_after_headers(seconds: float) -> Headers:
+    """`Retry-After` in whole seconds (rounded up, at least 1: what most clients read)
+    and `retry-after-ms` (what the OpenAI SDKs prefer when present)."""
+    return [
+        (b"retry-after", str(max(1, math.ceil(seconds))).encode()),
+        (b"retry-after-ms", str(max(1, round(seconds * 1000))).encode()),
+    ]
+
+
 def refusal_headers(err: ApiError, dialect: Dialect, request_id: str) -> Headers:
     headers: Headers = [(dialect.request_id_header, request_id.encode())]
     if err.retry_after is not None:
-        headers.append((b"retry-after", str(err.retry_after).encode()))
+        headers.extend(retry_after_headers(err.retry_after))
     if err.allow:
         headers.append((b"allow", ", ".join(err.allow).encode()))
     if err.kind in ("payload_too_large", "request_timeout"):

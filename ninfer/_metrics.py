@@ -93,7 +93,18 @@ class _Levels(Collector):
         queries = CounterMetricFamily(
             "ninfer_prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         )
+        step = GaugeMetricFamily(
+            "ninfer_decode_step_seconds",
+            "Recent seconds between consecutive decode steps (moving average; 0 until "
+            "measured): the pace Retry-After estimates use.",
+        )
+        prefill = GaugeMetricFamily(
+            "ninfer_prefill_seconds_per_token",
+            "Recent prefill seconds per prompt token (moving average; 0 until measured).",
+        )
         if eng is not None:
+            step.add_metric([], eng.decode_step_seconds)
+            prefill.add_metric([], eng.prefill_seconds_per_token)
             used.add_metric([], eng.pages_used)
             free.add_metric([], eng.pages_free)
             usage.add_metric([], eng.pages_used / eng.pages_total if eng.pages_total else 0.0)
@@ -102,7 +113,7 @@ class _Levels(Collector):
             steps.add_metric([], eng.decode_steps)
             hits.add_metric([], eng.cached_prompt_tokens)
             queries.add_metric([], eng.cached_prompt_tokens + eng.prefill_tokens)
-        yield from (used, free, usage, prompt, generation, steps, hits, queries)
+        yield from (used, free, usage, prompt, generation, steps, hits, queries, step, prefill)
 
 
 class Metrics:

@@ -69,7 +69,7 @@ class ApiError(ProtocolError):
         *,
         param: str | None = None,
         code: str | None = None,
-        retry_after: int | None = None,
+        retry_after: float | None = None,
         allow: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message)
@@ -77,7 +77,7 @@ class ApiError(ProtocolError):
         self.message = message
         self.param = param
         self.code = code  # a finer machine code where a protocol has one (unknown_parameter)
-        self.retry_after = retry_after
+        self.retry_after = retry_after  # seconds; written as Retry-After and retry-after-ms
         self.allow = allow
 
     @property

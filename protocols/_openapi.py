@@ -47,6 +47,10 @@ def _errors(ref: dict[str, Any], statuses: tuple[str, ...], rid: str) -> dict[st
         headers: dict[str, Any] = {rid: {"schema": {"type": "string"}}}
         if status in ("429", "503"):
             headers["Retry-After"] = {"schema": {"type": "integer", "minimum": 1}}
+            headers["retry-after-ms"] = {
+                "description": "the same estimate in milliseconds (see docs/scheduler.md)",
+                "schema": {"type": "integer", "minimum": 1},
+            }
         out[status] = {
             "description": "refused; see docs/errors.md",
             "headers": headers,

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
-from scheduler._admission import AdmissionController, SchedulerStatistics, Ticket
+from scheduler._admission import (
+    RETRY_AFTER_MAX_S,
+    RETRY_AFTER_MIN_S,
+    AdmissionController,
+    SchedulerStatistics,
+    ServiceTime,
+    Ticket,
+)
 from scheduler._errors import Overloaded, SchedulerError
 
-__all__ = ["AdmissionController", "Overloaded", "SchedulerError", "SchedulerStatistics", "Ticket"]
+__all__ = [
+    "RETRY_AFTER_MAX_S",
+    "RETRY_AFTER_MIN_S",
+    "AdmissionController",
+    "Overloaded",
+    "SchedulerError",
+    "SchedulerStatistics",
+    "ServiceTime",
+    "Ticket",
+]

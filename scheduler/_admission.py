@@ -8,12 +8,28 @@ slot and the ticket's `units` (KV pages, to the caller) are both free; the head 
 the queue blocks those behind it (no overtaking, so a large request cannot starve).
 Deadlines are the caller's: wrap `admit` in `trio.move_on_at`. A waiter that is
 cancelled (client gone, deadline) leaves the queue at once and frees its place.
+
+Retry estimates. The caller may pass `service_time(ticket)`: for an admitted ticket
+the seconds until it will be released, for any other the seconds it will hold a
+slot once admitted (the scheduler knows nothing of what a request is; the caller
+does, and keeps what it needs in `ticket.tag`). From those the scheduler plays its
+own rules forward (slots, units, FIFO) to find when places free up; past the tickets
+out now, each place that frees is taken again at once by a request like those
+waiting (what overload looks like). Places are promised to refused callers in the
+order they were refused: the k-th place from now goes to the caller refused when
+k - 1 promised places had not come back yet, and that caller is told when it frees.
+Callers refused together are so spread over the places as they come back, instead
+of all retrying at once into one; a promise is kept or lapses when a place really
+comes back, never by the clock, so an estimate that is off does not feed on itself.
+Without `service_time` the estimate falls back to the recent drain rate.
 """
 
 from __future__ import annotations
 
-import math
+import heapq
+import itertools
 from collections import deque
+from collections.abc import Callable
 from types import TracebackType
 
 import attrs
@@ -21,11 +37,21 @@ import trio
 
 from scheduler._errors import Overloaded
 
-__all__ = ["AdmissionController", "SchedulerStatistics", "Ticket"]
+__all__ = [
+    "RETRY_AFTER_MAX_S",
+    "RETRY_AFTER_MIN_S",
+    "AdmissionController",
+    "SchedulerStatistics",
+    "ServiceTime",
+    "Ticket",
+]
 
 # How many recent completions the drain-rate estimate looks at.
 _DRAIN_WINDOW = 32
-_RETRY_AFTER_MAX_S = 60
+# Every estimate is clamped to this range (seconds): never "now" (a client would spin),
+# never further than a minute (past that, the figures it is made of mean little).
+RETRY_AFTER_MIN_S = 0.05
+RETRY_AFTER_MAX_S = 60.0
 
 
 @attrs.frozen
@@ -49,9 +75,12 @@ class Ticket:
 
     _controller: AdmissionController = attrs.field(alias="controller")
     arrival: float
+    seq: int = 0  # arrival order
     units: int = 0
     admitted: bool = False
+    queued: bool = False
     released: bool = False
+    tag: object = None  # the caller's own data (what `service_time` reads)
     _event: trio.Event = attrs.field(factory=trio.Event, alias="event")
 
     def release(self) -> None:
@@ -69,18 +98,26 @@ class Ticket:
         self.release()
 
 
+ServiceTime = Callable[[Ticket], float]
+
+
 @attrs.define(eq=False)
 class AdmissionController:
     max_running: int
     max_pending: int
     units_total: int
+    service_time: ServiceTime | None = None
     _in_system: int = 0
     _running: int = 0
     _units_used: int = 0
     _queue: deque[Ticket] = attrs.field(factory=deque)
+    _live: dict[int, Ticket] = attrs.field(factory=dict)  # by seq: arrival order
+    _seq: itertools.count[int] = attrs.field(factory=itertools.count)
     _completions: deque[float] = attrs.field(factory=lambda: deque(maxlen=_DRAIN_WINDOW))
     _admitted_total: int = 0
     _rejected_total: int = 0
+    _places_back: int = 0  # places that came back (tickets released), ever
+    _places_promised: int = 0  # the index of the last place promised to a refused caller
 
     def __attrs_post_init__(self) -> None:
         if self.max_running < 1 or self.max_pending < 0 or self.units_total < 1:
@@ -94,9 +131,12 @@ class AdmissionController:
         """Take a place now, or raise `Overloaded` at once when none is left."""
         if self._in_system >= self.capacity:
             self._rejected_total += 1
-            raise Overloaded(self.retry_after())
+            self._places_promised = max(self._places_promised, self._places_back) + 1
+            raise Overloaded(self.place_free_in(self._places_promised - self._places_back))
         self._in_system += 1
-        return Ticket(controller=self, arrival=trio.current_time())
+        ticket = Ticket(controller=self, arrival=trio.current_time(), seq=next(self._seq))
+        self._live[ticket.seq] = ticket
+        return ticket
 
     def fits(self, units: int) -> bool:
         """Whether `units` could ever be granted (the whole pool is big enough)."""
@@ -109,12 +149,14 @@ class AdmissionController:
         if not self.fits(units):
             raise ValueError(f"{units} units can never be granted (pool of {self.units_total})")
         ticket.units = units
+        ticket.queued = True
         self._queue.append(ticket)
         self._grant()
         try:
             await ticket._event.wait()
         finally:
             if not ticket.admitted:
+                ticket.queued = False
                 self._queue.remove(ticket)
                 self._grant()  # the head may have changed
 
@@ -126,6 +168,7 @@ class AdmissionController:
             if self._units_used + head.units > self.units_total:
                 return
             self._queue.popleft()
+            head.queued = False
             self._running += 1
             self._units_used += head.units
             head.admitted = True
@@ -137,11 +180,15 @@ class AdmissionController:
             return
         ticket.released = True
         self._in_system -= 1
+        self._live.pop(ticket.seq, None)
+        self._places_back += 1
         if ticket.admitted:
             self._running -= 1
             self._units_used -= ticket.units
             self._completions.append(trio.current_time())
             self._grant()
+
+    # ---- estimates --------------------------------------------------------------------
 
     def drain_rate(self) -> float:
         """Completions per second over the recent window (0.0 until two are seen)."""
@@ -152,13 +199,82 @@ class AdmissionController:
             return 0.0
         return (len(self._completions) - 1) / span
 
-    def retry_after(self) -> int:
-        """Whole seconds until a place is likely free, from the observed drain rate (>= 1)."""
-        rate = self.drain_rate()
-        if rate <= 0:
-            return 1
-        ahead = len(self._queue) + 1
-        return max(1, min(_RETRY_AFTER_MAX_S, math.ceil(ahead / rate)))
+    def _forward(self, places: int, *, extra: int | None) -> tuple[list[float], float | None]:
+        """Play the rules forward from now: the times (from now) at which the next
+        `places` tickets are released, and, with `extra` units, when a ticket asking
+        for them and joining the queue now would be admitted. Tickets still being
+        prepared join the queue in arrival order, with no units; each released place
+        is taken again at once by a request like those waiting (it joins the queue's
+        tail). Stops at RETRY_AFTER_MAX_S."""
+        assert self.service_time is not None
+        est = self.service_time
+        ending: list[tuple[float, int]] = []  # (seconds from now, units)
+        waiting: deque[tuple[int, float, bool]] = deque()  # (units, service s, the joiner)
+        for t in self._live.values():  # arrival order
+            if t.admitted:
+                ending.append((max(0.0, est(t)), t.units))
+        heapq.heapify(ending)
+        preparing = [t for t in self._live.values() if not t.admitted and not t.queued]
+        for t in [*self._queue, *preparing]:
+            waiting.append((t.units, max(0.0, est(t)), False))
+        like = _typical([*self._queue, *preparing], est) or self._typical_fallback()
+        if extra is not None:
+            waiting.append((extra, 0.0, True))
+        running, units_used = len(ending), sum(u for _, u in ending)
+        released: list[float] = []
+        joined_at: float | None = None
+        now = 0.0
+        while True:
+            while waiting and running < self.max_running:
+                units, service, joiner = waiting[0]
+                if units_used + units > self.units_total:
+                    break
+                waiting.popleft()
+                if joiner:
+                    joined_at = now
+                    continue
+                heapq.heappush(ending, (now + service, units))
+                running += 1
+                units_used += units
+            done = len(released) >= places and (extra is None or joined_at is not None)
+            if done or not ending or now > RETRY_AFTER_MAX_S:
+                return released, joined_at
+            now, units = heapq.heappop(ending)
+            running -= 1
+            units_used -= units
+            released.append(now)
+            if like is not None:
+                waiting.append(like)
+
+    def _typical_fallback(self) -> tuple[int, float, bool] | None:
+        """What a request is like when none is waiting: the caller's estimate for a
+        ticket it knows nothing about, and no units."""
+        assert self.service_time is not None
+        probe = Ticket(controller=self, arrival=trio.current_time(), seq=-1)
+        seconds = self.service_time(probe)
+        return (0, seconds, False) if seconds > 0 else None
+
+    def place_free_in(self, k: int = 1) -> float:
+        """Seconds until the k-th place from now is free (clamped to the documented
+        range): what a caller refused k-th since a place last freed is told."""
+        if self.service_time is None:
+            rate = self.drain_rate()
+            return _clamp(k / rate if rate > 0 else 1.0)
+        released, _ = self._forward(k, extra=None)
+        if not released:
+            return RETRY_AFTER_MIN_S  # nothing holds a place: there is room now
+        if len(released) < k:  # beyond the horizon, or nothing to refill with
+            return _clamp(released[-1])
+        return _clamp(released[k - 1])
+
+    def admitted_in(self, units: int = 0) -> float:
+        """Seconds until a request for `units` that joined the queue now would be
+        admitted (what a request that timed out in the queue is told)."""
+        if self.service_time is None:
+            rate = self.drain_rate()
+            return _clamp((len(self._queue) + 1) / rate if rate > 0 else 1.0)
+        _, joined = self._forward(0, extra=units)
+        return _clamp(joined if joined is not None else RETRY_AFTER_MAX_S)
 
     def statistics(self) -> SchedulerStatistics:
         return SchedulerStatistics(
@@ -174,3 +290,17 @@ class AdmissionController:
             rejected_total=self._rejected_total,
             drain_rate=self.drain_rate(),
         )
+
+
+def _clamp(seconds: float) -> float:
+    return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, seconds))
+
+
+def _typical(tickets: list[Ticket], est: ServiceTime) -> tuple[int, float, bool] | None:
+    """A request like those waiting: their mean units and service time."""
+    sized = [t for t in tickets if t.units or t.tag is not None]
+    if not sized:
+        return None
+    units = round(sum(t.units for t in sized) / len(sized))
+    seconds = sum(max(0.0, est(t)) for t in sized) / len(sized)
+    return (units, seconds, False) if seconds > 0 else None

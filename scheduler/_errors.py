@@ -14,8 +14,9 @@ class SchedulerError(Exception):
 
 
 class Overloaded(SchedulerError):
-    """Every place (running plus pending) is taken. `retry_after` is in whole seconds."""
+    """Every place (running plus pending) is taken. `retry_after` is the estimate, in
+    seconds, of when a place will be free for this caller (see `retry_after`)."""
 
-    def __init__(self, retry_after: int) -> None:
-        super().__init__(f"server is at capacity; retry after {retry_after}s")
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"server is at capacity; retry after {retry_after:.3f}s")
         self.retry_after = retry_after

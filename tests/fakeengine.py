@@ -184,6 +184,9 @@ class FakeEngine:
             cached_prompt_tokens=0,
             pages_cached=0,
             generated_tokens=self.generated,
+            decode_step_seconds=self.step_s,
+            # its prefill is `prefill_steps` steps whatever the prompt: none per token
+            prefill_seconds_per_token=1e-9,
         )
 
 

@@ -410,3 +410,46 @@ async def test_every_frontend_runs_the_same_flow(
     assert {r["protocol"] for r in recs if r["event"] == "request_start"} == {
         {GEN: "native", "/v1/messages": "anthropic"}.get(path, "openai")
     }
+
+
+async def test_retry_after_is_when_the_place_really_comes_back(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Known output lengths (30 and 50 tokens running, 20 and 40 queued, 10 ms a step):
+    places come back at 0.30, 0.50, 0.50 and 0.90 s. Three clients refused together are
+    told the first three in turn, in retry-after-ms, each compared with the moment a
+    place really came back for it. (Past the places held now, the estimate assumes
+    each freed place is taken again, as under overload: benchmarks/retry_after.py.)"""
+    engine = FakeEngine(step_s=0.01, prefill_steps=0)
+    settings = {"max_concurrency": 2, "max_pending_requests": 2, "pending_timeout_ms": 10_000}
+    async with running(tmp_path, engine, **settings) as app, trio.open_nursery() as n:
+        sched = app.scheduler
+        assert sched is not None
+        for i, budget in enumerate((30, 50, 20, 40)):
+            c = _client(app, f"held{i}")
+            c.send_body(orjson.dumps({"prompt": "x", "max_new_tokens": budget}))
+            n.start_soon(c.run)
+            await _wait_for(lambda i=i: sched.statistics().in_system == i + 1)
+        await _wait_for(lambda: sched.statistics().waiting == 2)
+        t0 = trio.current_time()
+        told = []
+        for _ in range(3):
+            r = await request(app, "POST", GEN, {"prompt": "y", "max_new_tokens": 5})
+            assert r.status == 429
+            told.append(int(r.headers[b"retry-after-ms"]) / 1000)
+            assert int(r.headers[b"retry-after"]) == max(
+                1, -(-int(r.headers[b"retry-after-ms"]) // 1000)
+            )
+        freed: list[float] = []
+        held = sched.statistics().in_system
+        while held:
+            await trio.sleep(0.001)
+            now_held = sched.statistics().in_system
+            freed += [trio.current_time() - t0] * (held - now_held)
+            held = now_held
+        # (t0 is a few virtual ms after the first request began: compare spacings)
+        spacing = [f - freed[0] for f in freed]
+        assert spacing == pytest.approx([0.0, 0.20, 0.20, 0.60], abs=0.0015)
+        truth = freed[:3]
+        # within one engine step: the estimate cannot know how far into a step it is made
+        assert told == pytest.approx(truth, abs=engine.step_s)

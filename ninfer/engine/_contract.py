@@ -168,6 +168,11 @@ class EngineStatistics:
     cached_prompt_tokens: int  # cumulative prompt tokens served from the prefix cache
     pages_cached: int  # full prompt pages indexed in the prefix cache (held or idle)
     generated_tokens: int  # cumulative tokens sampled
+    # Recent pace, for estimates (0.0 until measured): seconds between consecutive decode
+    # steps while decoding (prefill chunks between them included; a moving average), and
+    # prefill seconds per prompt token (decaying sums of seconds over tokens).
+    decode_step_seconds: float = 0.0
+    prefill_seconds_per_token: float = 0.0
 
 
 @attrs.frozen

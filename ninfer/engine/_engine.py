@@ -50,6 +50,10 @@ __all__ = ["DTYPES", "Engine"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+# The prefill rate is reported once this many (decayed) prompt tokens were measured.
+PREFILL_RATE_MIN_TOKENS = 64
+
+
 @attrs.frozen
 class _Submit:
     handle: RequestHandle
@@ -127,6 +131,12 @@ class Engine:
         self._prefill_tokens = 0
         self._cached_tokens = 0
         self._generated = 0
+        self._step_ema = 0.0  # seconds between consecutive decode steps
+        # prefill seconds and tokens, decaying sums: their ratio weighs each chunk by its
+        # tokens, so that the fixed cost of a tiny prompt does not pass for a rate
+        self._prefill_seconds = 0.0
+        self._prefill_counted = 0.0
+        self._last_decode_end: float | None = None
         self._last_progress = time.monotonic()
         self._stats_lock = threading.Lock()
         self.batch_invariant = False
@@ -231,6 +241,12 @@ class Engine:
                 cached_prompt_tokens=self._cached_tokens,
                 pages_cached=pool.cached if pool else 0,
                 generated_tokens=self._generated,
+                decode_step_seconds=self._step_ema,
+                prefill_seconds_per_token=(
+                    self._prefill_seconds / self._prefill_counted
+                    if self._prefill_counted >= PREFILL_RATE_MIN_TOKENS
+                    else 0.0
+                ),
             )
 
     # ---- the engine thread ------------------------------------------------------------
@@ -299,6 +315,8 @@ class Engine:
     def _loop(self) -> None:
         while True:
             idle = not self._waiting and all(a.paused for a in self._decoding)
+            if idle:
+                self._last_decode_end = None  # time waiting for work is no step's
             if not self._drain_commands(block=idle):
                 return
             try:
@@ -361,6 +379,8 @@ class Engine:
             budget -= size
         if any(not a.paused for a in self._decoding):
             self._decode_step()
+        else:
+            self._last_decode_end = None  # the next step's interval starts anew
         with self._stats_lock:
             self._steps += 1
             self._last_progress = time.monotonic()
@@ -393,6 +413,7 @@ class Engine:
         start = a.prefilled
         chunk = prompt[start : start + self.config.prefill_chunk]
         dev = self.config.device
+        began = time.perf_counter()
         try:
             logits = self._transformer.forward(
                 torch.tensor([chunk], device=dev),
@@ -405,6 +426,8 @@ class Engine:
             )  # (1, V)
             a.prefilled += len(chunk)
             self._prefill_tokens += len(chunk)
+            self._prefill_seconds = 0.8 * self._prefill_seconds + (time.perf_counter() - began)
+            self._prefill_counted = 0.8 * self._prefill_counted + len(chunk)
             if a.prefilled < len(prompt):
                 return False
             # Pages of prompt tokens only are final from now on.
@@ -451,6 +474,10 @@ class Engine:
             return
         self._decode_steps += 1
         self._decode_rows += len(rows)
+        now = time.perf_counter()
+        if self._last_decode_end is not None:
+            self._step_ema = _ema(self._step_ema, now - self._last_decode_end)
+        self._last_decode_end = now
         for a, token in zip(rows, tokens, strict=True):
             a.position += 1
             self._accept(a, token)
@@ -534,3 +561,8 @@ class Engine:
         if self._events:
             events, self._events = self._events, []
             self._sink.deliver(events)
+
+
+def _ema(previous: float, sample: float, weight: float = 0.2) -> float:
+    """An exponential moving average; the first sample is taken as it is."""
+    return sample if previous == 0.0 else (1 - weight) * previous + weight * sample
