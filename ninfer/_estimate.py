@@ -3,11 +3,8 @@
 The scheduler plays its own rules forward (slots, KV pages, FIFO) to tell a refused
 client when a place will be free for it; what it asks of the server is one number
 per ticket, `ServiceTimes(ticket)`: for a running request the seconds until it ends
-(its remaining output budget at the pace requests were recently seen to run), for
-any other the seconds it will run once admitted. That pace is measured on finished
-requests: seconds from admission to the last token, per token generated (so it
-counts their prefill and everything the engine interleaves); until one has
-finished, the engine's step interval plus prefill per prompt token stand in; one still
+(its remaining output budget at the engine's recent step pace, plus its prefill if
+it has not started), for any other the seconds it will run once admitted; one still
 being read or prepared (its size unknown yet) is taken to be like the recent ones
 (a moving average of their prompts and budgets). The budget is an upper bound (a
 request may stop early at end-of-sequence or a stop string), so estimates err on
@@ -48,7 +45,6 @@ class ServiceTimes:
     default_max_tokens: int
     _budget: float = 0.0  # recent requests' output budgets and prompts, moving averages
     _prompt: float = 0.0
-    _per_token: float = 0.0  # seconds a running request takes per token, moving average
 
     def track(self, ticket: Ticket, prompt_tokens: int, max_new_tokens: int) -> Progress:
         """Size a prepared request's ticket (its tag), and learn what requests are like."""
@@ -58,14 +54,6 @@ class ServiceTimes:
         ticket.tag = progress = Progress(prompt_tokens, max_new_tokens)
         return progress
 
-    def finished(self, seconds: float, tokens: int) -> None:
-        """A request ran `seconds` from admission to its last token for `tokens`."""
-        if tokens > 0:
-            sample = seconds / tokens
-            self._per_token = (
-                sample if self._per_token == 0.0 else 0.8 * self._per_token + 0.2 * sample
-            )
-
     def __call__(self, ticket: Ticket) -> float:
         st = self.statistics()
         step = st.decode_step_seconds if st and st.decode_step_seconds > 0 else FALLBACK_STEP_S
@@ -74,8 +62,6 @@ class ServiceTimes:
             if st and st.prefill_seconds_per_token > 0
             else FALLBACK_PREFILL_S_PER_TOKEN
         )
-        if self._per_token > 0.0:  # measured on finished requests: prefill included
-            step, per_token = self._per_token, 0.0
         p = ticket.tag
         if not isinstance(p, Progress):  # still reading or preparing: like recent ones
             if self._budget == 0.0:
