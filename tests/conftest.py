@@ -32,6 +32,24 @@ def real_gguf() -> Path:
     return fetch(DEFAULT_MODEL, cache_dir(None, os.environ), progress=print)
 
 
+FAILING_SEED = 666
+
+
+def plant_sampling_failure(monkeypatch: pytest.MonkeyPatch, message: str) -> None:
+    """Make sampling raise RuntimeError(message) for requests seeded FAILING_SEED (on
+    the engine thread, as a bug in the engine would), and work for every other."""
+    from ninfer.engine import _sampling
+
+    real = _sampling.RowSampler.pick
+
+    def broken(self: _sampling.RowSampler, logits: torch.Tensor) -> int:
+        if self.params.seed == FAILING_SEED:
+            raise RuntimeError(message)
+        return real(self, logits)
+
+    monkeypatch.setattr(_sampling.RowSampler, "pick", broken)
+
+
 class CollectingSink:
     """An EventSink for engine tests: gathers events per handle, waits with a hang guard."""
 

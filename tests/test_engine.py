@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import RunningEngine, start_engine, stop_engine
+from conftest import FAILING_SEED, RunningEngine, plant_sampling_failure, start_engine, stop_engine
 
 from ninfer._errors import RequestInvalid
 from ninfer.engine import EngineConfig, GenerationRequest, RequestHandle, SamplingParams
@@ -172,18 +172,9 @@ def test_an_exception_fails_one_request_not_the_engine(
     tiny_engine: RunningEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     eng, sink = tiny_engine.engine, tiny_engine.sink
-    from ninfer.engine import _sampling
-
-    real = _sampling.RowSampler.pick
-
-    def broken(self: _sampling.RowSampler, logits):  # type: ignore[no-untyped-def]
-        if self.params.seed == 666:
-            raise RuntimeError("boom")
-        return real(self, logits)
-
-    monkeypatch.setattr(_sampling.RowSampler, "pick", broken)
+    plant_sampling_failure(monkeypatch, "boom")
     bad = eng.submit(
-        GenerationRequest("bad", _prompt(5), 5, SamplingParams(temperature=1.0, seed=666))
+        GenerationRequest("bad", _prompt(5), 5, SamplingParams(temperature=1.0, seed=FAILING_SEED))
     )
     (f,) = sink.wait_done(bad)
     assert f.reason == "error"

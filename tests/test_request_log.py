@@ -56,22 +56,14 @@ async def test_an_engine_traceback_reaches_the_console_and_the_log(
     """Engine diagnostics go through the one logging system: the traceback of a request
     that fails inside the engine is a console line and a `diagnostic` record (with the
     request id) in the JSONL log, while the client gets a clean 500 without it."""
+    from conftest import FAILING_SEED, plant_sampling_failure
     from server import serve
 
-    from ninfer.engine import _sampling
-
-    real = _sampling.RowSampler.pick
-
-    def broken(self: _sampling.RowSampler, logits):  # type: ignore[no-untyped-def]
-        if self.params.seed == 666:
-            raise RuntimeError("planted failure")
-        return real(self, logits)
-
-    monkeypatch.setattr(_sampling.RowSampler, "pick", broken)
+    plant_sampling_failure(monkeypatch, "planted failure")
     async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
         r = await c.post(
             "/v1/generate",
-            json={"prompt": "x", "temperature": 1.0, "seed": 666},
+            json={"prompt": "x", "temperature": 1.0, "seed": FAILING_SEED},
             headers={"x-request-id": "doomed"},
         )
         assert r.status_code == 500
