@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import FAILING_SEED, RunningEngine, plant_sampling_failure, start_engine, stop_engine
+from conftest import (
+    FAILING_SEED,
+    HANG_GUARD_S,
+    RunningEngine,
+    plant_sampling_failure,
+    start_engine,
+    stop_engine,
+)
 
 from ninfer._errors import RequestInvalid
 from ninfer.engine import EngineConfig, GenerationRequest, RequestHandle, SamplingParams
@@ -260,3 +267,33 @@ def test_shared_prompt_pages_give_the_same_tokens(
     stats = eng.statistics()
     assert stats.cached_prompt_tokens == 48 + 32
     assert stats.pages_free == total  # cached pages nobody holds count as free
+
+
+def test_waiting_for_work_is_not_a_stall(
+    tiny_engine: RunningEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's progress clock restarts when work arrives after an idle wait: while
+    its first step runs, the last progress is no older than the request (before, it was
+    the moment the wait began, and a step after 30 s idle read as a stall)."""
+    import threading
+    import time
+
+    eng = tiny_engine.engine
+    cls = type(tiny_engine.model.transformer)
+    real_forward = cls.forward
+    entered, release = threading.Event(), threading.Event()
+
+    def held(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        entered.set()
+        assert release.wait(HANG_GUARD_S)
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "forward", held)
+    submitted = time.monotonic()
+    handle = eng.submit(GenerationRequest("after-idle", _prompt(3), 2))
+    assert entered.wait(HANG_GUARD_S)
+    stats = eng.statistics()
+    release.set()
+    tiny_engine.sink.wait_done(handle)
+    assert stats.busy
+    assert stats.last_progress >= submitted

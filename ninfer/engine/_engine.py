@@ -329,8 +329,11 @@ class Engine:
         while True:
             try:
                 if block:
-                    self._last_progress = time.monotonic()
                     command = self._commands.get()
+                    # Progress is measured while there is work: the wait for it is none
+                    # of the engine's (else the first step after a long idle looks
+                    # stalled, and /ready refuses).
+                    self._last_progress = time.monotonic()
                     block = False
                 else:
                     command = self._commands.get_nowait()
