@@ -120,7 +120,7 @@ SETTINGS: tuple[Setting, ...] = (
         "default_max_tokens",
         int,
         512,
-        "output limit when a request names none (clamped to the context left)",
+        "output limit when a request names none (clamped to the context and the KV pool left)",
         1,
     ),
     Setting(

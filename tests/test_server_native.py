@@ -357,3 +357,21 @@ async def test_draining_refuses_new_requests(tiny_gguf: Path, tmp_path: Path) ->
         assert 1000 <= int(r.headers["retry-after-ms"]) <= 10_000
         r = await c.get("/ready")
         assert (r.status_code, r.json()["error"]["type"]) == (503, "shutting_down")
+
+
+async def test_a_small_kv_pool_clamps_the_default_budget(tiny_gguf: Path, tmp_path: Path) -> None:
+    """`--kv-capacity 10` (one page of 16 tokens): a request that names no budget is
+    served within what the pool holds, as the docs promise; one that names more than
+    the pool holds is refused with the numbers."""
+    async with serve(tiny_gguf, tmp_path, kv_capacity=10) as srv, srv.client() as c:
+        r = await c.post(GEN, json={"prompt": "the cat", "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == 16
+        assert r.json()["finish_reason"] == "length"
+        r = await c.post(GEN, json={"prompt": "the cat", "max_new_tokens": 20})
+        assert r.status_code == 422
+        assert (r.json()["error"]["type"], r.json()["error"]["param"]) == (
+            "context_length_exceeded",
+            "max_new_tokens",
+        )

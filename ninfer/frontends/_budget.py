@@ -81,7 +81,18 @@ class Budget:
                 code="context_length_exceeded",
             )
         if requested is None:
-            budget = min(self._default, ctx - prompt_tokens)
+            # Clamped to what the context leaves and what the KV pool can hold (a pool
+            # smaller than the default budget still serves requests that name none).
+            pool = self._model.kv_pages * self._model.page_size
+            budget = min(self._default, ctx - prompt_tokens, pool - prompt_tokens)
+            if budget < 1:
+                raise ApiError(
+                    "context_length_exceeded",
+                    f"the prompt has {prompt_tokens} tokens; the server's KV pool holds "
+                    f"{pool} tokens and leaves no room for output",
+                    param=prompt_param,
+                    code="context_length_exceeded",
+                )
         else:
             if prompt_tokens + requested > ctx:
                 raise ApiError(
