@@ -36,8 +36,11 @@ class Server:
 
 
 @asynccontextmanager
-async def serve(model: Path, tmp_path: Path, **settings: Any) -> AsyncIterator[Server]:
-    """Serve `model` with the given settings on 127.0.0.1:<free port> until the block ends."""
+async def serve(
+    model: Path, tmp_path: Path, *, keep_alive_timeout: float = 5.0, **settings: Any
+) -> AsyncIterator[Server]:
+    """Serve `model` with the given settings on 127.0.0.1:<free port> until the block ends
+    (`keep_alive_timeout`: Hypercorn's, as `ninfer serve` leaves it by default)."""
     log_path = tmp_path / f"requests-{id(settings)}.jsonl"
     values: dict[str, Any] = {
         "model": str(model),
@@ -51,6 +54,7 @@ async def serve(model: Path, tmp_path: Path, **settings: Any) -> AsyncIterator[S
     hconfig = hypercorn.config.Config()
     hconfig.bind = ["127.0.0.1:0"]
     hconfig.graceful_timeout = 5.0
+    hconfig.keep_alive_timeout = keep_alive_timeout
     hconfig.accesslog = None
     stop = trio.Event()
     with trio.fail_after(SERVER_HANG_GUARD_S):
