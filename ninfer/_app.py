@@ -24,6 +24,7 @@ from hypercorn.typing import (
     HTTPScope,
     LifespanScope,
     Scope,
+    WebsocketScope,
 )
 
 from ninfer._artifacts import REGISTRY, cache_dir, resolve_model
@@ -109,7 +110,7 @@ class App:
         self.config = config
         self.log = RequestLog(config.request_log_jsonl)
         self.diagnostics = self.log.diagnostics()
-        self._argv = redacted_argv(list(argv if argv is not None else sys.argv))
+        self._argv = redacted_argv(list(argv if argv is not None else sys.argv), config.api_key)
         self._model_path = model_path
         if engine is None:
             engine = ThreadedEngine(
@@ -185,6 +186,8 @@ class App:
     ) -> None:
         if scope["type"] == "http":
             await self._http(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
         elif scope["type"] == "lifespan":
             await self._lifespan(scope, receive, send)
 
@@ -387,6 +390,12 @@ class App:
         emit = self.log.emit if route is None or route.logged else _silent
         life = Lifecycle(request_id, label, trio.current_time(), emit)
         try:
+            if header(scope, b"content-length") is not None and header(scope, b"transfer-encoding"):
+                # Two framings for one body: a request-smuggling attempt, or a broken
+                # client. Refused, and the connection closed (RFC 9112, 6.3).
+                raise ApiError(
+                    "bad_request", "Content-Length and Transfer-Encoding must not both be sent"
+                )
             if method == "OPTIONS" and self.config.cors:
                 await preflight(send)
                 return
@@ -428,6 +437,33 @@ class App:
         finally:
             if exchange.status:
                 self.metrics.http_done(label, exchange.status)
+
+    async def _websocket(
+        self, scope: WebsocketScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        """No route speaks WebSocket: the upgrade is refused as a plain HTTP answer (400,
+        in the path's dialect) where the server allows it, else closed (403)."""
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        request_id = request_id_from(scope)
+        label = self._route_label(scope["path"])
+        dialect = self._dialects["native"] if label == "unmatched" else self._dialect_for(label)
+        err = ApiError("bad_request", "WebSocket is not served here; streams use HTTP and SSE")
+        status = dialect.status(err)
+        life = Lifecycle(request_id, label, trio.current_time(), self.log.emit)
+        life.refused(trio.current_time(), status=status, kind=err.kind, code=None, param=None)
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1003, "reason": ""})
+            return
+        body = dialect.error_body(err, request_id)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (dialect.request_id_header, request_id.encode()),
+        ]
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
 
     async def _refuse(
         self, exchange: Exchange, scope: HTTPScope, dialect: Dialect, err: ApiError, rid: str

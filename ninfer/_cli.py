@@ -43,7 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
     from ninfer._errors import NinferError
 
     try:
-        config = config_from_namespace(args)
+        config = config_from_namespace(args, os.environ)
         model_path = resolve_model(
             config.model,
             cache_dir(config.cache_dir, os.environ),
@@ -382,6 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ninfer", description="An LLM inference server that tells the truth under load."
     )
     parser.add_argument("--version", action="version", version=f"ninfer {__version__}")
+    # No abbreviated flags anywhere: `--api SECRET` must not be taken for --api-key (and
+    # then logged as an unknown spelling).
     sub = parser.add_subparsers(dest="command", required=True)
 
     fetch = sub.add_parser(
@@ -528,7 +530,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow a non-loopback URL (default: loopback only)",
     )
     bench.set_defaults(func=_bench)
+    _no_abbreviations(parser)
     return parser
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Refuse abbreviated flags in this parser and every subcommand's."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _no_abbreviations(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -161,9 +161,18 @@ SETTINGS: tuple[Setting, ...] = (
         "api_key",
         str,
         None,
-        "require this key (Bearer or x-api-key) on all but /health, /ready",
+        "require this key (Bearer or x-api-key) on all but /health, /ready; visible to "
+        "other users in `ps`: prefer NINFER_API_KEY or --api-key-file",
         optional=True,
         metavar="KEY",
+    ),
+    Setting(
+        "api_key_file",
+        str,
+        None,
+        "read the API key from this file (its first line)",
+        optional=True,
+        metavar="PATH",
     ),
     Setting("cors", bool, False, "permissive browser CORS headers"),
     Setting(
@@ -249,6 +258,7 @@ class ServerConfig:
     read_timeout_s: float = 30.0
     write_timeout_s: float = 30.0
     api_key: str | None = None
+    api_key_file: str | None = None
     cors: bool = False
     seed: int | None = None
     greedy: bool = False
@@ -271,7 +281,21 @@ def build_config(values: Mapping[str, Any]) -> ServerConfig:
         checked[name] = _check(_BY_NAME[name], value)
     for s in SETTINGS:
         checked.setdefault(s.name, s.default)
+    if checked["api_key_file"] is not None:
+        if checked["api_key"] is not None:
+            raise ConfigError("--api-key and --api-key-file: give one of them")
+        checked["api_key"] = _read_key(checked["api_key_file"])
+    if checked["api_key"] is not None and not checked["api_key"].strip():
+        raise ConfigError("--api-key must not be empty (an empty key would let anyone in)")
     return ServerConfig(**checked)
+
+
+def _read_key(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--api-key-file {path}: cannot read it ({exc})") from None
 
 
 def _parse_env_value(setting: Setting, raw: str) -> Any:
@@ -330,8 +354,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def config_from_namespace(ns: argparse.Namespace) -> ServerConfig:
+def config_from_namespace(
+    ns: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> ServerConfig:
+    """Flags; the API key may also come from NINFER_API_KEY (kept out of `ps`)."""
     values: dict[str, Any] = {}
+    key = (environ or {}).get("NINFER_API_KEY")
+    if key is not None and ns.api_key is None and ns.api_key_file is None:
+        values["api_key"] = key
     for s in SETTINGS:
         raw = getattr(ns, s.name)
         if raw is None:
@@ -354,12 +384,16 @@ def config_from_namespace(ns: argparse.Namespace) -> ServerConfig:
     return build_config(values)
 
 
-def redacted_argv(argv: Sequence[str]) -> list[str]:
-    """argv with the API key replaced by <redacted>."""
+def redacted_argv(argv: Sequence[str], secret: str | None = None) -> list[str]:
+    """argv with the API key replaced by <redacted>: after --api-key, and wherever the
+    key's value appears (whatever the flag was spelled)."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
-        if hide_next:
+        if secret and secret in arg:
+            out.append(arg.replace(secret, "<redacted>"))
+            hide_next = False
+        elif hide_next:
             out.append("<redacted>")
             hide_next = False
         elif arg == "--api-key":

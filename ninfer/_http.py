@@ -15,6 +15,7 @@ from hypercorn.typing import (
     ASGISendCallable,
     ASGISendEvent,
     HTTPScope,
+    WebsocketScope,
 )
 
 from protocols import ApiError, Dialect
@@ -40,14 +41,14 @@ Headers = list[tuple[bytes, bytes]]
 _SANE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
 
 
-def header(scope: HTTPScope, name: bytes) -> bytes | None:
+def header(scope: HTTPScope | WebsocketScope, name: bytes) -> bytes | None:
     for key, value in scope["headers"]:
         if key.lower() == name:
             return bytes(value)
     return None
 
 
-def request_id_from(scope: HTTPScope) -> str:
+def request_id_from(scope: HTTPScope | WebsocketScope) -> str:
     """The client's X-Request-Id when it is sane (1-128 of [A-Za-z0-9._:-]), else a new one."""
     raw = header(scope, b"x-request-id")
     if raw is not None:
@@ -133,7 +134,7 @@ def worth_draining(scope: HTTPScope, kind: str) -> bool:
     (`Expect: 100-continue`: reading would invite the upload). An oversized body that is
     being sent is drained up to the same bound again, so that a body up to twice the
     limit gets its 413 instead of a reset."""
-    if kind == "request_timeout":
+    if kind in ("request_timeout", "bad_request"):  # a stalled upload; framing not trusted
         return False
     expect = header(scope, b"expect")
     return not (
@@ -238,7 +239,7 @@ def refusal_headers(err: ApiError, dialect: Dialect, request_id: str) -> Headers
         headers.extend(retry_after_headers(err.retry_after))
     if err.allow:
         headers.append((b"allow", ", ".join(err.allow).encode()))
-    if err.kind in ("payload_too_large", "request_timeout"):
+    if err.kind in ("payload_too_large", "request_timeout", "bad_request"):
         headers.append((b"connection", b"close"))
     return headers
 

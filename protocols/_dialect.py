@@ -112,6 +112,7 @@ class OpenAIDialect(Dialect):
 
 
 _ANTHROPIC_TYPES = {
+    "bad_request": "invalid_request_error",
     "malformed_json": "invalid_request_error",
     "invalid_request": "invalid_request_error",
     "context_length_exceeded": "invalid_request_error",

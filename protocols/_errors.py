@@ -16,6 +16,7 @@ from typing import Literal
 __all__ = ["KINDS", "ApiError", "ErrorKind", "ProtocolError"]
 
 ErrorKind = Literal[
+    "bad_request",
     "malformed_json",
     "unauthorized",
     "not_found",
@@ -36,6 +37,7 @@ ErrorKind = Literal[
 
 # The native endpoint's status for each kind (docs/errors.md states the rule).
 KINDS: Mapping[ErrorKind, int] = {
+    "bad_request": 400,
     "malformed_json": 400,
     "unauthorized": 401,
     "not_found": 404,

@@ -8,7 +8,13 @@ import attrs
 import pytest
 
 from ninfer._cli import build_parser, main
-from ninfer._config import SETTINGS, ServerConfig, config_from_env, config_from_namespace
+from ninfer._config import (
+    SETTINGS,
+    ServerConfig,
+    config_from_env,
+    config_from_namespace,
+    redacted_argv,
+)
 from ninfer._errors import ConfigError
 
 
@@ -79,3 +85,33 @@ def test_unopenable_log_stops_start_up(tmp_path: Path, capsys: pytest.CaptureFix
     )
     assert code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_flags_are_never_abbreviated() -> None:
+    """`--api SECRET` must not be taken for --api-key (it was, and was then logged)."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--api", "SECRET"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "http://127.0.0.1:1", "--cli", "2"])
+
+
+def test_the_api_key_from_env_or_file_never_empty_and_redacted_by_value(
+    tmp_path: Path,
+) -> None:
+    serve_args = build_parser().parse_args(["serve"])
+    assert config_from_namespace(serve_args, {"NINFER_API_KEY": "from-env"}).api_key == "from-env"
+    key_file = tmp_path / "key"
+    key_file.write_text("  from-file \n")
+    with_file = build_parser().parse_args(["serve", "--api-key-file", str(key_file)])
+    assert config_from_namespace(with_file, {}).api_key == "from-file"
+    both = build_parser().parse_args(["serve", "--api-key-file", str(key_file), "--api-key", "k"])
+    with pytest.raises(ConfigError, match="give one of them"):
+        config_from_namespace(both, {})
+    for empty in ("", "   "):
+        with pytest.raises(ConfigError, match="must not be empty"):
+            config_from_namespace(build_parser().parse_args(["serve", "--api-key", empty]), {})
+    key_file.write_text("\n")
+    with pytest.raises(ConfigError, match="must not be empty"):
+        config_from_namespace(with_file, {})
+    argv = ["ninfer", "serve", "--api-key=s3cret", "--model-id", "x-s3cret-y"]
+    assert "s3cret" not in " ".join(redacted_argv(argv, "s3cret"))

@@ -64,3 +64,50 @@ async def test_connections_are_closed_after_generations(tiny_gguf: Path, tmp_pat
             while _open_fds() > before:  # noqa: ASYNC110
                 await trio.sleep(0.01)
         assert _open_fds() == before
+
+
+async def test_two_framings_are_refused_and_the_connection_closed(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """Content-Length with Transfer-Encoding (request smuggling): 400 `bad_request`, and
+    the server closes the connection instead of reading what follows as a request. (A
+    request pipelined behind it in the same packet is never served either; Hypercorn
+    then closes before the 400 is written.)"""
+    async with serve(tiny_gguf, tmp_path) as srv:
+        port = int(srv.url.rsplit(":", 1)[1])
+        body = b'{"prompt": "x", "max_new_tokens": 1}'
+        request = (
+            b"POST /v1/generate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+        )  # fmt: skip
+        smuggled = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        with trio.fail_after(SERVER_HANG_GUARD_S):
+            answer = await _exchange(port, request)  # reads until the server closes
+            pipelined = await _exchange(port, request + smuggled)
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.split(b" ", 2)[1] == b"400"
+        assert b"connection: close" in head.lower()
+        assert orjson.loads(payload)["error"]["type"] == "bad_request"
+        assert b" 200 " not in pipelined, "the smuggled request was served"
+    rejected = [r for r in srv.log_records() if r["event"] == "request_rejected"]
+    assert rejected
+    assert {(r["status"], r["type"], r["phase"]) for r in rejected} == {
+        (400, "bad_request", "route")
+    }
+
+
+async def test_a_websocket_upgrade_gets_a_clean_refusal(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv:
+        port = int(srv.url.rsplit(":", 1)[1])
+        request = (
+            b"GET /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        with trio.fail_after(SERVER_HANG_GUARD_S):
+            answer = await _exchange(port, request)
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.split(b" ", 2)[1] == b"400"
+        error = orjson.loads(payload)["error"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", "bad_request")
