@@ -35,6 +35,7 @@ from ninfer._flow import FlowContext, serve_generation
 from ninfer._http import (
     ClientGone,
     Exchange,
+    cors_origin,
     header,
     preflight,
     read_body,
@@ -380,8 +381,9 @@ class App:
         self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         request_id = request_id_from(scope)
-        if self.config.cors:
-            send = with_cors(send)
+        origin = cors_origin(self.config.cors, scope)
+        if origin is not None:
+            send = with_cors(send, origin)
         exchange = Exchange(receive, send)
         path, method = scope["path"], scope["method"]
         label = self._route_label(path)
@@ -396,7 +398,7 @@ class App:
                 raise ApiError(
                     "bad_request", "Content-Length and Transfer-Encoding must not both be sent"
                 )
-            if method == "OPTIONS" and self.config.cors:
+            if method == "OPTIONS" and self.config.cors is not None:
                 await preflight(send)
                 return
             if route is None:

@@ -174,7 +174,15 @@ SETTINGS: tuple[Setting, ...] = (
         optional=True,
         metavar="PATH",
     ),
-    Setting("cors", bool, False, "permissive browser CORS headers"),
+    Setting(
+        "cors",
+        str,
+        None,
+        "browser CORS: --cors alone allows any origin; --cors ORIGIN[,ORIGIN...] only "
+        "those (e.g. https://app.example.com)",
+        optional=True,
+        metavar="ORIGINS",
+    ),
     Setting(
         "seed",
         int,
@@ -259,7 +267,7 @@ class ServerConfig:
     write_timeout_s: float = 30.0
     api_key: str | None = None
     api_key_file: str | None = None
-    cors: bool = False
+    cors: str | None = None  # "*", or comma-separated origins
     seed: int | None = None
     greedy: bool = False
     temperature: float | None = None
@@ -275,6 +283,8 @@ class ServerConfig:
 def build_config(values: Mapping[str, Any]) -> ServerConfig:
     """A ServerConfig from a mapping of setting names; unknown names and bad values refused."""
     checked: dict[str, Any] = {}
+    if isinstance(values.get("cors"), bool):  # cors = true in a TOML file
+        values = {**values, "cors": "*" if values["cors"] else None}
     for name, value in values.items():
         if name not in _BY_NAME:
             raise ConfigError(f"unknown setting {name!r}")
@@ -299,6 +309,11 @@ def _read_key(path: str) -> str:
 
 
 def _parse_env_value(setting: Setting, raw: str) -> Any:
+    if setting.name == "cors":  # NINFER_CORS=1 (any origin), or a list of origins
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on", "*"):
+            return "*"
+        return None if low in ("0", "false", "no", "off", "") else raw
     if setting.kind is bool:
         low = raw.strip().lower()
         if low in ("1", "true", "yes", "on"):
@@ -344,6 +359,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = f"{s.help} (default: {default})"
         if s.kind is bool:
             parser.add_argument(s.flag, action="store_true", default=s.default, help=help_text)
+            continue
+        if s.name == "cors":  # a flag whose value is optional: alone, any origin
+            parser.add_argument(
+                s.flag, nargs="?", const="*", default=None, metavar=s.metavar, help=help_text
+            )
             continue
         parser.add_argument(
             s.flag,

@@ -187,11 +187,36 @@ class Exchange:
         return message
 
 
-def with_cors(send: ASGISendCallable) -> ASGISendCallable:
+def cors_origin(allowed: str | None, scope: HTTPScope) -> bytes | None:
+    """The Access-Control-Allow-Origin to send: `*` when any origin is allowed, the
+    request's Origin when it is in the allowed list, else none (CORS off, or an origin
+    not allowed: the browser then refuses the answer to the page)."""
+    if allowed is None:
+        return None
+    if allowed == "*":
+        return b"*"
+    origin = header(scope, b"origin")
+    if origin is not None and origin.decode("latin-1") in allowed_origins(allowed):
+        return origin
+    return None
+
+
+def allowed_origins(allowed: str) -> frozenset[str]:
+    return frozenset(o.strip().rstrip("/") for o in allowed.split(",") if o.strip())
+
+
+def _cors_headers(origin: bytes) -> Headers:
+    headers = [(b"access-control-allow-origin", origin)]
+    if origin != b"*":
+        headers.append((b"vary", b"origin"))
+    return headers
+
+
+def with_cors(send: ASGISendCallable, origin: bytes) -> ASGISendCallable:
     async def cors_send(message: ASGISendEvent) -> None:
         if message["type"] == "http.response.start":
             headers = list(message.get("headers", []))
-            headers.append((b"access-control-allow-origin", b"*"))
+            headers.extend(_cors_headers(origin))
             headers.append(
                 (
                     b"access-control-expose-headers",
@@ -205,6 +230,7 @@ def with_cors(send: ASGISendCallable) -> ASGISendCallable:
 
 
 async def preflight(send: ASGISendCallable) -> None:
+    """The answer to a CORS preflight; `send` adds the allowed origin (`with_cors`)."""
     await send(
         {
             "type": "http.response.start",

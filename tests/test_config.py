@@ -30,7 +30,7 @@ def _parse(*argv: str) -> ServerConfig:
 
 def test_flags_build_the_config() -> None:
     cfg = _parse("--max-concurrency", "4", "--cors", "--temperature", "0.5", "--api-key", "k")
-    assert (cfg.max_concurrency, cfg.cors, cfg.temperature, cfg.api_key) == (4, True, 0.5, "k")
+    assert (cfg.max_concurrency, cfg.cors, cfg.temperature, cfg.api_key) == (4, "*", 0.5, "k")
 
 
 @pytest.mark.parametrize(

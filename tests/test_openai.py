@@ -182,6 +182,28 @@ async def test_cors_preflight_and_headers(tiny_gguf: Path, tmp_path: Path) -> No
     async with serve(tiny_gguf, tmp_path) as srv, httpx.AsyncClient(base_url=srv.url) as c:
         r = await c.get("/v1/models")
         assert "access-control-allow-origin" not in r.headers
+    # --cors ORIGINS: only those origins are allowed, each echoed back with Vary
+    origins = "https://app.example, http://localhost:5173/"
+    async with (
+        serve(tiny_gguf, tmp_path, cors=origins) as srv,
+        httpx.AsyncClient(base_url=srv.url) as c,
+    ):
+        for origin, allowed in (
+            ("http://localhost:5173", True),
+            ("https://app.example", True),
+            ("https://evil.example", False),
+        ):
+            pre = await c.options(
+                "/v1/chat/completions",
+                headers={"origin": origin, "access-control-request-method": "POST"},
+            )
+            r = await c.get("/v1/models", headers={"origin": origin})
+            for answer in (pre, r):
+                if allowed:
+                    assert answer.headers["access-control-allow-origin"] == origin
+                    assert answer.headers["vary"].lower() == "origin"
+                else:
+                    assert "access-control-allow-origin" not in answer.headers
 
 
 @pytest.mark.realmodel
