@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import os
+import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -63,6 +64,9 @@ from protocols import AnthropicDialect, ApiError, Dialect, NativeDialect, OpenAI
 from scheduler import AdmissionController
 
 __all__ = ["App", "create_app"]
+
+# Filesystem paths in an error message (replaced before it leaves the process).
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][^\s\\/:'\"]+){2,}[\\/]?")
 
 # Prompts longer than this many characters are tokenized on a worker thread.
 _INLINE_TOKENIZE_CHARS = 4096
@@ -141,7 +145,6 @@ class App:
         self._draining = False
         self._started_at: float | None = None  # Trio time the lifespan began loading
         self._drain_started_at: float | None = None
-        self.load_failed = trio.Event()  # set when the model cannot be loaded
         self.settled = trio.Event()  # set once the model is loaded and admitting, or failed
         self._background = trio.CancelScope()  # the periodic tasks, cancelled at shutdown
         self._tokenize_limiter = trio.CapacityLimiter(2)
@@ -217,10 +220,8 @@ class App:
         await self.service.wait_loaded()
         model = self.service.model
         if model is None:
-            state = self.service.state()
-            self.log.console("the model failed to load", error=state.error)
+            state = self.service.state()  # the console has had engine_died, with the cause
             self.log.emit("server_error", error=state.error)
-            self.load_failed.set()
             self.settled.set()
             return
         # --model-id, else the registered name the model was asked for by, else the file's id.
@@ -505,12 +506,17 @@ class App:
             loading_for = max(1.0, trio.current_time() - began)
             return ApiError("model_loading", "the model is still loading", retry_after=loading_for)
         if state.phase != "ready":
-            return ApiError("engine_unavailable", "the engine is not running", retry_after=5)
+            return self._engine_down(state.error)
         if state.stalled:
             return ApiError(
                 "engine_unavailable", "the engine has stopped making progress", retry_after=5
             )
         return None
+
+    def _engine_down(self, error: str | None) -> ApiError:
+        """The engine has stopped: say why (paths redacted: none leaves the process)."""
+        why = f": {_PATH.sub('<path>', error)}" if error else ""
+        return ApiError("engine_unavailable", f"the engine is not running{why}", retry_after=5)
 
     def _require_json(self, scope: HTTPScope) -> None:
         ctype = header(scope, b"content-type")
@@ -532,6 +538,11 @@ class App:
     # ---- handlers ---------------------------------------------------------------------------
 
     async def _health(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
+        """Liveness: 200 while the engine loads or runs; 503 once it has died (or failed
+        to load), so that a supervisor restarts the process."""
+        state = self.service.state()
+        if state.phase == "failed":
+            raise self._engine_down(state.error)
         await self._ok(exchange, life, b'{"status":"ok"}')
 
     async def _ready(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:

@@ -23,7 +23,7 @@ import attrs
 import trio
 from structlog.typing import FilteringBoundLogger
 
-from ninfer._errors import EngineStopped
+from ninfer._errors import EngineStopped, NinferError
 from ninfer.engine import (
     EngineConfig,
     EngineStatistics,
@@ -151,6 +151,13 @@ class ServiceState:
     stalled: bool
 
 
+def _root_cause(exc: BaseException) -> BaseException:
+    """The exception itself, out of the one-exception groups nurseries wrap it in."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
 class _TrioSink:
     """Called on the engine's side: hands each step's events to the Trio thread."""
 
@@ -184,6 +191,7 @@ class EngineService:
         self._phase = "loading"
         self._error: str | None = None
         self._ready = trio.Event()
+        self.failed = trio.Event()  # set when the engine fails to load or dies
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -209,9 +217,14 @@ class EngineService:
                 nursery.cancel_scope.cancel()
             self._phase = "stopped"
         except Exception as exc:
+            root = _root_cause(exc)
             self._phase = "failed"
-            self._error = f"{type(exc).__name__}: {exc}"
-            self._log.exception("engine_died", error=self._error)
+            self._error = f"{type(root).__name__}: {root}"
+            # Our own errors (a bad model file, a config refused) say all there is to say;
+            # anything else is a bug, and its traceback goes to the console and the log.
+            trace = None if isinstance(root, NinferError) else root
+            self._log.error("engine_died", error=self._error, exc_info=trace)
+            self.failed.set()
             # Not re-raised: the server stays up to say so (/ready answers 503) and
             # every request in flight has already received its error finish.
         finally:

@@ -73,14 +73,14 @@ def _serve(args: argparse.Namespace) -> int:
                         nursery.cancel_scope.cancel()
                         return
 
-            async def on_load_failure() -> None:
+            async def on_engine_failure() -> None:
                 nonlocal exit_code
-                await app.load_failed.wait()
+                await app.service.failed.wait()  # failed to load, or died later
                 exit_code = 1
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(on_signal)
-            nursery.start_soon(on_load_failure)
+            nursery.start_soon(on_engine_failure)
 
     async def main() -> None:
         await hypercorn.trio.serve(app, hconfig, shutdown_trigger=shutdown_trigger)

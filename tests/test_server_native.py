@@ -9,7 +9,7 @@ import httpx
 import orjson
 import pytest
 import trio
-from server import serve
+from server import SERVER_HANG_GUARD_S, serve
 
 GEN = "/v1/generate"
 
@@ -375,3 +375,34 @@ async def test_a_small_kv_pool_clamps_the_default_budget(tiny_gguf: Path, tmp_pa
             "context_length_exceeded",
             "max_new_tokens",
         )
+
+
+async def test_a_dead_engine_fails_health_and_says_why(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the engine thread dies, /health fails (a liveness probe restarts the process)
+    and /ready, the console and the log give the real cause, not a wrapper's."""
+    from ninfer.engine._engine import Engine
+
+    def dies(self: Engine) -> None:
+        raise RuntimeError("planted engine death in /opt/models/x.gguf")
+
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        assert (await c.get("/health")).status_code == 200
+        monkeypatch.setattr(Engine, "_step", dies)
+        r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 2})
+        assert r.status_code == 500
+        with trio.fail_after(SERVER_HANG_GUARD_S):
+            await srv.app.service.failed.wait()
+        for route in ("/health", "/ready"):
+            r = await c.get(route)
+            assert r.status_code == 503
+            err = r.json()["error"]
+            assert err["type"] == "engine_unavailable"
+            assert "RuntimeError: planted engine death" in err["message"]
+            assert "/opt/models" not in err["message"]
+    (died,) = [r for r in srv.log_records() if r.get("message") == "engine_died"]
+    assert died["level"] == "error"
+    assert died["error"].startswith("RuntimeError: planted engine death")
+    assert "ExceptionGroup" not in died["error"]
+    assert "RuntimeError: planted engine death" in died["exception"]
