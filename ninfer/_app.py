@@ -68,6 +68,9 @@ __all__ = ["App", "create_app"]
 # Filesystem paths in an error message (replaced before it leaves the process).
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][^\s\\/:'\"]+){2,}[\\/]?")
 
+# Token counts served at once (/v1/messages/count_tokens).
+COUNT_TOKENS_CONCURRENCY = 2
+
 # Prompts longer than this many characters are tokenized on a worker thread.
 _INLINE_TOKENIZE_CHARS = 4096
 
@@ -148,6 +151,9 @@ class App:
         self.settled = trio.Event()  # set once the model is loaded and admitting, or failed
         self._background = trio.CancelScope()  # the periodic tasks, cancelled at shutdown
         self._tokenize_limiter = trio.CapacityLimiter(2)
+        # count_tokens takes no place in the scheduler (it never reaches the engine), so
+        # it has a limit of its own: past it, 429 at once.
+        self.counting = trio.CapacityLimiter(COUNT_TOKENS_CONCURRENCY)
         self._created = int(time.time())
         native, openai, anthropic = NativeDialect(), OpenAIDialect(), AnthropicDialect()
         self._dialects = {"native": native, "openai": openai, "anthropic": anthropic}
@@ -582,9 +588,22 @@ class App:
         taking a place in the scheduler: it never reaches the engine)."""
         serving = self._serving()
         self._require_json(scope)
-        deadline = trio.current_time() + self.config.read_timeout_s
-        body = await read_body(scope, exchange.receive, self.config.max_request_bytes, deadline)
-        await self._ok(exchange, life, await serving.messages.count_tokens(body))
+        try:
+            self.counting.acquire_nowait()
+        except trio.WouldBlock:
+            raise ApiError(
+                "server_overloaded",
+                f"{COUNT_TOKENS_CONCURRENCY} token counts are being served; retry after the "
+                "time in Retry-After",
+                retry_after=1.0,
+            ) from None
+        try:
+            deadline = trio.current_time() + self.config.read_timeout_s
+            limit = self.config.max_request_bytes
+            body = await read_body(scope, exchange.receive, limit, deadline)
+            await self._ok(exchange, life, await serving.messages.count_tokens(body))
+        finally:
+            self.counting.release()
 
 
 def create_app(config: ServerConfig | None = None, **kwargs: Any) -> App:

@@ -52,6 +52,7 @@ class FakeTokenizer:
     """One token per character (ids 1..255)."""
 
     chat_template = FakeTemplate()
+    max_token_bytes = 4  # one character, at most four UTF-8 bytes
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) % 255 + 1 for c in text]

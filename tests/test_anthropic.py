@@ -111,3 +111,38 @@ async def test_errors_map_to_the_sdk_classes(tiny_gguf: Path, tmp_path: Path) ->
             assert body["type"] == "error"
             assert body["error"]["type"] == "invalid_request_error"
             assert body["request_id"] == raw.headers["request-id"]
+
+
+async def test_huge_prompts_are_refused_before_tokenizing(tiny_gguf: Path, tmp_path: Path) -> None:
+    """A 3 MB text cannot fit the context: it is refused (400 context_length_exceeded)
+    without being tokenized whole, on every route, while /health keeps answering."""
+    huge = "lorem ipsum " * 250_000
+    messages = [{"role": "user", "content": huge}]
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        for path, body in (
+            ("/v1/messages/count_tokens", {"model": "m", "messages": messages}),
+            ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": messages}),
+            ("/v1/completions", {"model": srv.app.public_id, "prompt": huge}),
+            ("/v1/generate", {"prompt": huge}),
+        ):
+            r = await c.post(path, json=body)
+            assert r.status_code in (400, 422), (path, r.text)
+            assert "context" in r.text
+            assert (await c.get("/health")).status_code == 200
+
+
+async def test_token_counting_has_a_limit_of_its_own(tiny_gguf: Path, tmp_path: Path) -> None:
+    """Counts take no place in the scheduler; past their own limit they get 429 at once."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        holders = [object() for _ in range(int(srv.app.counting.total_tokens))]
+        for h in holders:
+            srv.app.counting.acquire_on_behalf_of_nowait(h)
+        r = await c.post("/v1/messages/count_tokens", json=body)
+        assert r.status_code == 429
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        assert int(r.headers["retry-after"]) >= 1
+        for h in holders:
+            srv.app.counting.release_on_behalf_of(h)
+        r = await c.post("/v1/messages/count_tokens", json=body)
+        assert r.status_code == 200

@@ -202,6 +202,11 @@ class Tokenizer(Protocol):
     @property
     def chat_template(self) -> ChatTemplate | None: ...
 
+    @property
+    def max_token_bytes(self) -> int:
+        """The most UTF-8 bytes one token covers (an upper bound)."""
+        ...
+
     def encode(self, text: str) -> list[int]: ...
 
 

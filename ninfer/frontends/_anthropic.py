@@ -133,7 +133,9 @@ class MessagesFrontend(Frontend):
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = self._codec.parse_messages(loads(body))
-        ids = await self.ctx.tokenize(self._render(req.system_text(), req.messages))
+        ids = await self.tokens(
+            self._render(req.system_text(), req.messages), prompt_param="messages"
+        )
         gen, _warnings = self.request(
             request_id,
             ids,
@@ -149,5 +151,7 @@ class MessagesFrontend(Frontend):
     async def count_tokens(self, body: bytes) -> bytes:
         """POST /v1/messages/count_tokens: the prompt /v1/messages would build, counted."""
         req = self._codec.parse_count(loads(body))
-        ids = await self.ctx.tokenize(self._render(req.system_text(), req.messages))
+        ids = await self.tokens(
+            self._render(req.system_text(), req.messages), prompt_param="messages"
+        )
         return self.dialect.encoder.json(CountTokensResponse(len(ids)))

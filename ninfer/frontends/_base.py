@@ -19,7 +19,7 @@ import attrs
 from ninfer._config import ServerConfig
 from ninfer.engine import Finish, GenerationRequest, ServedModel, TokenDelta
 from ninfer.frontends._budget import Budget, SamplingRequest, resolve_sampling
-from protocols import Dialect
+from protocols import ApiError, Dialect
 
 __all__ = ["Answer", "Frontend", "FrontendContext", "Outcome", "Prepared"]
 
@@ -86,6 +86,22 @@ class Frontend(abc.ABC):
         self.ctx = ctx
         self.dialect = dialect
         self.budget = Budget(ctx.model, ctx.config.default_max_tokens)
+
+    async def tokens(self, text: str, *, prompt_param: str) -> list[int]:
+        """The prompt's tokens, or a refusal without tokenizing a text that cannot fit
+        the context: more bytes than the context's tokens could cover, at the most bytes
+        one token covers, is more tokens than the context (never a text that fits)."""
+        model = self.ctx.model
+        limit = model.max_context * model.tokenizer.max_token_bytes
+        if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
+            raise ApiError(
+                "context_length_exceeded",
+                f"the prompt is longer than a context of {model.max_context} tokens can "
+                "hold (counted before tokenizing)",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+        return await self.ctx.tokenize(text)
 
     @abc.abstractmethod
     async def prepare(self, body: bytes, request_id: str) -> Prepared:

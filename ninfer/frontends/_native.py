@@ -83,7 +83,7 @@ class NativeFrontend(Frontend):
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = self._codec.parse_generate(loads(body))
-        ids = await self.ctx.tokenize(req.prompt)
+        ids = await self.tokens(req.prompt, prompt_param="prompt")
         gen, warnings = self.request(
             request_id,
             ids,

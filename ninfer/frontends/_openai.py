@@ -251,7 +251,7 @@ class ChatFrontend(_OpenAIFrontend):
                 "the chat template refused this conversation (check the order of roles)",
                 param="messages",
             ) from None
-        ids = await self.ctx.tokenize(prompt)
+        ids = await self.tokens(prompt, prompt_param="messages")
         requested: int | None = req.max_tokens
         param = "max_tokens"
         if req.max_completion_tokens is not None:
@@ -277,7 +277,7 @@ class CompletionsFrontend(_OpenAIFrontend):
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = self._codec.parse_completion(loads(body))
         self._check_model(req.model)
-        ids = await self.ctx.tokenize(req.prompt)
+        ids = await self.tokens(req.prompt, prompt_param="prompt")
         requested = req.max_tokens if req.max_tokens is not None else self.DEFAULT_MAX_TOKENS
         return self._prepared(
             req,
