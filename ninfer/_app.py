@@ -142,6 +142,7 @@ class App:
         self.metrics = Metrics(
             lambda: self.serving.scheduler.statistics() if self.serving else None,
             self.service.statistics,
+            lambda: (self.log.failure is not None, self.log.dropped),
         )
         self.log.subscribe(self.metrics.on_event)
         self.public_id = config.model_id or ""
@@ -555,7 +556,13 @@ class App:
         model = self._serving().model
         summary = {"id": self.public_id, "architecture": model.identity.architecture}
         summary["sha256"] = model.identity.sha256
-        await self._ok(exchange, life, dumps({"status": "ready", "model": summary}))
+        # Ready all the same when the request log has failed (serving goes on; it is an
+        # operator's matter): said here, and on /metrics, and once on the console.
+        log: dict[str, Any] = {"ok": self.log.failure is None, "dropped": self.log.dropped}
+        if self.log.failure is not None:
+            log["error"] = _PATH.sub("<path>", self.log.failure)
+        body = {"status": "ready", "model": summary, "request_log": log}
+        await self._ok(exchange, life, dumps(body))
 
     async def _metrics(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
         """Prometheus text format; served while loading too (levels read as zero)."""

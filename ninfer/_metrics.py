@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ninfer._requestlog import MAX_QUEUED
 from ninfer.engine import EngineStatistics
 from scheduler import SchedulerStatistics
 
@@ -57,11 +58,27 @@ class _Levels(Collector):
         self,
         scheduler: Callable[[], SchedulerStatistics | None],
         engine: Callable[[], EngineStatistics | None],
+        request_log: Callable[[], tuple[bool, int]],
     ) -> None:
         self._scheduler = scheduler
         self._engine = engine
+        self._request_log = request_log  # (failed, records dropped)
 
     def collect(self) -> Iterator[Metric]:
+        failed, dropped = self._request_log()
+        log_failed = GaugeMetricFamily(
+            "ninfer_request_log_failed",
+            "1 once --request-log-jsonl could not be written (the log is incomplete).",
+        )
+        log_failed.add_metric([], 1.0 if failed else 0.0)
+        log_dropped = CounterMetricFamily(
+            "ninfer_request_log_dropped_records",
+            "Request-log records not written: the log had failed, or its writer fell "
+            f"{MAX_QUEUED} records behind.",
+        )
+        log_dropped.add_metric([], dropped)
+        yield log_failed
+        yield log_dropped
         sched = self._scheduler()
         eng = self._engine()
         running = GaugeMetricFamily(
@@ -123,6 +140,7 @@ class Metrics:
         self,
         scheduler: Callable[[], SchedulerStatistics | None],
         engine: Callable[[], EngineStatistics | None],
+        request_log: Callable[[], tuple[bool, int]] = lambda: (False, 0),
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -196,7 +214,7 @@ class Metrics:
             buckets=(1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
             registry=r,
         )
-        r.register(_Levels(scheduler, engine))
+        r.register(_Levels(scheduler, engine, request_log))
 
     def on_event(self, event: str, fields: Mapping[str, Any]) -> None:
         """One request-log event (called on the Trio thread, before the line is written)."""

@@ -10,6 +10,7 @@ server-level events). Never prompt or output text; never the API key.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import sys
 import threading
@@ -30,18 +31,25 @@ SCHEMA = "ninfer.request_log"
 SCHEMA_VERSION = 1
 
 _STOP = object()
+# Records waiting for the writer thread at most (~1 KiB each): past this the log is
+# not keeping up (or has failed), and records are dropped and counted, never piled up.
+MAX_QUEUED = 10_000
 _INFO = 20  # the stdlib level number structlog filters by
 _LEVELS = frozenset({"debug", "info", "warning", "error", "critical"})
 
 
 class _QueueLogger:
-    """A structlog logger whose 'output' is a queue the writer thread drains."""
+    """A structlog logger whose 'output' is a bounded queue the writer thread drains."""
 
-    def __init__(self, q: queue.SimpleQueue[object]) -> None:
+    def __init__(self, q: queue.Queue[object], on_drop: Callable[[], None]) -> None:
         self._q = q
+        self._on_drop = on_drop
 
     def msg(self, message: str) -> None:
-        self._q.put(message)
+        try:
+            self._q.put_nowait(message)
+        except queue.Full:
+            self._on_drop()
 
     info = warning = error = msg
 
@@ -55,17 +63,21 @@ class RequestLog:
 
     def __init__(self, path: str | None, *, console: TextIO | None = None) -> None:
         self.instance_id = uuid.uuid4().hex
-        self._q: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._q: queue.Queue[object] = queue.Queue(MAX_QUEUED)
         self._file: IO[bytes] | None = None
+        self.failure: str | None = None  # why the log stopped being written, once it has
+        self.dropped = 0  # records not written: the queue was full, or the log had failed
+        self._drop_lock = threading.Lock()
         if path is not None:
             try:
                 self._file = open(path, "ab")  # noqa: SIM115 - owned until close()
+                self._start_on_a_new_line()
             except OSError as exc:
                 raise ConfigError(
                     f"--request-log-jsonl {path}: cannot open for appending ({exc.strerror})"
                 ) from None
         self._json = structlog.wrap_logger(
-            _QueueLogger(self._q),
+            _QueueLogger(self._q, self._count_drop),
             processors=[structlog.processors.JSONRenderer(serializer=_orjson_str)],
         )
         self._console = structlog.wrap_logger(
@@ -83,6 +95,21 @@ class RequestLog:
             )
             self._writer.start()
 
+    def _start_on_a_new_line(self) -> None:
+        """A process that died mid-line left a partial last line: the next record must
+        not be glued to it (readers skip the partial line, with a note)."""
+        assert self._file is not None
+        if self._file.tell() > 0:
+            with open(self._file.name, "rb") as f:
+                f.seek(-1, 2)
+                if f.read(1) != b"\n":
+                    self._file.write(b"\n")
+                    self._file.flush()
+
+    def _count_drop(self) -> None:
+        with self._drop_lock:
+            self.dropped += 1
+
     def _write_loop(self) -> None:
         assert self._file is not None
         while True:
@@ -90,8 +117,19 @@ class RequestLog:
             if item is _STOP:
                 return
             assert isinstance(item, str)
-            self._file.write(item.encode() + b"\n")
-            self._file.flush()
+            if self.failure is not None:
+                self._count_drop()  # drained, so that memory stays bounded
+                continue
+            try:
+                self._file.write(item.encode() + b"\n")
+                self._file.flush()
+            except (OSError, ValueError) as exc:  # disk full, file gone, EIO...
+                self.failure = f"{type(exc).__name__}: {exc}"
+                self._count_drop()
+                # Once, on the console: the log is no longer complete.
+                self._console.error(
+                    "request_log_failed", error=self.failure, effect="records are dropped"
+                )
 
     def subscribe(self, listener: Callable[[str, Mapping[str, Any]], None]) -> None:
         """Call `listener(event, fields)` for every event, whether or not a file is set.
@@ -149,9 +187,10 @@ class RequestLog:
 
     def close(self) -> None:
         if self._writer is not None:
-            self._q.put(_STOP)
+            self._q.put(_STOP)  # may wait for room: the writer drains without blocking
             self._writer.join()
             self._writer = None
         if self._file is not None:
-            self._file.close()
+            with contextlib.suppress(OSError):  # a failed log's close fails the same way
+                self._file.close()
             self._file = None

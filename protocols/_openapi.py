@@ -102,10 +102,13 @@ def openapi_document(version: str) -> dict[str, Any]:
     paths: dict[str, Any] = {
         "/health": {
             "get": {
-                "summary": "liveness",
-                "responses": {"200": {"description": "up", "content": _json(
-                    {"type": "object", "properties": {"status": {"const": "ok"}},
-                     "required": ["status"]})}},
+                "summary": "liveness (503 once the engine has failed to load or died)",
+                "responses": {
+                    "200": {"description": "up", "content": _json(
+                        {"type": "object", "properties": {"status": {"const": "ok"}},
+                         "required": ["status"]})},
+                    **_errors(native_err, ("503",), "X-Request-Id"),
+                },
             }
         },
         "/ready": {
@@ -118,7 +121,14 @@ def openapi_document(version: str) -> dict[str, Any]:
                              "type": "object", "required": ["id", "architecture", "sha256"],
                              "properties": {"id": {"type": "string"},
                                             "architecture": {"type": "string"},
-                                            "sha256": {"type": "string"}}}}})},
+                                            "sha256": {"type": "string"}}},
+                         "request_log": {
+                             "type": "object", "required": ["ok", "dropped"],
+                             "description": "whether --request-log-jsonl is being written; "
+                             "records dropped since start-up",
+                             "properties": {"ok": {"type": "boolean"},
+                                            "dropped": {"type": "integer", "minimum": 0},
+                                            "error": {"type": "string"}}}}})},
                     **_errors(native_err, ("503",), "X-Request-Id"),
                 },
             }

@@ -453,3 +453,26 @@ async def test_retry_after_is_when_the_place_really_comes_back(
         truth = freed[:3]
         # within one engine step: the estimate cannot know how far into a step it is made
         assert told == pytest.approx(truth, abs=engine.step_s)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+async def test_a_failed_request_log_is_shown_on_ready_and_metrics(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    engine = FakeEngine(step_s=0.01)
+    async with running(tmp_path, engine, request_log_jsonl="/dev/full") as app:
+        r = await request(app, "POST", GEN, {"prompt": "hi", "max_new_tokens": 2})
+        assert r.status == 200  # serving goes on
+        # The writer thread finds the failure; on the autojump clock this loop costs
+        # little real time, and the guard trips (in virtual time) if it never does.
+        with trio.fail_after(10_000):
+            while app.log.failure is None:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        ready = await request(app, "GET", "/ready")
+        assert ready.status == 200
+        log = ready.json()["request_log"]
+        assert log["ok"] is False
+        assert log["dropped"] >= 1
+        assert "No space left" in log["error"]
+        metrics = (await request(app, "GET", "/metrics")).body.decode()
+        assert "ninfer_request_log_failed 1.0" in metrics

@@ -78,3 +78,45 @@ async def test_an_engine_traceback_reaches_the_console_and_the_log(
     err = capfd.readouterr().err
     assert "engine_request_failed" in err
     assert "RuntimeError: planted failure" in err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_log_that_cannot_be_written_fails_loudly_once_and_boundedly() -> None:
+    """/dev/full opens but refuses every write: the failure is said once on the console,
+    records are dropped and counted (memory stays bounded), and close() returns."""
+    import io
+
+    from ninfer._requestlog import MAX_QUEUED
+
+    console = io.StringIO()
+    log = RequestLog("/dev/full", console=console)
+    for i in range(3 * MAX_QUEUED):
+        log.emit("request_cancelled", f"r{i}", endpoint="/v1/generate", stage="queued",
+                 elapsed_seconds=0.1)  # fmt: skip
+        assert log._q.qsize() <= MAX_QUEUED
+    log.emit("server_stop")
+    log.close()
+    assert log.failure is not None
+    assert "No space left" in log.failure
+    assert log.dropped == 3 * MAX_QUEUED + 1  # every record: none could be written
+    assert console.getvalue().count("request_log_failed") == 1
+
+
+def test_a_restart_after_a_crash_mid_line_starts_on_a_new_line(tmp_path: Path) -> None:
+    from ninfer.tools._logtools import read_logs
+
+    path = tmp_path / "log.jsonl"
+    log = RequestLog(str(path))
+    log.emit("server_stop")
+    log.close()
+    with path.open("ab") as f:
+        f.write(b'{"schema": "ninfer.request_log", "event": "request_st')  # the crash
+    log = RequestLog(str(path))
+    log.emit("server_stop")
+    log.close()
+    lines = path.read_bytes().splitlines()
+    assert len(lines) == 3
+    assert [orjson.loads(lines[i])["event"] for i in (0, 2)] == ["server_stop", "server_stop"]
+    read = read_logs([str(path)])
+    assert len(read.records) == 2
+    assert [p.line for p in read.problems] == [2]
