@@ -35,6 +35,9 @@ __all__ = [
 
 # How long a refused request's unread body may take to arrive before the answer.
 DISCARD_BODY_S = 1.0
+# After a 413 is sent, how long and how much more of the upload is read and dropped.
+LINGER_S = 10.0
+LINGER_BYTES = 256 << 20
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -109,6 +112,20 @@ async def _read_body(scope: HTTPScope, receive: ASGIReceiveCallable, limit: int)
             return b"".join(chunks)
 
 
+def _start(
+    status: int,
+    body: bytes,
+    headers: Iterable[tuple[bytes, bytes]],
+    content_type: bytes = b"application/json",
+) -> ASGISendEvent:
+    hdrs: Headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        *headers,
+    ]
+    return {"type": "http.response.start", "status": status, "headers": hdrs, "trailers": False}
+
+
 async def send_bytes(
     send: ASGISendCallable,
     status: int,
@@ -117,14 +134,7 @@ async def send_bytes(
     *,
     content_type: bytes = b"application/json",
 ) -> None:
-    hdrs: Headers = [
-        (b"content-type", content_type),
-        (b"content-length", str(len(body)).encode()),
-        *headers,
-    ]
-    await send(
-        {"type": "http.response.start", "status": status, "headers": hdrs, "trailers": False}
-    )
+    await send(_start(status, body, headers, content_type))
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -280,10 +290,20 @@ async def send_refusal(
     max_request_bytes: int,
 ) -> None:
     """Answer a refusal in the route's dialect: the one place a refusal reaches the wire.
-    An unread body is drained first (bounded), so the answer is not lost to a reset."""
-    if not exchange.body_done and worth_draining(scope, err.kind):
-        await discard_body(exchange.receive, max_request_bytes, DISCARD_BODY_S)
+    An unread body is drained first (bounded), so the answer is not lost to a reset; an
+    oversized one after the answer (a lingering close)."""
     body = dialect.error_body(err, request_id)
-    await send_bytes(
-        exchange.send, dialect.status(err), body, refusal_headers(err, dialect, request_id)
-    )
+    status, headers = dialect.status(err), refusal_headers(err, dialect, request_id)
+    draining = not exchange.body_done and worth_draining(scope, err.kind)
+    if draining and err.kind == "payload_too_large":
+        # The whole 413 first, then the rest of the upload read and dropped while the
+        # response is held open, then the end: a client that writes its whole body
+        # before reading gets its answer instead of a reset (nginx's lingering close).
+        await exchange.send(_start(status, body, headers))
+        await exchange.send({"type": "http.response.body", "body": body, "more_body": True})
+        await discard_body(exchange.receive, LINGER_BYTES, LINGER_S)
+        await exchange.send({"type": "http.response.body", "body": b"", "more_body": False})
+        return
+    if draining:
+        await discard_body(exchange.receive, max_request_bytes, DISCARD_BODY_S)
+    await send_bytes(exchange.send, status, body, headers)

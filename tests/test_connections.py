@@ -111,3 +111,31 @@ async def test_a_websocket_upgrade_gets_a_clean_refusal(tiny_gguf: Path, tmp_pat
         assert head.split(b" ", 2)[1] == b"400"
         error = orjson.loads(payload)["error"]
         assert (error["type"], error["code"]) == ("invalid_request_error", "bad_request")
+
+
+async def test_an_oversized_body_written_whole_still_gets_its_413(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """A client that writes a body eight times over the limit before it reads gets the
+    413, not a connection reset: the server answers, then keeps reading and discarding
+    (bounded) until the body has ended, as nginx's lingering close does."""
+    async with serve(tiny_gguf, tmp_path, max_request_mib=1) as srv:
+        port = int(srv.url.rsplit(":", 1)[1])
+        size = 8 << 20
+        head = (
+            f"POST {GEN} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {size}\r\n\r\n"
+        ).encode()
+        with trio.fail_after(SERVER_HANG_GUARD_S):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                await stream.send_all(head)
+                chunk = b" " * (256 << 10)
+                for _ in range(size // len(chunk)):
+                    await stream.send_all(chunk)
+                answer = bytearray()
+                while data := await stream.receive_some(65536):
+                    answer += data
+        status = bytes(answer).split(b" ", 2)[1]
+        assert status == b"413", bytes(answer[:200])
+        assert b"payload_too_large" in answer
