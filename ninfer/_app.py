@@ -45,7 +45,7 @@ from ninfer._http import (
     send_refusal,
     with_cors,
 )
-from ninfer._lifecycle import Lifecycle
+from ninfer._lifecycle import Lifecycle, Trigger
 from ninfer._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ninfer._metrics import Metrics
 from ninfer._requestlog import RequestLog
@@ -147,6 +147,7 @@ class App:
         self.log.subscribe(self.metrics.on_event)
         self.public_id = config.model_id or ""
         self._draining = False
+        self._lives: set[Lifecycle] = set()  # requests being served, for force_stop
         self._started_at: float | None = None  # Trio time the lifespan began loading
         self._drain_started_at: float | None = None
         self.settled = trio.Event()  # set once the model is loaded and admitting, or failed
@@ -360,6 +361,18 @@ class App:
         left = max(1.0, self.config.graceful_timeout_s - (trio.current_time() - began))
         return ApiError("shutting_down", "the server is shutting down", retry_after=left)
 
+    def force_stop(self) -> None:
+        """The last resort of a shutdown that clients hold up (a write stuck in the
+        transport, which cancellation cannot reach): every request still undecided gets
+        its record (request_cancelled, cause shutdown), then server_stop, and the log is
+        closed. The caller then ends the process."""
+        now = trio.current_time()
+        for life in list(self._lives):
+            if life.allows(Trigger.GONE):
+                life.cut(now)
+        self.log.emit("server_stop", forced=True)
+        self.log.close()
+
     def begin_drain(self) -> None:
         """Stop admitting: new generation requests get 503 shutting_down."""
         if not self._draining:
@@ -399,6 +412,7 @@ class App:
         dialect = route.dialect if route else self._dialect_for(path)
         emit = self.log.emit if route is None or route.logged else _silent
         life = Lifecycle(request_id, label, trio.current_time(), emit)
+        self._lives.add(life)
         try:
             if header(scope, b"content-length") is not None and header(scope, b"transfer-encoding"):
                 # Two framings for one body: a request-smuggling attempt, or a broken
@@ -445,6 +459,7 @@ class App:
             if not exchange.status:
                 await self._refuse(exchange, scope, dialect, internal, request_id)
         finally:
+            self._lives.discard(life)
             if exchange.status:
                 self.metrics.http_done(label, exchange.status)
 

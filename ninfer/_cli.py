@@ -61,26 +61,42 @@ def _serve(args: argparse.Namespace) -> int:
     hconfig.accesslog = None
     hconfig.errorlog = "-"
     exit_code = 0
+    # Past the graceful timeout, a request whose write is stuck on a client that stopped
+    # reading is cancelled once its own write timeout has passed; a few seconds more,
+    # and the process ends whatever clients do.
+    hard_deadline_s = config.graceful_timeout_s + config.write_timeout_s + 5.0
+
+    async def force_exit_later() -> None:
+        await trio.sleep(hard_deadline_s)
+        print("ninfer serve: clients held the shutdown up; stopping now", file=sys.stderr)
+        app.force_stop()
+        os._exit(0)
 
     async def shutdown_trigger() -> None:
         nonlocal exit_code
-        async with trio.open_nursery() as nursery:
+        stop = trio.Event()
 
-            async def on_signal() -> None:
-                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for _ in signals:
-                        app.begin_drain()
-                        nursery.cancel_scope.cancel()
-                        return
+        async def signals() -> None:
+            # SIGTERM and SIGINT alike, for the whole shutdown: a second one does not
+            # cut the streams being finished (no KeyboardInterrupt).
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                async for _ in received:
+                    if stop.is_set():
+                        print("ninfer serve: already draining", file=sys.stderr)
+                        continue
+                    app.begin_drain()
+                    trio.lowlevel.spawn_system_task(force_exit_later)
+                    stop.set()
 
-            async def on_engine_failure() -> None:
-                nonlocal exit_code
-                await app.service.failed.wait()  # failed to load, or died later
-                exit_code = 1
-                nursery.cancel_scope.cancel()
+        async def on_engine_failure() -> None:
+            nonlocal exit_code
+            await app.service.failed.wait()  # failed to load, or died later
+            exit_code = 1
+            stop.set()
 
-            nursery.start_soon(on_signal)
-            nursery.start_soon(on_engine_failure)
+        trio.lowlevel.spawn_system_task(signals)
+        trio.lowlevel.spawn_system_task(on_engine_failure)
+        await stop.wait()
 
     async def main() -> None:
         await hypercorn.trio.serve(app, hconfig, shutdown_trigger=shutdown_trigger)

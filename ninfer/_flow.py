@@ -10,6 +10,7 @@ outcome is settled; a write watchdog cancels a request whose client stopped read
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
@@ -75,8 +76,10 @@ class _Writer:
 
     async def send(self, message: ASGISendEvent) -> None:
         self.in_flight_since = trio.current_time()
-        await self._exchange.send(message)
-        self.in_flight_since = None
+        try:
+            await self._exchange.send(message)
+        finally:  # a write cancelled before it began is not one stuck on the client
+            self.in_flight_since = None
         self.completed += 1
 
     async def frames(self, frames: list[bytes]) -> None:
@@ -128,6 +131,21 @@ async def serve_generation(
     except ClientGone:
         if not life.decided:
             life.gone(trio.current_time())
+    except BaseException as exc:
+        if _cancellation(exc):
+            # Only the server's shutdown cancels a request task (clients' leaving and
+            # the watchdogs cancel scopes of its own): one record, and a stream under
+            # way gets its protocol's error frames first, unless a write is stuck.
+            await run.cut_by_shutdown()
+        raise
+
+
+def _cancellation(exc: BaseException) -> bool:
+    """A trio.Cancelled, alone or in the exception group a nursery wrapped it in."""
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(trio.Cancelled)
+        return rest is None
+    return isinstance(exc, trio.Cancelled)
 
 
 @attrs.define(eq=False)
@@ -146,6 +164,27 @@ class _Run:
 
     def __attrs_post_init__(self) -> None:
         self.writer = _Writer(self.exchange, self.ctx.write_timeout_s)
+
+    async def cut_by_shutdown(self) -> None:
+        """Record a request the shutdown ends (request_cancelled, cause shutdown) and end
+        a stream under way with its protocol's error frames. Shielded and bounded; never
+        raises (the cancellation being handled goes on)."""
+        life = self.life
+        if not life.allows(Trigger.GONE):
+            return
+        began = bool(self.exchange.status) and life.stage in (Stage.PREFILL, Stage.DECODE)
+        life.cut(trio.current_time())
+        if not began or self.writer.in_flight_since is not None:
+            return  # no stream, or a write stuck on the client: nothing more can go out
+        cut = ApiError("shutting_down", "the server shut down before the answer ended")
+        frames = self.frontend.dialect.stream_error(cut, life.request_id)
+        with (
+            trio.CancelScope(shield=True),
+            trio.move_on_after(1.0),
+            contextlib.suppress(ClientGone),
+        ):
+            await self.writer.frames(frames)
+            await self.writer.send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def refuse(self, err: ApiError) -> None:
         """Record a refusal (or an internal failure) and answer it, unless the response

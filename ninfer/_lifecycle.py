@@ -106,7 +106,7 @@ class LifecycleError(RuntimeError):
     """An event the transition table does not allow in the current stage: a bug."""
 
 
-@attrs.define
+@attrs.define(eq=False)  # one per request: identity, and hashable
 class Lifecycle:
     """One request's stage, its stage times, and its records."""
 
@@ -214,6 +214,14 @@ class Lifecycle:
     def gone(self, now: float) -> None:
         """The client went away (in RESPOND: the settled outcome stands)."""
         self._go(Trigger.GONE, **self._cancelled_fields(now))
+
+    def cut(self, now: float) -> None:
+        """The server's shutdown ended the request before its outcome was settled:
+        request_cancelled with `cause: shutdown` (in RESPOND: the outcome stands)."""
+        fields = self._cancelled_fields(now)
+        if fields:
+            fields["cause"] = "shutdown"
+        self._go(Trigger.GONE, **fields)
 
     def stalled(self, now: float) -> None:
         """The client stopped reading for the write timeout."""

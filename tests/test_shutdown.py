@@ -87,3 +87,79 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
     assert sorted(ends) == sorted(starts)
     assert events[-1] == "server_stop"
     validate_log(log)
+
+
+async def test_a_stalled_reader_cannot_hold_the_shutdown_hostage(tmp_path: Path) -> None:
+    """SIGINT (drained as SIGTERM is) with one client that stopped reading a stream and
+    one still reading a long one: the process exits while the stalled client still
+    holds its socket (within --graceful-timeout-s + --write-timeout-s + a few seconds),
+    the reading stream ends with its protocol's error event, and every request has
+    exactly one terminal record before server_stop."""
+    import socket
+
+    from tinymodel import write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path / "long.gguf", context=4096)
+    log = tmp_path / "requests.jsonl"
+    cmd = [
+        sys.executable, "-m", "ninfer", "serve", "--model", str(model), "--port", "0",
+        "--request-log-jsonl", str(log), "--graceful-timeout-s", "1",
+        "--write-timeout-s", "3", "--threads", "1",
+    ]  # fmt: skip
+    with trio.fail_after(HANG_GUARD_S):
+        proc = await trio.lowlevel.open_process(cmd, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
+        url = None
+        buf = b""
+        while url is None:
+            chunk = await proc.stderr.receive_some()
+            assert chunk, buf.decode(errors="replace")
+            buf += chunk
+            for line in buf.decode(errors="replace").splitlines():
+                if "Running on http://" in line:
+                    url = line.split("Running on ")[1].split()[0]
+        host, port = url.removeprefix("http://").split(":")
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            while (await c.get("/ready")).status_code != 200:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            stalled = trio.socket.socket()
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            await stalled.connect((host, int(port)))
+            body = b'{"prompt": "x", "max_new_tokens": 3500, "ignore_eos": true, "stream": true}'
+            await stalled.send(
+                b"POST /v1/generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"x-request-id: stalled\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+            )
+            reading: list[str] = []
+            started = trio.Event()
+
+            async def reader() -> None:
+                body = {"prompt": "x", "max_new_tokens": 3500, "ignore_eos": True,
+                        "stream": True}  # fmt: skip
+                headers = {"x-request-id": "reader"}
+                async with c.stream("POST", "/v1/generate", json=body, headers=headers) as r:
+                    async for line in r.aiter_lines():
+                        reading.append(line)
+                        started.set()
+
+            async with trio.open_nursery() as n:
+                n.start_soon(reader)
+                await started.wait()
+                os.kill(proc.pid, signal.SIGINT)
+            code = await proc.wait()  # the stalled client still holds its socket
+        stalled.close()
+    assert code == 0
+    assert "event: error" in reading
+    assert any("shutting_down" in line for line in reading)
+    records = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    starts = [r["request_id"] for r in records if r["event"] == "request_start"]
+    terminal = {
+        "request_done", "request_rejected", "request_cancelled", "request_error",
+    }  # fmt: skip
+    ends = [r["request_id"] for r in records if r["event"] in terminal]
+    assert sorted(starts) == sorted(ends) == ["reader", "stalled"]
+    by_id = {r["request_id"]: r for r in records if r["event"] in terminal}
+    assert (by_id["reader"]["event"], by_id["reader"]["cause"]) == ("request_cancelled", "shutdown")
+    assert by_id["stalled"]["event"] == "request_cancelled"
+    assert records[-1]["event"] == "server_stop"
+    validate_log(log)
