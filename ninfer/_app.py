@@ -473,7 +473,8 @@ class App:
             return
         request_id = request_id_from(scope)
         label = self._route_label(scope["path"])
-        dialect = self._dialects["native"] if label == "unmatched" else self._dialect_for(label)
+        route = self._routes.get(label)
+        dialect = route.dialect if route else self._dialect_for(scope["path"])
         err = ApiError("bad_request", "WebSocket is not served here; streams use HTTP and SSE")
         status = dialect.status(err)
         life = Lifecycle(request_id, label, trio.current_time(), self.log.emit)

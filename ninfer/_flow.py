@@ -220,8 +220,8 @@ class _Run:
         body = await read_body(
             self.scope,
             self.exchange.receive,
-            self.ctx.max_request_bytes,
-            life.arrival + self.ctx.read_timeout_s,
+            ctx.max_request_bytes,
+            life.arrival + ctx.read_timeout_s,
         )
         life.body_read()
         prepared = await self.frontend.prepare(body, life.request_id)
@@ -238,19 +238,21 @@ class _Run:
             **prepared.log_fields,
         )
         failure: ApiError | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch_disconnect)
-            nursery.start_soon(self.writer.watch, lambda: self._stalled(ticket))
-            with self.work:
-                try:
-                    await self._admit_and_generate(ticket, prepared)
-                except ApiError as err:
-                    failure = err  # re-raised below, outside the nursery's exception group
-                except ClientGone:
-                    self._gone()  # the connection broke while we wrote to it
-            nursery.cancel_scope.cancel()
-        if self.handle is not None:
-            self.ctx.engine.cancel(self.handle)  # a no-op once the engine has finished it
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_disconnect)
+                nursery.start_soon(self.writer.watch, lambda: self._stalled(ticket))
+                with self.work:
+                    try:
+                        await self._admit_and_generate(ticket, prepared)
+                    except ApiError as err:
+                        failure = err  # re-raised below, outside the nursery's group
+                    except ClientGone:
+                        self._gone()  # the connection broke while we wrote to it
+                nursery.cancel_scope.cancel()
+        finally:  # however it ended (a shutdown's cancellation too): nobody reads on
+            if self.handle is not None:
+                ctx.engine.cancel(self.handle)  # a no-op once the engine has finished it
         # Only this task moves the lifecycle: the watchers above just noted what they saw
         # (the work may have run on to its next checkpoint after they cancelled it).
         now = trio.current_time()
