@@ -86,3 +86,20 @@ def validate_log(path: Path) -> None:
     for n, line in enumerate(lines, 1):
         errors = sorted(validator.iter_errors(orjson.loads(line)), key=str)
         assert not errors, f"{path.name}:{n}: {errors[0].message}"
+
+
+async def stalled_stream(url: str, rid: str) -> trio.socket.SocketType:
+    """A streaming request from a client with a tiny receive window that never reads:
+    once the server's socket buffers fill, its writes stall."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect((host, int(port)))
+    body = b'{"prompt": "x", "max_new_tokens": 3500, "ignore_eos": true, "stream": true}'
+    await sock.send(
+        b"POST /v1/generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"x-request-id: " + rid.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    )
+    return sock

@@ -6,7 +6,6 @@ Every loop here is bounded in count, and every test in time (the `serve` hang gu
 from __future__ import annotations
 
 import random
-import socket
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from server import Server, serve
+from server import Server, serve, stalled_stream
 from tinymodel import write_tiny_gguf
 
 GEN = "/v1/generate"
@@ -263,21 +262,14 @@ async def test_random_disconnects_leave_nothing_behind(
     assert stages["body"] > 0
     assert stages["decode"] + stages["prefill"] > 0
     print(f"disconnects: {dict(kinds)} client kinds; server stages {dict(stages)}; {outcomes}")
-    assert sum(stages.values()) >= 200, (stages, outcomes)
-
-
-async def _stalled_stream(url: str, rid: str) -> trio.socket.SocketType:
-    """A streaming request from a client with a tiny receive window that never reads."""
-    host, port = url.removeprefix("http://").split(":")
-    sock = trio.socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    await sock.connect((host, int(port)))
-    body = b'{"prompt": "x", "max_new_tokens": 3500, "ignore_eos": true, "stream": true}'
-    await sock.send(
-        b"POST /v1/generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"x-request-id: " + rid.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    # Every leaver the server saw (a client may leave before its request is whole enough
+    # to reach the app: how many do depends on the machine's speed) was cancelled: none
+    # could finish 3000 tokens, and none is left without its one record.
+    leavers = {rid: recs[0] for rid, recs in by_id.items() if rid.startswith("gone-")}
+    assert leavers, "no leaver reached the server"
+    assert {r["event"] for r in leavers.values()} == {"request_cancelled"}, Counter(
+        r["event"] for r in leavers.values()
     )
-    return sock
 
 
 async def test_a_client_that_stops_reading_does_not_stall_others(
@@ -289,7 +281,7 @@ async def test_a_client_that_stops_reading_does_not_stall_others(
         serve(long_context_gguf, tmp_path, max_concurrency=2, write_timeout_s=60.0) as srv,
         srv.client() as c,
     ):
-        sock = await _stalled_stream(srv.url, "stalled")
+        sock = await stalled_stream(srv.url, "stalled")
         sched = srv.app.scheduler
         assert sched is not None
         await _until(lambda: sched.statistics().running > 0)
@@ -332,7 +324,7 @@ async def test_a_client_that_stops_reading_loses_its_slot(
         ) as srv,
         srv.client() as c,
     ):
-        sock = await _stalled_stream(srv.url, "stalled")
+        sock = await stalled_stream(srv.url, "stalled")
         sched = srv.app.scheduler
         assert sched is not None
         await _until(lambda: sched.statistics().running > 0)

@@ -12,9 +12,23 @@ from pathlib import Path
 import httpx
 import orjson
 import trio
-from server import validate_log
+from server import stalled_stream, validate_log
 
 HANG_GUARD_S = 120
+
+
+async def _start(cmd: list[str]) -> tuple[trio.Process, str]:
+    """Start `ninfer serve` and read the URL it binds from its console."""
+    proc = await trio.lowlevel.open_process(cmd, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    buf = b""
+    while True:
+        chunk = await proc.stderr.receive_some()
+        assert chunk, buf.decode(errors="replace")
+        buf += chunk
+        for line in buf.decode(errors="replace").splitlines():
+            if "Running on http://" in line:
+                return proc, line.split("Running on ")[1].split()[0]
 
 
 async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -> None:
@@ -25,17 +39,7 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
         "--max-concurrency", "2", "--max-pending-requests", "8",
     ]  # fmt: skip
     with trio.fail_after(HANG_GUARD_S):
-        proc = await trio.lowlevel.open_process(cmd, stderr=subprocess.PIPE)
-        assert proc.stderr is not None
-        url = None
-        buf = b""
-        while url is None:
-            chunk = await proc.stderr.receive_some()
-            assert chunk, buf.decode(errors="replace")
-            buf += chunk
-            for line in buf.decode(errors="replace").splitlines():
-                if "Running on http://" in line:
-                    url = line.split("Running on ")[1].split()[0]
+        proc, url = await _start(cmd)
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
             # Polling another process over HTTP: there is no event to wait on.
             while (await c.get("/ready")).status_code != 200:  # noqa: ASYNC110
@@ -95,8 +99,6 @@ async def test_a_stalled_reader_cannot_hold_the_shutdown_hostage(tmp_path: Path)
     holds its socket (within --graceful-timeout-s + --write-timeout-s + a few seconds),
     the reading stream ends with its protocol's error event, and every request has
     exactly one terminal record before server_stop."""
-    import socket
-
     from tinymodel import write_tiny_gguf
 
     model = write_tiny_gguf(tmp_path / "long.gguf", context=4096)
@@ -107,29 +109,11 @@ async def test_a_stalled_reader_cannot_hold_the_shutdown_hostage(tmp_path: Path)
         "--write-timeout-s", "3", "--threads", "1",
     ]  # fmt: skip
     with trio.fail_after(HANG_GUARD_S):
-        proc = await trio.lowlevel.open_process(cmd, stderr=subprocess.PIPE)
-        assert proc.stderr is not None
-        url = None
-        buf = b""
-        while url is None:
-            chunk = await proc.stderr.receive_some()
-            assert chunk, buf.decode(errors="replace")
-            buf += chunk
-            for line in buf.decode(errors="replace").splitlines():
-                if "Running on http://" in line:
-                    url = line.split("Running on ")[1].split()[0]
-        host, port = url.removeprefix("http://").split(":")
+        proc, url = await _start(cmd)
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
             while (await c.get("/ready")).status_code != 200:  # noqa: ASYNC110
                 await trio.sleep(0.05)
-            stalled = trio.socket.socket()
-            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            await stalled.connect((host, int(port)))
-            body = b'{"prompt": "x", "max_new_tokens": 3500, "ignore_eos": true, "stream": true}'
-            await stalled.send(
-                b"POST /v1/generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                b"x-request-id: stalled\r\ncontent-length: %d\r\n\r\n" % len(body) + body
-            )
+            stalled = await stalled_stream(url, "stalled")
             reading: list[str] = []
             started = trio.Event()
 
