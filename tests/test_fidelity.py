@@ -100,7 +100,10 @@ def _direct(model: Path, cases: list[dict[str, Any]], tmp_path: Path) -> list[di
 
 
 async def _check(model: Path, tmp_path: Path, cases: list[dict[str, Any]]) -> None:
-    async with serve(model, tmp_path, max_concurrency=8, max_pending_requests=64) as srv:
+    # All cases at once wait in the queue: a deadline no machine, however slow, reaches
+    # (this test is about tokens; deadlines are tested elsewhere).
+    settings = {"max_concurrency": 8, "max_pending_requests": 64, "pending_timeout_ms": 600_000}
+    async with serve(model, tmp_path, **settings) as srv:
         http = await _over_http(srv, cases)
     direct = await trio.to_thread.run_sync(_direct, model, cases, tmp_path)
     assert len(http) == len(direct) == len(cases)
