@@ -19,6 +19,7 @@ from hypercorn.typing import (
 )
 
 from protocols import ApiError, Dialect
+from scheduler import RETRY_AFTER_MAX_S, RETRY_AFTER_MIN_S
 
 __all__ = [
     "ClientGone",
@@ -262,7 +263,9 @@ async def preflight(send: ASGISendCallable) -> None:
 
 def retry_after_headers(seconds: float) -> Headers:
     """`Retry-After` in whole seconds (rounded up, at least 1: what most clients read)
-    and `retry-after-ms` (what the OpenAI SDKs prefer when present)."""
+    and `retry-after-ms` (what the OpenAI SDKs prefer when present), within the
+    documented range (the scheduler's estimates already are; a long drain may not be)."""
+    seconds = min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, seconds))
     return [
         (b"retry-after", str(max(1, math.ceil(seconds))).encode()),
         (b"retry-after-ms", str(max(1, round(seconds * 1000))).encode()),

@@ -406,3 +406,12 @@ async def test_a_dead_engine_fails_health_and_says_why(
     assert died["error"].startswith("RuntimeError: planted engine death")
     assert "ExceptionGroup" not in died["error"]
     assert "RuntimeError: planted engine death" in died["exception"]
+
+
+async def test_retry_after_stays_in_the_documented_range(tiny_gguf: Path, tmp_path: Path) -> None:
+    """A drain longer than a minute is still advised as at most 60 s (docs/errors.md)."""
+    async with serve(tiny_gguf, tmp_path, graceful_timeout_s=600.0) as srv, srv.client() as c:
+        srv.app.begin_drain()
+        r = await c.post(GEN, json={"prompt": "x"})
+        assert r.status_code == 503
+        assert (r.headers["retry-after"], r.headers["retry-after-ms"]) == ("60", "60000")
