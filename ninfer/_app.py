@@ -390,6 +390,13 @@ class App:
             return "/v1/models/{model}"
         return "unmatched"
 
+    def _resolve(self, path: str) -> tuple[str, Route | None, Dialect]:
+        """The path's route template, its route (None: no such route) and the dialect
+        its refusals speak (the route's, else the protocol its prefix belongs to)."""
+        label = self._route_label(path)
+        route = self._routes.get(label)
+        return label, route, route.dialect if route else self._dialect_for(path)
+
     def _dialect_for(self, path: str) -> Dialect:
         """The dialect of an unmatched path: the protocol its prefix belongs to."""
         if path.startswith(("/v1/chat/", "/v1/completions", "/v1/models")):
@@ -407,9 +414,7 @@ class App:
             send = with_cors(send, origin)
         exchange = Exchange(receive, send)
         path, method = scope["path"], scope["method"]
-        label = self._route_label(path)
-        route = self._routes.get(label)
-        dialect = route.dialect if route else self._dialect_for(path)
+        label, route, dialect = self._resolve(path)
         emit = self.log.emit if route is None or route.logged else _silent
         life = Lifecycle(request_id, label, trio.current_time(), emit)
         self._lives.add(life)
@@ -472,9 +477,7 @@ class App:
         if message["type"] != "websocket.connect":
             return
         request_id = request_id_from(scope)
-        label = self._route_label(scope["path"])
-        route = self._routes.get(label)
-        dialect = route.dialect if route else self._dialect_for(scope["path"])
+        label, _route, dialect = self._resolve(scope["path"])
         err = ApiError("bad_request", "WebSocket is not served here; streams use HTTP and SSE")
         status = dialect.status(err)
         life = Lifecycle(request_id, label, trio.current_time(), self.log.emit)

@@ -215,9 +215,13 @@ class AdmissionController:
                 ending.append((max(0.0, est(t)), t.units))
         heapq.heapify(ending)
         preparing = [t for t in self._live.values() if not t.admitted and not t.queued]
+        sized: list[tuple[int, float, bool]] = []  # those whose size the caller knows
         for t in [*self._queue, *preparing]:
-            waiting.append((t.units, max(0.0, est(t)), False))
-        like = _typical([*self._queue, *preparing], est) or self._typical_fallback()
+            entry = (t.units, max(0.0, est(t)), False)
+            waiting.append(entry)
+            if t.units or t.tag is not None:
+                sized.append(entry)
+        like = _typical(sized) or self._typical_fallback()
         if extra is not None:
             waiting.append((extra, 0.0, True))
         running, units_used = len(ending), sum(u for _, u in ending)
@@ -256,7 +260,8 @@ class AdmissionController:
 
     def place_free_in(self, k: int = 1) -> float:
         """Seconds until the k-th place from now is free (clamped to the documented
-        range): what a caller refused k-th since a place last freed is told."""
+        range): what a caller refused while k - 1 promised places have not come back
+        is told."""
         if self.service_time is None:
             rate = self.drain_rate()
             return _clamp(k / rate if rate > 0 else 1.0)
@@ -296,11 +301,10 @@ def _clamp(seconds: float) -> float:
     return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, seconds))
 
 
-def _typical(tickets: list[Ticket], est: ServiceTime) -> tuple[int, float, bool] | None:
+def _typical(sized: list[tuple[int, float, bool]]) -> tuple[int, float, bool] | None:
     """A request like those waiting: their mean units and service time."""
-    sized = [t for t in tickets if t.units or t.tag is not None]
     if not sized:
         return None
-    units = round(sum(t.units for t in sized) / len(sized))
-    seconds = sum(max(0.0, est(t)) for t in sized) / len(sized)
+    units = round(sum(u for u, _, _ in sized) / len(sized))
+    seconds = sum(s for _, s, _ in sized) / len(sized)
     return (units, seconds, False) if seconds > 0 else None

@@ -16,6 +16,7 @@ from conftest import (
 
 from ninfer._errors import RequestInvalid
 from ninfer.engine import EngineConfig, GenerationRequest, RequestHandle, SamplingParams
+from ninfer.engine._kvpool import pages_for
 
 
 def _prompt(n: int, salt: int = 0) -> tuple[int, ...]:
@@ -97,7 +98,7 @@ def test_cancel_mid_decode_frees_the_row_and_pages(tiny_engine: RunningEngine) -
     assert len(sink.tokens[gone.id]) == produced, "no event after the cancel"
     stats = eng.statistics()
     assert stats.decoding == 1
-    assert stats.pages_used == eng.pages_needed(12, 200)
+    assert stats.pages_used == pages_for(12 + 200, eng.config.page_size)
     eng.cancel(keep)
     sink.wait_done(keep)
     assert eng.statistics().pages_free == total

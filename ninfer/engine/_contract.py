@@ -15,6 +15,8 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
+from ninfer.engine._kvpool import pages_for  # torch-free, like this module
+
 __all__ = [
     "DTYPE_NAMES",
     "WEIGHT_MODES",
@@ -228,4 +230,4 @@ class ServedModel:
 
     def pages_needed(self, prompt_tokens: int, max_new_tokens: int) -> int:
         """KV pages a request reserves: its whole prompt plus its whole output budget."""
-        return -(-(prompt_tokens + max_new_tokens) // self.page_size)
+        return pages_for(prompt_tokens + max_new_tokens, self.page_size)

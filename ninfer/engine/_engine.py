@@ -194,9 +194,6 @@ class Engine:
         """Ask the loop to cancel everything and return; never blocks."""
         self._commands.put(_Shutdown())
 
-    def pages_needed(self, prompt_tokens: int, max_new_tokens: int) -> int:
-        return pages_for(prompt_tokens + max_new_tokens, self.config.page_size)
-
     def served(self) -> ServedModel:
         """The loaded model and this engine's limits, as the server may see them."""
         assert self.model is not None, "only once ready"
@@ -213,10 +210,6 @@ class Engine:
             batch_invariant=self.batch_invariant,
             batch_sizes=tuple(self._batch_sizes),
         )
-
-    @property
-    def page_count(self) -> int:
-        return self._pool.n_pages if self._pool is not None else 0
 
     def statistics(self) -> EngineStatistics:
         with self._stats_lock:
