@@ -93,7 +93,10 @@ class Frontend(abc.ABC):
         one token covers, is more tokens than the context (never a text that fits)."""
         model = self.ctx.model
         limit = model.max_context * model.tokenizer.max_token_bytes
-        if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
+        # A character is at most 4 UTF-8 bytes: only a text near the bound is measured.
+        if len(text) * 4 > limit and (
+            len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit
+        ):
             raise ApiError(
                 "context_length_exceeded",
                 f"the prompt is longer than a context of {model.max_context} tokens can "
