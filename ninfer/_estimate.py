@@ -16,12 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
+import trio
 
 from ninfer.engine import EngineStatistics
 from scheduler import Ticket
 
 __all__ = ["FALLBACK_PREFILL_S_PER_TOKEN", "FALLBACK_STEP_S", "Progress", "ServiceTimes"]
 
+# The engine's pace is read at most this often (well under one decode step).
+PACE_READ_S = 0.005
 # Until the engine has measured its pace (a fresh server), this is assumed.
 FALLBACK_STEP_S = 0.05
 FALLBACK_PREFILL_S_PER_TOKEN = 0.002
@@ -45,6 +48,10 @@ class ServiceTimes:
     default_max_tokens: int
     _budget: float = 0.0  # recent requests' output budgets and prompts, moving averages
     _prompt: float = 0.0
+    # The engine's pace, read at most once per PACE_READ_S of Trio time: one refusal's
+    # forward play asks for every ticket at once, and the pace moves once per step.
+    _pace: tuple[float, float] = (FALLBACK_STEP_S, FALLBACK_PREFILL_S_PER_TOKEN)
+    _pace_read_at: float = float("-inf")
 
     def track(self, ticket: Ticket, prompt_tokens: int, max_new_tokens: int) -> Progress:
         """Size a prepared request's ticket (its tag), and learn what requests are like."""
@@ -54,14 +61,19 @@ class ServiceTimes:
         ticket.tag = progress = Progress(prompt_tokens, max_new_tokens)
         return progress
 
+    def _read_pace(self) -> tuple[float, float]:
+        """(seconds a decode step, prefill seconds a prompt token), measured or assumed."""
+        now = trio.current_time()
+        if now - self._pace_read_at >= PACE_READ_S:
+            st = self.statistics()
+            step = st.decode_step_seconds if st and st.decode_step_seconds > 0 else 0.0
+            per_token = st.prefill_seconds_per_token if st else 0.0
+            self._pace = (step or FALLBACK_STEP_S, per_token or FALLBACK_PREFILL_S_PER_TOKEN)
+            self._pace_read_at = now
+        return self._pace
+
     def __call__(self, ticket: Ticket) -> float:
-        st = self.statistics()
-        step = st.decode_step_seconds if st and st.decode_step_seconds > 0 else FALLBACK_STEP_S
-        per_token = (
-            st.prefill_seconds_per_token
-            if st and st.prefill_seconds_per_token > 0
-            else FALLBACK_PREFILL_S_PER_TOKEN
-        )
+        step, per_token = self._read_pace()
         p = ticket.tag
         if not isinstance(p, Progress):  # still reading or preparing: like recent ones
             if self._budget == 0.0:
