@@ -9,7 +9,8 @@ the queue blocks those behind it (no overtaking, so a large request cannot starv
 Deadlines are the caller's: wrap `admit` in `trio.move_on_at`. A waiter that is
 cancelled (client gone, deadline) leaves the queue at once and frees its place.
 
-Retry estimates. The caller may pass `service_time(ticket)`: for an admitted ticket
+Retry estimates. The caller may pass `service_time(tickets)`, which gives, per ticket:
+for an admitted ticket
 the seconds until it will be released, for any other the seconds it will hold a
 slot once admitted (the scheduler knows nothing of what a request is; the caller
 does, and keeps what it needs in `ticket.tag`). From those the scheduler plays its
@@ -29,7 +30,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 import attrs
@@ -98,7 +99,8 @@ class Ticket:
         self.release()
 
 
-ServiceTime = Callable[[Ticket], float]
+# The caller's service times for the tickets given, in order (see the module docstring).
+ServiceTime = Callable[[Sequence[Ticket]], Sequence[float]]
 
 
 @attrs.define(eq=False)
@@ -207,21 +209,24 @@ class AdmissionController:
         is taken again at once by a request like those waiting (it joins the queue's
         tail). Stops at RETRY_AFTER_MAX_S."""
         assert self.service_time is not None
-        est = self.service_time
-        ending: list[tuple[float, int]] = []  # (seconds from now, units)
-        waiting: deque[tuple[int, float, bool]] = deque()  # (units, service s, the joiner)
-        for t in self._live.values():  # arrival order
-            if t.admitted:
-                ending.append((max(0.0, est(t)), t.units))
-        heapq.heapify(ending)
+        running_now = [t for t in self._live.values() if t.admitted]  # arrival order
         preparing = [t for t in self._live.values() if not t.admitted and not t.queued]
+        pending = [*self._queue, *preparing]
+        # One call for every ticket (and a probe of unknown size, for the fallback).
+        probe = Ticket(controller=self, arrival=trio.current_time(), seq=-1)
+        seconds = [max(0.0, s) for s in self.service_time([*running_now, *pending, probe])]
+        ending = [(s, t.units) for t, s in zip(running_now, seconds, strict=False)]
+        heapq.heapify(ending)  # (seconds from now, units)
+        waiting: deque[tuple[int, float, bool]] = deque()  # (units, service s, the joiner)
         sized: list[tuple[int, float, bool]] = []  # those whose size the caller knows
-        for t in [*self._queue, *preparing]:
-            entry = (t.units, max(0.0, est(t)), False)
+        for t, s in zip(pending, seconds[len(running_now) :], strict=False):
+            entry = (t.units, s, False)
             waiting.append(entry)
             if t.units or t.tag is not None:
                 sized.append(entry)
-        like = _typical(sized) or self._typical_fallback()
+        # A request like those waiting (else, one the caller knows nothing of) takes
+        # each place that frees.
+        like = _typical(sized) or ((0, seconds[-1], False) if seconds[-1] > 0 else None)
         if extra is not None:
             waiting.append((extra, 0.0, True))
         running, units_used = len(ending), sum(u for _, u in ending)
@@ -249,14 +254,6 @@ class AdmissionController:
             released.append(now)
             if like is not None:
                 waiting.append(like)
-
-    def _typical_fallback(self) -> tuple[int, float, bool] | None:
-        """What a request is like when none is waiting: the caller's estimate for a
-        ticket it knows nothing about, and no units."""
-        assert self.service_time is not None
-        probe = Ticket(controller=self, arrival=trio.current_time(), seq=-1)
-        seconds = self.service_time(probe)
-        return (0, seconds, False) if seconds > 0 else None
 
     def place_free_in(self, k: int = 1) -> float:
         """Seconds until the k-th place from now is free (clamped to the documented

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import trio
 import trio.testing
@@ -147,7 +149,11 @@ async def test_retry_after_follows_the_drain_rate(autojump_clock: trio.testing.M
 # ---- retry estimates from the caller's service times ------------------------------------
 
 
-def _by_tag(ticket: Ticket) -> float:
+def _by_tag(tickets: Sequence[Ticket]) -> list[float]:
+    return [_one_by_tag(t) for t in tickets]
+
+
+def _one_by_tag(ticket: Ticket) -> float:
     """The test's service time: the tag is (admitted at, seconds it runs); a ticket
     with no tag is unknown (nothing is assumed of it)."""
     if ticket.tag is None:
