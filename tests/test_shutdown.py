@@ -72,7 +72,11 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
                     os.kill(proc.pid, signal.SIGTERM)
                     # During the drain a new request is refused: 503 shutting_down on a
                     # connection still open, or no connection at all once listening stops.
+                    # The signal reaches the server asynchronously: wait until it says
+                    # it is draining (/ready turns 503), or stops answering.
                     try:
+                        while (await other.get("/ready")).status_code == 200:  # noqa: ASYNC110
+                            await trio.sleep(0.02)
                         late = await other.post("/v1/generate", json={"prompt": "x"})
                     except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
                         pass
