@@ -1,6 +1,9 @@
 """Use ninfer through the official anthropic SDK: change only the base URL.
 
 .venv/bin/python examples/anthropic_client.py [http://127.0.0.1:8080]
+
+`model` must be a name the server serves (its public id, or an alias given with
+--served-model-name); NINFER_MODEL overrides the default model's name.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ import anthropic
 def main() -> None:
     base = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8080"
     client = anthropic.Anthropic(base_url=base, api_key=os.environ.get("NINFER_API_KEY", "unused"))
+    model = os.environ.get("NINFER_MODEL", "smollm2-135m-instruct")
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    print(client.messages.count_tokens(model="smollm2", messages=messages))  # type: ignore[arg-type]
+    print(client.messages.count_tokens(model=model, messages=messages))  # type: ignore[arg-type]
     reply = client.messages.create(
-        model="smollm2",
+        model=model,
         max_tokens=64,
         system="Answer in one sentence.",
         messages=messages,  # type: ignore[arg-type]
@@ -25,7 +29,7 @@ def main() -> None:
     print(reply.content[0].text, reply.stop_reason, reply.usage)  # type: ignore[union-attr]
 
     with client.messages.stream(
-        model="smollm2",
+        model=model,
         max_tokens=64,
         messages=[{"role": "user", "content": "Write a haiku about the sea."}],
     ) as stream:

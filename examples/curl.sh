@@ -18,7 +18,7 @@ curl -s "${KEY[@]}" "$URL/v1/chat/completions" -H 'content-type: application/jso
 echo
 echo "--- Anthropic messages"
 curl -s "${KEY[@]}" "$URL/v1/messages" -H 'content-type: application/json' \
-  -d '{"model": "smollm2", "max_tokens": 32, "messages": [{"role": "user", "content": "Say hello."}]}'
+  -d '{"model": "smollm2-135m-instruct", "max_tokens": 32, "messages": [{"role": "user", "content": "Say hello."}]}'
 echo
 echo "--- an error names the parameter at fault"
 curl -s "$URL/v1/generate" -H 'content-type: application/json' -d '{"prompt": "x", "max_new_tokens": "5"}'

@@ -37,9 +37,26 @@ def main() -> None:
         if chunk.usage:
             print("\n", chunk.usage)
 
+    # Three choices decoded together, with the log probability of each token.
+    three = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Name a colour."}],
+        n=3,
+        seed=7,
+        max_tokens=8,
+        logprobs=True,
+    )
+    for choice in three.choices:
+        lps = (
+            [round(t.logprob, 2) for t in (choice.logprobs.content or [])]
+            if choice.logprobs
+            else []
+        )
+        print(choice.index, repr(choice.message.content), lps)
+
     try:
         client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "x"}], n=3
+            model=model, messages=[{"role": "user", "content": "x"}], reasoning_effort="low"
         )
     except openai.BadRequestError as exc:
         print("refused:", exc.code, exc.param)

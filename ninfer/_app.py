@@ -100,6 +100,15 @@ class _Serving:
     messages: MessagesFrontend
 
 
+# Clients given a base URL without `/v1` post to these; they are the /v1 routes.
+_UNVERSIONED = ("/chat/", "/completions", "/models", "/messages")
+
+
+def _versioned(path: str) -> str:
+    """The /v1 route a path without `/v1` is an alias of (others unchanged)."""
+    return "/v1" + path if path.startswith(_UNVERSIONED) else path
+
+
 def _silent(*_args: Any, **_fields: Any) -> None:
     """The record sink of routes whose refusals are not request-log records."""
 
@@ -145,7 +154,9 @@ class App:
             lambda: (self.log.failure is not None, self.log.dropped),
         )
         self.log.subscribe(self.metrics.on_event)
-        self.public_id = config.model_id or ""
+        names = config.served_model_name
+        self.public_id = names[0] if names else ""
+        self.served_names: tuple[str, ...] = names or ()
         self._draining = False
         self._lives: set[Lifecycle] = set()  # requests being served, for force_stop
         self._started_at: float | None = None  # Trio time the lifespan began loading
@@ -232,9 +243,14 @@ class App:
             self.log.emit("server_error", error=state.error)
             self.settled.set()
             return
-        # --model-id, else the registered name the model was asked for by, else the file's id.
+        # --served-model-name's first, else the registered name the model was asked for
+        # by, else the file's id.
         registered = self.config.model if self.config.model in REGISTRY else None
-        self.public_id = self.config.model_id or registered or model.identity.model_id
+        names = self.config.served_model_name
+        self.public_id = names[0] if names else registered or model.identity.model_id
+        # The names a request may give: the served names, else the public id and the
+        # file's own id.
+        self.served_names = names or tuple(dict.fromkeys([self.public_id, model.identity.model_id]))
         self.serving = self._build_serving(model)
         ident = model.identity
         self.log.emit(
@@ -285,6 +301,7 @@ class App:
             model=model,
             config=cfg,
             public_id=self.public_id,
+            names=self.served_names,
             tokenize=self._tokenize,
             created=self._created,
         )
@@ -383,7 +400,9 @@ class App:
     # ---- HTTP -----------------------------------------------------------------------------
 
     def _route_label(self, path: str) -> str:
-        """The route template, for metric labels and log records: raw paths are unbounded."""
+        """The route template, for metric labels and log records: raw paths are unbounded.
+        A path without `/v1` is labelled as the route it is an alias of."""
+        path = _versioned(path)
         if path in self._routes:
             return path
         if path.startswith("/v1/models/"):
@@ -399,6 +418,7 @@ class App:
 
     def _dialect_for(self, path: str) -> Dialect:
         """The dialect of an unmatched path: the protocol its prefix belongs to."""
+        path = _versioned(path)
         if path.startswith(("/v1/chat/", "/v1/completions", "/v1/models")):
             return self._dialects["openai"]
         if path.startswith("/v1/messages"):
@@ -426,7 +446,7 @@ class App:
                     "bad_request", "Content-Length and Transfer-Encoding must not both be sent"
                 )
             if method == "OPTIONS" and self.config.cors is not None:
-                await preflight(send)
+                await preflight(send, scope)
                 return
             if route is None:
                 raise ApiError("not_found", "no such endpoint")
@@ -594,14 +614,8 @@ class App:
 
     async def _model_one(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
         ctx = self._serving().frontends
-        if scope["path"].removeprefix("/v1/models/") not in ctx.public_ids:
-            raise ApiError(
-                "model_not_found",
-                "no such model is served here; see GET /v1/models",
-                param="model",
-                code="model_not_found",
-            )
-        await self._ok(exchange, life, self._dialects["openai"].encoder.json(model_card(ctx)))
+        name = ctx.check_model(_versioned(scope["path"]).removeprefix("/v1/models/"))
+        await self._ok(exchange, life, self._dialects["openai"].encoder.json(model_card(ctx, name)))
 
     async def _generate(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
         serving = self._serving()

@@ -62,7 +62,21 @@ SETTINGS: tuple[Setting, ...] = (
         "registered model name (fetched on first use) or path to a llama GGUF file",
     ),
     Setting(
-        "model_id", str, None, "public model id (default: the artifact's model id)", optional=True
+        "served_model_name",
+        list,
+        None,
+        "the names requests may give as `model` on every protocol (aliases, e.g. "
+        "gpt-4o-mini for a tool that defaults to it); the first is the one /v1/models and "
+        "the logs show (default: the registered name or the file's model id)",
+        optional=True,
+        metavar="NAME",
+    ),
+    Setting(
+        "model_id",
+        str,
+        None,
+        "one public model name; the same as --served-model-name with one NAME",
+        optional=True,
     ),
     Setting(
         "cache_dir", str, None, "model cache (default: $NINFER_CACHE or XDG cache)", optional=True
@@ -227,6 +241,14 @@ def _check(setting: Setting, value: Any) -> Any:
         value = float(value)
         if value != value or value in (float("inf"), float("-inf")):
             raise ConfigError(f"{setting.flag} must be a finite number")
+    elif setting.kind is list:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",")]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{setting.flag} must be a list of names")
+        if not value or not all(v.strip() for v in value):
+            raise ConfigError(f"{setting.flag} needs non-empty names")
+        return tuple(value)
     elif not isinstance(value, str):
         raise ConfigError(f"{setting.flag} must be a string")
     if setting.minimum is not None and value < setting.minimum:
@@ -247,6 +269,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     model: str = "smollm2-135m-instruct"
+    served_model_name: tuple[str, ...] | None = None
     model_id: str | None = None
     cache_dir: str | None = None
     device: str = "cpu"
@@ -295,6 +318,10 @@ def build_config(values: Mapping[str, Any]) -> ServerConfig:
         if checked["api_key"] is not None:
             raise ConfigError("--api-key and --api-key-file: give one of them")
         checked["api_key"] = _read_key(checked["api_key_file"])
+    if checked["model_id"] is not None:
+        if checked["served_model_name"] is not None:
+            raise ConfigError("--model-id and --served-model-name: give one of them")
+        checked["served_model_name"] = (checked["model_id"],)
     if checked["api_key"] is not None and not checked["api_key"].strip():
         raise ConfigError("--api-key must not be empty (an empty key would let anyone in)")
     return ServerConfig(**checked)
@@ -359,6 +386,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = f"{s.help} (default: {default})"
         if s.kind is bool:
             parser.add_argument(s.flag, action="store_true", default=s.default, help=help_text)
+            continue
+        if s.kind is list:
+            parser.add_argument(s.flag, nargs="+", default=None, metavar=s.metavar, help=help_text)
             continue
         if s.name == "cors":  # a flag whose value is optional: alone, any origin
             parser.add_argument(

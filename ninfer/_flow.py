@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -27,8 +27,15 @@ from ninfer._http import (
 )
 from ninfer._lifecycle import Lifecycle, Stage, Trigger
 from ninfer._requestlog import RequestLog
-from ninfer.engine import Event, Finish, GenerationRequest, RequestHandle
-from ninfer.frontends import Frontend, Outcome, Prepared
+from ninfer.engine import (
+    Event,
+    Finish,
+    GenerationRequest,
+    RequestHandle,
+    TokenDelta,
+    TokenLogprob,
+)
+from ninfer.frontends import Choice, Frontend, Outcome, Prepared
 from protocols import ApiError
 from scheduler import AdmissionController, Overloaded, Ticket
 
@@ -140,6 +147,18 @@ async def serve_generation(
         raise
 
 
+_UNANSWERED = ("error", "cancelled")
+
+
+def _logged_sampling(req: GenerationRequest) -> dict[str, Any]:
+    """request_start's `sampling`: the parameters, logit_bias as its entry count."""
+    fields = attrs.asdict(req.sampling)
+    bias = fields.pop("logit_bias")
+    if bias:
+        fields["logit_bias_count"] = len(bias)
+    return fields
+
+
 def _cancellation(exc: BaseException) -> bool:
     """A trio.Cancelled, alone or in the exception group a nursery wrapped it in."""
     if isinstance(exc, BaseExceptionGroup):
@@ -149,17 +168,48 @@ def _cancellation(exc: BaseException) -> bool:
 
 
 @attrs.define(eq=False)
+class _Sequence:
+    """One choice's events as they arrive."""
+
+    token_ids: list[int] = attrs.Factory(list)
+    texts: list[str] = attrs.Factory(list)
+    logprobs: list[TokenLogprob] = attrs.Factory(list)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    finish: Finish | None = None
+
+    def add(self, delta: TokenDelta) -> None:
+        self.token_ids.extend(delta.token_ids)
+        self.texts.append(delta.text)
+        if delta.logprobs:
+            self.logprobs.extend(delta.logprobs)
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
+
+    def done(self, index: int) -> Choice:
+        assert self.finish is not None
+        return Choice(
+            index,
+            self.token_ids,
+            "".join(self.texts),
+            self.finish,
+            self.logprobs,
+            self.prompt_logprobs,
+        )
+
+
+@attrs.define(eq=False)
 class _Run:
     ctx: FlowContext
     frontend: Frontend
     scope: HTTPScope
     exchange: Exchange
     life: Lifecycle
-    handle: RequestHandle | None = None
+    handles: list[RequestHandle] = attrs.Factory(list)  # one per choice, once submitted
     work: trio.CancelScope = attrs.Factory(trio.CancelScope)  # generation and its answer
     client_gone: bool = False  # noted by the disconnect watcher or a failed write
     stalled: bool = False  # noted by the write watchdog
     progress: Progress | None = None  # the ticket's tag: how far the request has come
+    last_at: float = 0.0  # when tokens last arrived (for the inter-token metric)
     writer: _Writer = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -226,15 +276,20 @@ class _Run:
         life.body_read()
         prepared = await self.frontend.prepare(body, life.request_id)
         req = prepared.request
-        self.progress = ctx.service_times.track(ticket, len(req.prompt_ids), req.max_new_tokens)
+        prompt_tokens = sum(len(r.prompt_ids) for r in prepared.requests)
+        self.progress = ctx.service_times.track(
+            ticket, prompt_tokens, req.max_new_tokens * len(prepared.requests)
+        )
+        extra = {"choices": len(prepared.requests)} if len(prepared.requests) > 1 else {}
         life.prepared(
             trio.current_time(),
-            prompt_tokens=len(req.prompt_ids),
+            prompt_tokens=prompt_tokens,
             max_new_tokens=req.max_new_tokens,
             stream=prepared.stream,
-            sampling=attrs.asdict(req.sampling),
+            sampling=_logged_sampling(req),
             stop_count=len(req.stop),
             ignore_eos=req.ignore_eos,
+            **extra,
             **prepared.log_fields,
         )
         failure: ApiError | None = None
@@ -251,8 +306,8 @@ class _Run:
                         self._gone()  # the connection broke while we wrote to it
                 nursery.cancel_scope.cancel()
         finally:  # however it ended (a shutdown's cancellation too): nobody reads on
-            if self.handle is not None:
-                ctx.engine.cancel(self.handle)  # a no-op once the engine has finished it
+            for handle in self.handles:
+                ctx.engine.cancel(handle)  # a no-op once the engine has finished it
         # Only this task moves the lifecycle: the watchers above just noted what they saw
         # (the work may have run on to its next checkpoint after they cancelled it).
         now = trio.current_time()
@@ -275,8 +330,8 @@ class _Run:
     def _stalled(self, ticket: Ticket) -> None:
         """The client stopped reading: free the slot and pages now, whatever send does."""
         self.stalled = True
-        if self.handle is not None:
-            self.ctx.engine.cancel(self.handle)
+        for handle in self.handles:
+            self.ctx.engine.cancel(handle)
         ticket.release()
         self.work.cancel()
 
@@ -289,10 +344,12 @@ class _Run:
 
     async def _admit_and_generate(self, ticket: Ticket, prepared: Prepared) -> None:
         life, ctx = self.life, self.ctx
-        req = prepared.request
-        units = ctx.pages_needed(len(req.prompt_ids), req.max_new_tokens)
+        units = sum(
+            ctx.pages_needed(len(r.prompt_ids), r.reserved_tokens) for r in prepared.requests
+        )
+        slots = len(prepared.requests)
         with trio.move_on_at(life.arrival + ctx.pending_timeout_s) as queue_scope:
-            await ctx.scheduler.admit(ticket, units)
+            await ctx.scheduler.admit(ticket, units, slots)
         if queue_scope.cancelled_caught:
             raise ApiError(
                 "request_queue_timeout",
@@ -300,23 +357,40 @@ class _Run:
                 retry_after=ctx.scheduler.admitted_in(units),
             )
         life.admitted(trio.current_time())
+        streams = []
         try:
-            self.handle, events = ctx.engine.submit(req)
+            for req in prepared.requests:
+                handle, events = ctx.engine.submit(req)
+                self.handles.append(handle)
+                streams.append(events)
         except Exception as exc:  # the engine stopped or refused: not the client's fault
             raise ApiError("internal_error", "the engine is not accepting requests") from exc
         answer = prepared.answer
         if prepared.stream:
-            await self._start_stream()
+            await self._start_stream(prepared.headers)
             await self.writer.frames(answer.head())
-        finish, token_ids, text = await self._collect(events, prepared)
-        if finish is None or finish.reason == "error":
-            await self._engine_failed(finish, prepared)
+        choices = await self._collect(streams, prepared)
+        # A choice the engine ended without an answer (an error; or cancelled, which only
+        # a stopping engine does to a request its reader still waits for) fails them all.
+        unanswered = [c for c in choices if c.finish is None or c.finish.reason in _UNANSWERED]
+        failed = next((c for c in unanswered if c.finish and c.finish.error), None) or next(
+            iter(unanswered), None
+        )
+        if failed is not None:
+            await self._engine_failed(failed.finish, prepared)
             return
         now = trio.current_time()
+        finishes = [c.finish for c in choices if c.finish is not None]
+        last = max(finishes, key=lambda f: f.timings.prefill_s + f.timings.decode_s)
         outcome = Outcome(
-            life.request_id, token_ids, text, finish, life.timing(finish.timings, now)
+            life.request_id,
+            tuple(c.done(i) for i, c in enumerate(choices)),
+            prepared.usage(finishes),
+            life.timing(last.timings, now),
         )
-        life.settled(finish, outcome.timing, stream=prepared.stream)
+        life.settled(
+            attrs.evolve(finishes[0], usage=outcome.usage), outcome.timing, stream=prepared.stream
+        )
         if prepared.stream:
             await self.writer.frames(answer.tail(outcome))
             await self.writer.send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -329,37 +403,71 @@ class _Run:
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
                     (b"server-timing", f"total;dur={total_ms:.3f}".encode()),
+                    *prepared.headers,
                 ],
             )
             await self.writer.send({"type": "http.response.body", "body": body, "more_body": False})
         life.sent()
 
     async def _collect(
-        self, events: trio.MemoryReceiveChannel[Event], prepared: Prepared
-    ) -> tuple[Finish | None, list[int], str]:
-        """Take the engine's events (streaming each delta), up to its Finish."""
-        assert self.handle is not None
-        token_ids: list[int] = []
-        texts: list[str] = []
-        last_at = trio.current_time()
-        async with events:
+        self, streams: list[trio.MemoryReceiveChannel[Event]], prepared: Prepared
+    ) -> list[_Sequence]:
+        """Take every choice's engine events (streaming each delta) up to its Finish.
+        Choices decoded together are read through one channel, in arrival order."""
+        sequences = [_Sequence() for _ in streams]
+        if len(streams) == 1:
+            async with streams[0] as events:
+                async for event in events:
+                    self.ctx.engine.consumed(
+                        self.handles[0], events.statistics().current_buffer_used
+                    )
+                    if await self._take(0, event, sequences[0], prepared):
+                        break
+            return sequences
+        send, receive = trio.open_memory_channel[tuple[int, Event]](0)
+        async with trio.open_nursery() as nursery, receive:
+            for i, stream in enumerate(streams):
+                nursery.start_soon(self._forward, i, stream, send.clone())
+            send.close()
+            async for i, event in receive:
+                await self._take(i, event, sequences[i], prepared)
+                if isinstance(event, Finish) and event.reason == "error":
+                    for handle in self.handles:  # the request has failed: stop its other
+                        self.ctx.engine.cancel(handle)  # choices now (each ends cancelled)
+        return sequences
+
+    async def _forward(
+        self,
+        index: int,
+        events: trio.MemoryReceiveChannel[Event],
+        out: trio.MemorySendChannel[tuple[int, Event]],
+    ) -> None:
+        async with events, out:
             async for event in events:
-                self.ctx.engine.consumed(self.handle, events.statistics().current_buffer_used)
+                self.ctx.engine.consumed(
+                    self.handles[index], events.statistics().current_buffer_used
+                )
+                await out.send((index, event))
                 if isinstance(event, Finish):
-                    return event, token_ids, "".join(texts)
-                now = trio.current_time()
-                if self.life.stage is Stage.PREFILL:
-                    self.life.first_token(now)
-                elif event.token_ids:
-                    self.ctx.on_tokens(now - last_at, len(event.token_ids))
-                last_at = now
-                token_ids.extend(event.token_ids)
-                texts.append(event.text)
-                if self.progress is not None:
-                    self.progress.generated += len(event.token_ids)
-                if prepared.stream:
-                    await self.writer.frames(prepared.answer.delta(event))
-        return None, token_ids, "".join(texts)
+                    return
+
+    async def _take(self, index: int, event: Event, seq: _Sequence, prepared: Prepared) -> bool:
+        """Note one event of the choice at `index`; True at its Finish."""
+        if isinstance(event, Finish):
+            seq.finish = event
+            return True
+        now = trio.current_time()
+        if self.life.stage is Stage.PREFILL:
+            self.life.first_token(now)
+        elif event.token_ids:
+            self.ctx.on_tokens(now - self.last_at, len(event.token_ids))
+        self.last_at = now
+        seq.add(event)
+        if self.progress is not None:
+            self.progress.generated += len(event.token_ids)
+        if prepared.stream:
+            await self.writer.frames(prepared.answer.delta(index, event))
+        return False
 
     async def _engine_failed(self, finish: Finish | None, prepared: Prepared) -> None:
         detail = finish.error if finish is not None and finish.error else "the engine stopped"
@@ -383,12 +491,13 @@ class _Run:
             }
         )
 
-    async def _start_stream(self) -> None:
+    async def _start_stream(self, headers: tuple[tuple[bytes, bytes], ...]) -> None:
         await self._start(
             200,
             [
                 (b"content-type", b"text/event-stream"),
                 (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no"),
+                *headers,
             ],
         )

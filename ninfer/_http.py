@@ -216,22 +216,26 @@ def allowed_origins(allowed: str) -> frozenset[str]:
     return frozenset(o.strip().rstrip("/") for o in allowed.split(",") if o.strip())
 
 
-def _cors_headers(origin: bytes) -> Headers:
-    headers = [(b"access-control-allow-origin", origin)]
+def _cors_headers(headers: Headers, origin: bytes) -> Headers:
+    """`headers` with the allowed origin; `Vary: origin` (one Vary header, merged with
+    one already there) where the answer depends on the request's Origin."""
+    out = [*headers, (b"access-control-allow-origin", origin)]
     if origin != b"*":
-        headers.append((b"vary", b"origin"))
-    return headers
+        vary = [v for k, v in out if k == b"vary"]
+        out = [(k, v) for k, v in out if k != b"vary"]
+        out.append((b"vary", b", ".join([*vary, b"origin"])))
+    return out
 
 
 def with_cors(send: ASGISendCallable, origin: bytes) -> ASGISendCallable:
     async def cors_send(message: ASGISendEvent) -> None:
         if message["type"] == "http.response.start":
-            headers = list(message.get("headers", []))
-            headers.extend(_cors_headers(origin))
+            headers = _cors_headers(list(message.get("headers", [])), origin)
             headers.append(
                 (
                     b"access-control-expose-headers",
-                    b"x-request-id, request-id, retry-after, retry-after-ms, server-timing",
+                    b"x-request-id, request-id, retry-after, retry-after-ms, server-timing, "
+                    b"x-ninfer-max-tokens-clamped",
                 )
             )
             message = {**message, "headers": headers}
@@ -240,19 +244,35 @@ def with_cors(send: ASGISendCallable, origin: bytes) -> ASGISendCallable:
     return cors_send
 
 
-async def preflight(send: ASGISendCallable) -> None:
-    """The answer to a CORS preflight; `send` adds the allowed origin (`with_cors`)."""
+# Sent when a preflight names no headers (the ones ninfer's clients use).
+_DEFAULT_ALLOWED_HEADERS = (
+    b"authorization, content-type, x-api-key, x-request-id, anthropic-version"
+)
+# A preflight's Access-Control-Request-Headers: comma-separated header names, bounded.
+_HEADER_LIST = re.compile(
+    rb"^[A-Za-z0-9!#$%&'*+.^_`|~-]+(?:[ \t]*,[ \t]*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*$"
+)
+_HEADER_LIST_MAX = 4096
+
+
+async def preflight(send: ASGISendCallable, scope: HTTPScope) -> None:
+    """The answer to a CORS preflight; `send` adds the allowed origin (`with_cors`).
+    Every header the page asks to send is allowed (the browser SDKs send their own:
+    x-stainless-*, anthropic-dangerous-direct-browser-access, ...): the origin and the
+    API key are what guard the server, not header names."""
+    asked = header(scope, b"access-control-request-headers")
+    allowed = _DEFAULT_ALLOWED_HEADERS
+    if asked is not None and len(asked) <= _HEADER_LIST_MAX and _HEADER_LIST.match(asked.strip()):
+        allowed = asked.strip().lower()
     await send(
         {
             "type": "http.response.start",
             "status": 204,
             "headers": [
-                (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-                (
-                    b"access-control-allow-headers",
-                    b"authorization, content-type, x-api-key, x-request-id, anthropic-version",
-                ),
+                (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+                (b"access-control-allow-headers", allowed),
                 (b"access-control-max-age", b"600"),
+                (b"vary", b"access-control-request-headers"),
                 (b"content-length", b"0"),
             ],
             "trailers": False,

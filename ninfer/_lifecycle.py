@@ -175,9 +175,13 @@ class Lifecycle:
         }
 
     def settled(self, finish: Finish, timing: Mapping[str, float], *, stream: bool) -> None:
+        # A budget cut short by a full KV pool is told to the client as its length; the
+        # record says so in a field of its own (the finish reasons of schema v1 stay).
+        extra: dict[str, Any] = {"cut_by": "kv_pool"} if finish.reason == "capacity" else {}
         self._go(
             Trigger.SETTLED,
-            finish_reason=finish.reason,
+            **extra,
+            finish_reason="length" if finish.reason == "capacity" else finish.reason,
             prompt_tokens=finish.usage.prompt_tokens,
             completion_tokens=finish.usage.completion_tokens,
             stream=stream,

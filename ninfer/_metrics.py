@@ -82,7 +82,8 @@ class _Levels(Collector):
         sched = self._scheduler()
         eng = self._engine()
         running = GaugeMetricFamily(
-            "ninfer_num_requests_running", "Requests holding a decode slot (admitted)."
+            "ninfer_num_requests_running",
+            "Decode slots held by admitted requests (one per sequence: n choices hold n).",
         )
         waiting = GaugeMetricFamily(
             "ninfer_num_requests_waiting", "Requests in the admission queue, not yet admitted."

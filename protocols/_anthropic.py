@@ -1,7 +1,7 @@
 """The Anthropic-compatible contract: POST /v1/messages and /v1/messages/count_tokens.
 
 Text only: image, document, tool and thinking blocks, `tools`, `tool_choice` and
-`thinking` are refused by name. The `model` field is a label, echoed back.
+`thinking` are refused by name. The `model` field names a served model (the server checks it).
 Errors: `{"type": "error", "error": {"type", "message"}, "request_id"}`.
 """
 
@@ -53,7 +53,9 @@ class Block:
     content: Any = attrs.field(default=None, metadata=_REFUSED)
     thinking: str | None = attrs.field(default=None, metadata=_REFUSED)
     signature: str | None = attrs.field(default=None, metadata=_REFUSED)
+    is_error: bool | None = attrs.field(default=None, metadata=_REFUSED)  # of a tool_result
     cache_control: dict[str, Any] | None = None
+    citations: list[dict[str, Any]] | None = None  # on text a client sends back: no effect
 
 
 @attrs.frozen
@@ -97,9 +99,28 @@ class MessagesRequest:
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    # Accepted without effect: caching is automatic here, one tier and place serve all.
+    cache_control: dict[str, Any] | None = None
+    service_tier: str | None = attrs.field(
+        default=None, metadata=schema(enum=["auto", "standard_only"])
+    )
+    inference_geo: str | None = None
+    # Known, not supported here.
+    container: Any = attrs.field(default=None, metadata=_REFUSED)
+    mcp_servers: Any = attrs.field(default=None, metadata=_REFUSED)
+    output_config: Any = attrs.field(default=None, metadata=_REFUSED)
+    speed: Any = attrs.field(default=None, metadata=_REFUSED)
+    diagnostics: Any = attrs.field(default=None, metadata=_REFUSED)
+    context_management: Any = attrs.field(default=None, metadata=_REFUSED)
 
     def system_text(self) -> str | None:
         return _system_text(self.system)
+
+    def unsupported(self) -> dict[str, Any]:
+        """The fields refused by name when sent."""
+        names = ("tools", "tool_choice", "thinking", "container", "mcp_servers",
+                 "output_config", "speed", "diagnostics", "context_management")  # fmt: skip
+        return {name: getattr(self, name) for name in names}
 
 
 @attrs.frozen
@@ -146,10 +167,14 @@ class AnthropicCodec:
     ) -> None:
         for name, value in refused.items():
             if value is not None:
+                why = (
+                    " (the model's chat template has no tool or thinking support)"
+                    if name in ("tools", "tool_choice", "thinking")
+                    else ""
+                )
                 raise ApiError(
                     "invalid_request",
-                    f"{name} is not supported by this server (the model's chat template has "
-                    "no tool or thinking support)",
+                    f"{name} is not supported by this server{why}",
                     param=name,
                     code="unsupported_parameter",
                 )
@@ -186,11 +211,7 @@ class AnthropicCodec:
 
     def parse_messages(self, body: Any) -> MessagesRequest:
         req = structure(self._conv, body, MessagesRequest)
-        self._check_conversation(
-            req.messages,
-            req.system,
-            {"tools": req.tools, "tool_choice": req.tool_choice, "thinking": req.thinking},
-        )
+        self._check_conversation(req.messages, req.system, req.unsupported())
         if req.messages[-1].role != "user":
             raise _invalid(
                 f"messages[{len(req.messages) - 1}].role",

@@ -65,11 +65,14 @@ def _match(
             if c.get("$ref") == raw["$ref"]:
                 return d.resolve(doc, c)
     kind = _kind(target)
-    for c in candidates:
-        resolved = d.resolve(doc, c)
-        if fits(_kind(resolved), kind):
-            return resolved
-    return None
+    fitting = [r for r in (d.resolve(doc, c) for c in candidates) if fits(_kind(r), kind)]
+    if kind == "array" and len(fitting) > 1 and "items" in target:
+        # Several arrays (strings, token ids, ...): the one whose items are of a fitting kind.
+        items = _kind(d.resolve(doc, target["items"]))
+        for r in fitting:
+            if "items" in r and fits(_kind(d.resolve(doc, r["items"])), items):
+                return r
+    return fitting[0] if fitting else None
 
 
 def _kind(schema: Schema) -> str:

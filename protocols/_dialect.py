@@ -82,7 +82,7 @@ class NativeDialect(Dialect):
 _INVALID = frozenset({"invalid_request", "context_length_exceeded", "malformed_json"})
 
 _OPENAI_TYPES = {
-    "unauthorized": "authentication_error",
+    "unauthorized": "invalid_request_error",  # with code invalid_api_key, as OpenAI answers
     "not_found": "invalid_request_error",
     "model_not_found": "invalid_request_error",
     "server_overloaded": "rate_limit_error",

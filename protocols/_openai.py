@@ -28,6 +28,7 @@ __all__ = [
     "ChatRequest",
     "CompletionRequest",
     "OpenAICodec",
+    "logit_bias_pairs",
 ]
 
 
@@ -62,21 +63,27 @@ class ChatMessage:
 @attrs.frozen
 class StreamOptions:
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # accepted; no padding field is ever added
 
 
 @attrs.frozen
 class ResponseFormat:
     type: str
+    json_schema: dict[str, Any] | None = attrs.field(default=None, metadata=schema(refused=True))
+
+
+# Fields of the OpenAI references that this server knows and cannot honour: parsed only
+# to be refused by name (unsupported_parameter), never as unknown.
+_REFUSED = schema(refused=True)
+_SERVICE_TIERS = ["auto", "default", "flex", "scale", "priority", "fast"]
+LOGIT_BIAS_MAX = 1024  # entries; OpenAI documents no count, only -100..100 per entry
+METADATA_MAX_PAIRS, METADATA_KEY_MAX, METADATA_VALUE_MAX = 16, 64, 512
 
 
 @attrs.frozen
-class ChatRequest:
-    """An OpenAI chat completion request (POST /v1/chat/completions)."""
+class _Sampling:
+    """Fields the chat and text completion requests share."""
 
-    model: str
-    messages: list[ChatMessage] = attrs.field(metadata=schema(minItems=1))
-    max_completion_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1))
-    max_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1))
     temperature: float | None = attrs.field(default=None, metadata=schema(minimum=0, maximum=2))
     top_p: float | None = attrs.field(default=None, metadata=schema(exclusiveMinimum=0, maximum=1))
     top_k: int | None = attrs.field(default=None, metadata=schema(minimum=0))
@@ -93,51 +100,80 @@ class ChatRequest:
     stop: str | list[str] | None = attrs.field(
         default=None, metadata=schema(minLength=1, maxItems=4, items={"minLength": 1})
     )
-    n: int | None = attrs.field(default=None, metadata=schema(minimum=1, maximum=1))
+    # One choice per sequence, decoded together (at most --max-concurrency in all).
+    n: int | None = attrs.field(default=None, metadata=schema(minimum=1, maximum=128))
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    # Token id (as a string) -> bias added to its logit, -100..100.
+    logit_bias: dict[str, Any] | None = None
+    user: str | None = None
+    ignore_eos: bool | None = None
+
+
+@attrs.frozen
+class ChatRequest(_Sampling):
+    """An OpenAI chat completion request (POST /v1/chat/completions)."""
+
+    model: str = attrs.field(kw_only=True)
+    messages: list[ChatMessage] = attrs.field(kw_only=True, metadata=schema(minItems=1))
+    max_completion_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1))
+    max_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1))
     logprobs: bool | None = None
+    # 0..20, checked by the codec (the published contract has declared no limit since
+    # the field was refused whole).
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    user: str | None = None
-    ignore_eos: bool | None = None
+    # Accepted without effect (docs/api.md says why each is harmless).
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = attrs.field(
+        default=None, metadata=schema(enum=["in_memory", "24h"])
+    )
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = attrs.field(default=None, metadata=schema(maxLength=64))
+    service_tier: str | None = attrs.field(default=None, metadata=schema(enum=_SERVICE_TIERS))
+    modalities: list[str] | None = None  # ["text"] only
+    # Known, not supported here.
+    audio: Any = attrs.field(default=None, metadata=_REFUSED)
+    functions: Any = attrs.field(default=None, metadata=_REFUSED)
+    function_call: Any = attrs.field(default=None, metadata=_REFUSED)
+    moderation: Any = attrs.field(default=None, metadata=_REFUSED)
+    prediction: Any = attrs.field(default=None, metadata=_REFUSED)
+    reasoning_effort: Any = attrs.field(default=None, metadata=_REFUSED)
+    verbosity: Any = attrs.field(default=None, metadata=_REFUSED)
+    web_search_options: Any = attrs.field(default=None, metadata=_REFUSED)
+
+
+# A text completion's prompt: a string, strings, token ids, or lists of token ids.
+Prompt = str | list[str] | list[int] | list[list[int]]
 
 
 @attrs.frozen
-class CompletionRequest:
+class CompletionRequest(_Sampling):
     """An OpenAI text completion request (POST /v1/completions)."""
 
-    model: str
-    prompt: str
+    model: str = attrs.field(kw_only=True)
+    prompt: Prompt = attrs.field(kw_only=True)
     max_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1, default=16))
-    temperature: float | None = attrs.field(default=None, metadata=schema(minimum=0, maximum=2))
-    top_p: float | None = attrs.field(default=None, metadata=schema(exclusiveMinimum=0, maximum=1))
-    top_k: int | None = attrs.field(default=None, metadata=schema(minimum=0))
-    min_p: float | None = attrs.field(default=None, metadata=schema(minimum=0, exclusiveMaximum=1))
-    presence_penalty: float | None = attrs.field(
-        default=None, metadata=schema(minimum=-2, maximum=2)
-    )
-    frequency_penalty: float | None = attrs.field(
-        default=None, metadata=schema(minimum=-2, maximum=2)
-    )
-    seed: int | None = attrs.field(
-        default=None, metadata=schema(minimum=-(2**63), maximum=2**63 - 1)
-    )
-    stop: str | list[str] | None = attrs.field(
-        default=None, metadata=schema(minLength=1, maxItems=4, items={"minLength": 1})
-    )
-    n: int | None = attrs.field(default=None, metadata=schema(minimum=1, maximum=1))
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
     echo: bool | None = None
+    # 0..5; best_of only 1; suffix refused: checked by the codec (the published contract
+    # has declared no limits since these fields were refused whole).
     logprobs: int | None = None
-    suffix: str | None = None
     best_of: int | None = None
-    user: str | None = None
-    ignore_eos: bool | None = None
+    suffix: str | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: a text or its token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
 
 
 _PART_TYPES = frozenset({"image_url", "input_audio", "file", "refusal"})
@@ -148,12 +184,18 @@ def _invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
     return ApiError("invalid_request", message, param=param, code=code)
 
 
+def _unsupported(param: str, message: str) -> ApiError:
+    return ApiError("invalid_request", message, param=param, code="unsupported_parameter")
+
+
 class OpenAICodec:
     """Strict parsing for the OpenAI routes; one converter per app, never global."""
 
     def __init__(self) -> None:
         conv = make_converter()
         register_list(conv, str)
+        register_list(conv, int)
+        register_list(conv, list[int])
         register_list(conv, TextPart)
         register_list(conv, ChatMessage)
         register_list(conv, dict[str, Any])
@@ -177,6 +219,22 @@ class OpenAICodec:
                 return value
             raise InvalidType("string or object")
 
+        def prompt_hook(value: Any, _: type) -> Prompt:
+            if isinstance(value, str):
+                return value
+            if isinstance(value, list) and value:
+                if all(isinstance(x, str) for x in value):
+                    return conv.structure(value, list[str])
+                if all(isinstance(x, list) for x in value):
+                    return conv.structure(value, list[list[int]])
+                return conv.structure(value, list[int])
+            raise InvalidType(
+                "string, array of strings, array of token ids or array of arrays of token ids"
+            )
+
+        def any_hook(value: Any, _: type) -> Any:
+            return value
+
         conv.register_structure_hook_func(
             lambda t: t == (str | list[TextPart] | None), content_hook
         )
@@ -184,10 +242,13 @@ class OpenAICodec:
         conv.register_structure_hook_func(
             lambda t: t == (str | dict[str, Any] | None), tool_choice_hook
         )
+        conv.register_structure_hook_func(lambda t: t == Prompt, prompt_hook)
+        conv.register_structure_hook_func(lambda t: t is Any, any_hook)
         self._conv: cattrs.Converter = conv
 
     def parse_chat(self, body: Any, *, supports_tools: bool) -> ChatRequest:
         req = structure(self._conv, body, ChatRequest)
+        _refuse_known(req)
         if not req.messages:
             raise _invalid("messages", "messages must contain at least one message")
         for i, m in enumerate(req.messages):
@@ -221,12 +282,10 @@ class OpenAICodec:
                             code="missing_required_parameter",
                         )
         if (req.tools or req.tool_choice not in (None, "none")) and not supports_tools:
-            raise ApiError(
-                "invalid_request",
+            raise _unsupported(
+                "tools" if req.tools else "tool_choice",
                 "this model's chat template has no tool support; tools and tool_choice "
                 "cannot be honoured",
-                param="tools" if req.tools else "tool_choice",
-                code="unsupported_parameter",
             )
         if (
             req.max_tokens is not None
@@ -237,54 +296,90 @@ class OpenAICodec:
                 "max_tokens",
                 "max_tokens and max_completion_tokens disagree; send only max_completion_tokens",
             )
-        if req.logprobs or req.top_logprobs is not None:
-            raise ApiError(
-                "invalid_request",
-                "logprobs are not supported by this server",
-                param="logprobs" if req.logprobs else "top_logprobs",
-                code="unsupported_parameter",
-            )
+        if req.top_logprobs is not None and not req.logprobs:
+            raise _invalid("top_logprobs", "top_logprobs needs logprobs set to true")
+        _check_range("top_logprobs", req.top_logprobs, 0, 20)
         if req.response_format is not None and req.response_format.type != "text":
-            raise ApiError(
-                "invalid_request",
+            raise _unsupported(
+                "response_format.type",
                 f"response_format {kind_name(req.response_format.type, _FORMATS)} is not "
-                "supported; only 'text' is",
-                param="response_format.type",
-                code="unsupported_parameter",
+                "supported yet; only 'text' is",
             )
-        _check_n(req.n)
+        if req.response_format is not None and req.response_format.json_schema is not None:
+            raise _unsupported(
+                "response_format.json_schema", "response_format.json_schema is not supported yet"
+            )
+        for i, modality in enumerate(req.modalities or ()):
+            if modality != "text":
+                raise _unsupported(f"modalities[{i}]", "only the text modality is supported")
+        _check_metadata(req.metadata)
         check_limits(req)
         return req
 
     def parse_completion(self, body: Any) -> CompletionRequest:
         req = structure(self._conv, body, CompletionRequest)
+        _refuse_known(req)
+        if req.suffix is not None:
+            raise _unsupported("suffix", "suffix is not supported by this server")
+        if req.best_of not in (None, 1):
+            raise _unsupported("best_of", "best_of is not supported by this server (only 1)")
+        _check_range("logprobs", req.logprobs, 0, 5)
         # Refused since v0.1 but never declared as minLength in the published contract:
         # declaring it now would read as a tightened limit to `ninfer openapi --compare`.
-        if not req.prompt:
-            raise _invalid("prompt", "prompt must be a non-empty string")
-        if req.echo:
-            raise ApiError(
-                "invalid_request",
-                "echo is not supported by this server",
-                param="echo",
-                code="unsupported_parameter",
-            )
-        for name in ("logprobs", "suffix", "best_of"):
-            value = getattr(req, name)
-            if value is not None and not (name == "best_of" and value == 1):
-                raise ApiError(
-                    "invalid_request",
-                    f"{name} is not supported by this server",
-                    param=name,
-                    code="unsupported_parameter",
-                )
-        _check_n(req.n)
+        for i, prompt in enumerate(req.prompts()):
+            where = "prompt" if isinstance(req.prompt, str) else f"prompt[{i}]"
+            if not prompt:
+                raise _invalid(where, f"{where} must not be empty")
+            if isinstance(prompt, list) and any(t < 0 for t in prompt):
+                raise _invalid(where, f"{where} holds a negative token id")
         check_limits(req)
         return req
 
 
-def _check_n(n: int | None) -> None:
-    if n is not None and n != 1:
-        raise ApiError(
-            "invalid_request", "only n=1 is supported", param="n", code="unsupported_parameter"
-        )
+def _refuse_known(req: Any) -> None:
+    """Refuse, by name, the first field of the reference this server cannot honour."""
+    for field in attrs.fields(type(req)):
+        if field.metadata.get("schema", {}).get("refused") and getattr(req, field.name) is not None:
+            raise _unsupported(field.name, f"{field.name} is not supported by this server")
+
+
+def _check_range(name: str, value: int | None, low: int, high: int) -> None:
+    if value is not None and not low <= value <= high:
+        raise _invalid(name, f"{name} must be at least {low} and at most {high}")
+
+
+def _check_metadata(metadata: dict[str, Any] | None) -> None:
+    """OpenAI's bounds: at most 16 pairs, keys up to 64 characters, string values up to 512."""
+    if metadata is None:
+        return
+    if len(metadata) > METADATA_MAX_PAIRS:
+        raise _invalid("metadata", f"metadata takes at most {METADATA_MAX_PAIRS} pairs")
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_MAX:
+            raise _invalid("metadata", f"metadata keys are at most {METADATA_KEY_MAX} characters")
+        if not isinstance(value, str):
+            raise _invalid("metadata", "metadata values must be strings", code="invalid_type")
+        if len(value) > METADATA_VALUE_MAX:
+            raise _invalid(
+                "metadata", f"metadata values are at most {METADATA_VALUE_MAX} characters"
+            )
+
+
+def logit_bias_pairs(bias: dict[str, Any] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias (token id as a string -> -100..100) as (id, bias) pairs."""
+    if not bias:
+        return ()
+    if len(bias) > LOGIT_BIAS_MAX:
+        raise _invalid("logit_bias", f"logit_bias takes at most {LOGIT_BIAS_MAX} entries")
+    pairs = []
+    for key, value in bias.items():
+        if not key.isascii() or not key.isdigit() or int(key) >= vocab_size:
+            raise _invalid(
+                "logit_bias", f"logit_bias keys are token ids, 0 to {vocab_size - 1}, as strings"
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _invalid("logit_bias", "logit_bias values are numbers", code="invalid_type")
+        if not -100 <= value <= 100:
+            raise _invalid("logit_bias", "logit_bias values must be between -100 and 100")
+        pairs.append((int(key), float(value)))
+    return tuple(sorted(pairs))

@@ -20,10 +20,12 @@ __all__ = [
     "ChatCompletion",
     "ChatCompletionChunk",
     "ChatDelta",
+    "ChatLogprobs",
     "Completion",
     "CompletionChoice",
     "CompletionChunk",
     "CompletionChunkChoice",
+    "CompletionLogprobs",
     "ContentBlockDelta",
     "ContentBlockStart",
     "ContentBlockStop",
@@ -43,7 +45,6 @@ __all__ = [
     "OpenAIError",
     "OpenAIErrorBody",
     "OpenAIUsage",
-    "OutputUsage",
     "Ping",
     "PromptTokensDetails",
     "StopDelta",
@@ -51,6 +52,8 @@ __all__ = [
     "TextBlock",
     "TextDelta",
     "Timing",
+    "TokenLogprobEntry",
+    "TopLogprob",
     "Usage",
 ]
 
@@ -173,10 +176,34 @@ class AssistantMessage:
 
 
 @attrs.frozen
+class TopLogprob:
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+@attrs.frozen
+class TokenLogprobEntry:
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+@attrs.frozen
+class ChatLogprobs:
+    """Chat log probabilities: one entry per output token (the end-of-sequence token
+    excluded); `bytes` rebuild a token that holds part of a UTF-8 character."""
+
+    content: list[TokenLogprobEntry]
+    refusal: None
+
+
+@attrs.frozen
 class ChatChoice:
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: OpenAIFinish
 
 
@@ -191,6 +218,7 @@ class ChatCompletion:
     choices: list[ChatChoice]
     usage: OpenAIUsage
     system_fingerprint: None
+    service_tier: str | None = None  # as the request named it ("auto" answers "default")
 
 
 @attrs.frozen
@@ -203,7 +231,7 @@ class ChatDelta:
 class ChatChunkChoice:
     index: int
     delta: ChatDelta
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: OpenAIFinish | None
 
 
@@ -217,13 +245,25 @@ class ChatCompletionChunk:
     model: str
     choices: list[ChatChunkChoice]
     usage: OpenAIUsage | None = None
+    service_tier: str | None = None
+
+
+@attrs.frozen
+class CompletionLogprobs:
+    """The legacy completions shape: parallel lists, one item per token (the prompt's
+    first, when echoed, has null for its logprob and its alternatives)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
 
 
 @attrs.frozen
 class CompletionChoice:
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: OpenAIFinish
 
 
@@ -244,7 +284,7 @@ class Completion:
 class CompletionChunkChoice:
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: OpenAIFinish | None
 
 
@@ -300,8 +340,13 @@ class TextBlock:
 
 @attrs.frozen
 class AnthropicUsage:
+    """Anthropic's accounting: `input_tokens` excludes the prompt tokens read from the
+    prefix cache (`cache_read_input_tokens`); nothing is billed for writing it."""
+
     input_tokens: int
     output_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
 
 
 @attrs.frozen
@@ -374,15 +419,10 @@ class StopDelta:
 
 
 @attrs.frozen
-class OutputUsage:
-    output_tokens: int
-
-
-@attrs.frozen
 class MessageDelta:
     type: Literal["message_delta"]
     delta: StopDelta
-    usage: OutputUsage
+    usage: AnthropicUsage  # cumulative, as Anthropic sends it
 
 
 @attrs.frozen

@@ -61,7 +61,7 @@ class SchedulerStatistics:
     max_pending: int
     in_system: int  # tickets out: preparing + waiting + running + finishing
     waiting: int  # in the FIFO queue
-    running: int  # holding a running slot
+    running: int  # running slots held (a ticket holds one per sequence it decodes)
     units_total: int
     units_used: int
     units_free: int
@@ -78,6 +78,7 @@ class Ticket:
     arrival: float
     seq: int = 0  # arrival order
     units: int = 0
+    slots: int = 1  # running slots it holds once admitted (sequences decoded together)
     admitted: bool = False
     queued: bool = False
     released: bool = False
@@ -140,17 +141,23 @@ class AdmissionController:
         self._live[ticket.seq] = ticket
         return ticket
 
-    def fits(self, units: int) -> bool:
-        """Whether `units` could ever be granted (the whole pool is big enough)."""
-        return units <= self.units_total
+    def fits(self, units: int, slots: int = 1) -> bool:
+        """Whether `units` and `slots` could ever be granted (the pool and the running
+        slots are big enough)."""
+        return units <= self.units_total and 1 <= slots <= self.max_running
 
-    async def admit(self, ticket: Ticket, units: int) -> None:
-        """Wait in FIFO order for a running slot and `units`; cancellable at any point."""
+    async def admit(self, ticket: Ticket, units: int, slots: int = 1) -> None:
+        """Wait in FIFO order for `slots` running slots (one per sequence the request
+        decodes) and `units`; cancellable at any point."""
         if ticket.released or ticket.admitted:
             raise RuntimeError("ticket already admitted or released")
-        if not self.fits(units):
-            raise ValueError(f"{units} units can never be granted (pool of {self.units_total})")
+        if not self.fits(units, slots):
+            raise ValueError(
+                f"{units} units and {slots} slots can never be granted (pool of "
+                f"{self.units_total}, {self.max_running} slots)"
+            )
         ticket.units = units
+        ticket.slots = slots
         ticket.queued = True
         self._queue.append(ticket)
         self._grant()
@@ -165,13 +172,13 @@ class AdmissionController:
     def _grant(self) -> None:
         while self._queue:
             head = self._queue[0]
-            if self._running >= self.max_running:
+            if self._running + head.slots > self.max_running:
                 return
             if self._units_used + head.units > self.units_total:
                 return
             self._queue.popleft()
             head.queued = False
-            self._running += 1
+            self._running += head.slots
             self._units_used += head.units
             head.admitted = True
             self._admitted_total += 1
@@ -185,7 +192,7 @@ class AdmissionController:
         self._live.pop(ticket.seq, None)
         self._places_back += 1
         if ticket.admitted:
-            self._running -= 1
+            self._running -= ticket.slots
             self._units_used -= ticket.units
             self._completions.append(trio.current_time())
             self._grant()
@@ -215,41 +222,42 @@ class AdmissionController:
         # One call for every ticket (and a probe of unknown size, for the fallback).
         probe = Ticket(controller=self, arrival=trio.current_time(), seq=-1)
         seconds = [max(0.0, s) for s in self.service_time([*running_now, *pending, probe])]
-        ending = [(s, t.units) for t, s in zip(running_now, seconds, strict=False)]
-        heapq.heapify(ending)  # (seconds from now, units)
-        waiting: deque[tuple[int, float, bool]] = deque()  # (units, service s, the joiner)
-        sized: list[tuple[int, float, bool]] = []  # those whose size the caller knows
+        ending = [(s, t.units, t.slots) for t, s in zip(running_now, seconds, strict=False)]
+        heapq.heapify(ending)  # (seconds from now, units, slots)
+        # (units, slots, service s, the joiner)
+        waiting: deque[tuple[int, int, float, bool]] = deque()
+        sized: list[tuple[int, int, float, bool]] = []  # those whose size the caller knows
         for t, s in zip(pending, seconds[len(running_now) :], strict=False):
-            entry = (t.units, s, False)
+            entry = (t.units, t.slots, s, False)
             waiting.append(entry)
             if t.units or t.tag is not None:
                 sized.append(entry)
         # A request like those waiting (else, one the caller knows nothing of) takes
         # each place that frees.
-        like = _typical(sized) or ((0, seconds[-1], False) if seconds[-1] > 0 else None)
+        like = _typical(sized) or ((0, 1, seconds[-1], False) if seconds[-1] > 0 else None)
         if extra is not None:
-            waiting.append((extra, 0.0, True))
-        running, units_used = len(ending), sum(u for _, u in ending)
+            waiting.append((extra, 1, 0.0, True))
+        running, units_used = sum(n for _, _, n in ending), sum(u for _, u, _ in ending)
         released: list[float] = []
         joined_at: float | None = None
         now = 0.0
         while True:
-            while waiting and running < self.max_running:
-                units, service, joiner = waiting[0]
-                if units_used + units > self.units_total:
+            while waiting:
+                units, slots, service, joiner = waiting[0]
+                if running + slots > self.max_running or units_used + units > self.units_total:
                     break
                 waiting.popleft()
                 if joiner:
                     joined_at = now
                     continue
-                heapq.heappush(ending, (now + service, units))
-                running += 1
+                heapq.heappush(ending, (now + service, units, slots))
+                running += slots
                 units_used += units
             done = len(released) >= places and (extra is None or joined_at is not None)
             if done or not ending or now > RETRY_AFTER_MAX_S:
                 return released, joined_at
-            now, units = heapq.heappop(ending)
-            running -= 1
+            now, units, slots = heapq.heappop(ending)
+            running -= slots
             units_used -= units
             released.append(now)
             if like is not None:
@@ -298,10 +306,13 @@ def _clamp(seconds: float) -> float:
     return min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, seconds))
 
 
-def _typical(sized: list[tuple[int, float, bool]]) -> tuple[int, float, bool] | None:
-    """A request like those waiting: their mean units and service time."""
+def _typical(
+    sized: list[tuple[int, int, float, bool]],
+) -> tuple[int, int, float, bool] | None:
+    """A request like those waiting: their mean units, slots and service time."""
     if not sized:
         return None
-    units = round(sum(u for u, _, _ in sized) / len(sized))
-    seconds = sum(s for _, s, _ in sized) / len(sized)
-    return (units, seconds, False) if seconds > 0 else None
+    units = round(sum(u for u, _, _, _ in sized) / len(sized))
+    slots = max(1, round(sum(n for _, n, _, _ in sized) / len(sized)))
+    seconds = sum(s for _, _, s, _ in sized) / len(sized)
+    return (units, slots, seconds, False) if seconds > 0 else None

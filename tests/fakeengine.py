@@ -57,6 +57,9 @@ class FakeTokenizer:
     def encode(self, text: str) -> list[int]:
         return [ord(c) % 255 + 1 for c in text]
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return chr(token_id - 1).encode("utf-8")
+
 
 def served_model(*, max_context: int = 512, kv_pages: int = 256) -> ServedModel:
     return ServedModel(
@@ -97,8 +100,10 @@ class FakeEngine:
         self.decode_rows = 0
         self.generated = 0
         self.cancelled: list[str] = []  # request ids, in order
+        self._sink: EventSink | None = None
 
     async def run(self, sink: EventSink, on_ready: Callable[[ServedModel], None]) -> None:
+        self._sink = sink
         on_ready(self.model)
         while not self._stop:
             if not any(not r.paused for r in self._reqs.values()):
@@ -148,8 +153,12 @@ class FakeEngine:
         return handle
 
     def cancel(self, handle: RequestHandle) -> None:
-        if self._reqs.pop(handle.id, None) is not None:
+        """As the real engine: a request still running ends with a cancelled Finish."""
+        r = self._reqs.get(handle.id)
+        if r is not None:
             self.cancelled.append(handle.request_id)
+            assert self._sink is not None
+            self._sink.deliver([(handle, self._finish(r, "cancelled"))])
 
     def pause(self, handle: RequestHandle, paused: bool) -> None:
         r = self._reqs.get(handle.id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import orjson
 import torch
@@ -33,6 +34,7 @@ class Sink:
     def __init__(self) -> None:
         self.cv = threading.Condition()
         self.tokens: dict[int, list[int]] = {}
+        self.logprobs: dict[int, list[Any]] = {}
         self.done: set[int] = set()
 
     def deliver(self, events: list[tuple[RequestHandle, Event]]) -> None:
@@ -40,6 +42,9 @@ class Sink:
             for handle, event in events:
                 if isinstance(event, TokenDelta):
                     self.tokens.setdefault(handle.id, []).extend(event.token_ids)
+                    self.logprobs.setdefault(handle.id, []).extend(
+                        [lp.logprob, [list(t) for t in lp.top]] for lp in event.logprobs or ()
+                    )
                 elif isinstance(event, Finish):
                     self.done.add(handle.id)
             self.cv.notify_all()
@@ -68,11 +73,25 @@ def main() -> None:
             temperature=case["temperature"], top_p=case.get("top_p", 1.0), seed=case.get("seed")
         )
         handle = engine.submit(
-            GenerationRequest(f"case-{i}", ids, case["max_new_tokens"], sampling, (), True)
+            GenerationRequest(
+                f"case-{i}",
+                ids,
+                case["max_new_tokens"],
+                sampling,
+                (),
+                True,
+                logprobs=case.get("logprobs"),
+            )
         )
         with sink.cv:
             assert sink.cv.wait_for(lambda h=handle.id: h in sink.done, timeout=HANG_GUARD_S)
-        out.append({"prompt_ids": list(ids), "token_ids": sink.tokens.get(handle.id, [])})
+        out.append(
+            {
+                "prompt_ids": list(ids),
+                "token_ids": sink.tokens.get(handle.id, []),
+                "logprobs": sink.logprobs.get(handle.id, []),
+            }
+        )
     engine.shutdown()
     thread.join(HANG_GUARD_S)
     sys.stdout.write(orjson.dumps(out).decode())

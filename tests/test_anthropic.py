@@ -9,13 +9,19 @@ import httpx
 import pytest
 from server import serve
 
+# Every name the tests give as `model` is served (aliases of the one model).
+NAMES = ["m", "any-label", "x"]
+
 
 def _client(url: str, key: str = "unused") -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=url, api_key=key, max_retries=0)
 
 
 async def test_messages_whole_and_streamed(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+    async with (
+        serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv,
+        _client(srv.url) as client,
+    ):
         kwargs = {
             "model": "any-label",
             "max_tokens": 9,
@@ -57,7 +63,10 @@ async def test_messages_whole_and_streamed(tiny_gguf: Path, tmp_path: Path) -> N
 
 
 async def test_stop_sequence(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+    async with (
+        serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv,
+        _client(srv.url) as client,
+    ):
         base = {
             "model": "m",
             "max_tokens": 40,
@@ -75,7 +84,7 @@ async def test_stop_sequence(tiny_gguf: Path, tmp_path: Path) -> None:
 
 
 async def test_errors_map_to_the_sdk_classes(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path, api_key="k") as srv:
+    async with serve(tiny_gguf, tmp_path, api_key="k", served_model_name=NAMES) as srv:
         msgs = [{"role": "user", "content": "x"}]
         async with _client(srv.url, "wrong") as bad:
             with pytest.raises(anthropic.AuthenticationError):
@@ -118,7 +127,7 @@ async def test_huge_prompts_are_refused_before_tokenizing(tiny_gguf: Path, tmp_p
     without being tokenized whole, on every route, while /health keeps answering."""
     huge = "lorem ipsum " * 250_000
     messages = [{"role": "user", "content": huge}]
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv, srv.client() as c:
         for path, body in (
             ("/v1/messages/count_tokens", {"model": "m", "messages": messages}),
             ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": messages}),
@@ -134,7 +143,7 @@ async def test_huge_prompts_are_refused_before_tokenizing(tiny_gguf: Path, tmp_p
 async def test_token_counting_has_a_limit_of_its_own(tiny_gguf: Path, tmp_path: Path) -> None:
     """Counts take no place in the scheduler; past their own limit they get 429 at once."""
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv, srv.client() as c:
         holders = [object() for _ in range(int(srv.app.counting.total_tokens))]
         for h in holders:
             srv.app.counting.acquire_on_behalf_of_nowait(h)

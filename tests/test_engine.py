@@ -298,3 +298,42 @@ def test_waiting_for_work_is_not_a_stall(
     tiny_engine.sink.wait_done(handle)
     assert stats.busy
     assert stats.last_progress >= submitted
+
+
+def test_output_past_its_reservation_grows_into_free_pages_or_ends(tiny_gguf: Path) -> None:
+    """A request that reserved less than its budget (a clamped OpenAI or Anthropic one)
+    grows into free pages, with the same tokens as fully reserved; when no page is
+    free it ends with `capacity` instead of waiting."""
+    running = start_engine(
+        tiny_gguf, EngineConfig(max_batch=4, kv_capacity=128, page_size=16, prefill_chunk=8)
+    )  # a pool of 8 pages
+    eng, sink = running.engine, running.sink
+    try:
+        full = GenerationRequest("full", _prompt(10), 100, ignore_eos=True)
+        grown = GenerationRequest("grown", _prompt(10), 100, ignore_eos=True, reserve_tokens=6)
+        a, b = eng.submit(full), None
+        sink.wait_done(a)
+        b = eng.submit(grown)
+        (done,) = sink.wait_done(b)
+        assert done.reason == "length"
+        assert sink.tokens[b.id] == sink.tokens[a.id]
+        assert eng.statistics().pages_used == 0
+        # One page reserved, paused after its first token; then a request takes the
+        # other seven pages and pauses too: resumed, the first has no page to grow into.
+        small = eng.submit(GenerationRequest("small", _prompt(10), 100, ignore_eos=True,
+                                             reserve_tokens=6))  # fmt: skip
+        eng.pause(small, True)
+        sink.wait_for(lambda: len(sink.tokens.get(small.id, [])) >= 1)
+        big = eng.submit(GenerationRequest("big", _prompt(10, 1), 100, ignore_eos=True))
+        eng.pause(big, True)
+        sink.wait_for(lambda: len(sink.tokens.get(big.id, [])) >= 1)
+        assert eng.statistics().pages_free == 0
+        eng.pause(small, False)
+        (ended,) = sink.wait_done(small)
+        assert ended.reason == "capacity"
+        # Its page holds positions 10..15; the token sampled from position 15 is its last.
+        assert ended.usage.completion_tokens == 16 - 10 + 1
+        eng.pause(big, False)
+        assert sink.wait_done(big)[0].reason == "length"
+    finally:
+        stop_engine(running)

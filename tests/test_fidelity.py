@@ -41,14 +41,35 @@ PROMPTS = [
 ]
 
 
-def _cases(max_new_tokens: int, seeded: bool) -> list[dict[str, Any]]:
+MODEL_NAME = "fidelity"
+
+
+def _cases(max_new_tokens: int, seeded: bool, logprobs: bool = True) -> list[dict[str, Any]]:
     cases: list[dict[str, Any]] = []
     for i, prompt in enumerate(PROMPTS):
         cases.append({"prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": 0.0})
         if seeded:
             cases.append({"prompt": prompt, "max_new_tokens": max_new_tokens,
                           "temperature": 0.8, "top_p": 0.95, "seed": 1000 + i})  # fmt: skip
+        # Log probabilities come from the same float32 logits as the tokens: as exact in
+        # a batch as they are alone (asked for through /v1/completions).
+        if logprobs:
+            cases.append({"prompt": prompt, "max_new_tokens": max_new_tokens,
+                          "temperature": 0.0, "logprobs": 3})  # fmt: skip
     return cases
+
+
+async def _completion(c: httpx.AsyncClient, case: dict[str, Any]) -> dict[str, Any]:
+    """A logprobs case through /v1/completions, in the native answer's terms."""
+    body = {"model": MODEL_NAME, "prompt": case["prompt"], "max_tokens": case["max_new_tokens"],
+            "temperature": case["temperature"], "logprobs": case["logprobs"],
+            "ignore_eos": True}  # fmt: skip
+    r = await c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    lps = answer["choices"][0]["logprobs"]
+    return {"usage": answer["usage"], "logprobs": [lps["token_logprobs"], lps["top_logprobs"]],
+            "token_ids": None}  # fmt: skip
 
 
 async def _over_http(srv: Any, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -57,6 +78,9 @@ async def _over_http(srv: Any, cases: list[dict[str, Any]]) -> list[dict[str, An
     async with srv.client(limits=httpx.Limits(max_connections=64)) as c:
 
         async def one(i: int, case: dict[str, Any]) -> None:
+            if "logprobs" in case:
+                results[i] = await _completion(c, case)
+                return
             body = {**case, "ignore_eos": True}
             if i % 2:
                 r = await c.post("/v1/generate", json=body)
@@ -102,23 +126,50 @@ def _direct(model: Path, cases: list[dict[str, Any]], tmp_path: Path) -> list[di
 async def _check(model: Path, tmp_path: Path, cases: list[dict[str, Any]]) -> None:
     # All cases at once wait in the queue: a deadline no machine, however slow, reaches
     # (this test is about tokens; deadlines are tested elsewhere).
-    settings = {"max_concurrency": 8, "max_pending_requests": 64, "pending_timeout_ms": 600_000}
+    settings = {"max_concurrency": 8, "max_pending_requests": 64, "pending_timeout_ms": 600_000,
+                "served_model_name": [MODEL_NAME]}  # fmt: skip
     async with serve(model, tmp_path, **settings) as srv:
         http = await _over_http(srv, cases)
     direct = await trio.to_thread.run_sync(_direct, model, cases, tmp_path)
     assert len(http) == len(direct) == len(cases)
     mismatches = [
-        (case["prompt"], case.get("seed"))
+        (case["prompt"], case.get("seed"), case.get("logprobs"))
         for case, h, d in zip(cases, http, direct, strict=True)
-        if h["token_ids"] != d["token_ids"]
+        if h["token_ids"] not in (None, d["token_ids"]) or _logprobs_differ(h, d)
     ]
-    assert mismatches == [], f"{len(mismatches)} of {len(cases)} differ: {mismatches[:5]}"
+    detail = [
+        (h.get("logprobs"), d.get("logprobs"))
+        for case, h, d in zip(cases, http, direct, strict=True)
+        if (case["prompt"], case.get("seed"), case.get("logprobs")) in mismatches[:1]
+    ]
+    assert mismatches == [], (
+        f"{len(mismatches)} of {len(cases)} differ: {mismatches[:5]}; first: {detail}"
+    )
     for case, h, d in zip(cases, http, direct, strict=True):
         # Usage against independent counts: the other process's tokenization of the
         # prompt, and the tokens as they arrived over the wire.
         assert h["usage"]["prompt_tokens"] == len(d["prompt_ids"])
-        assert h["usage"]["completion_tokens"] == len(h["token_ids"]) == case["max_new_tokens"]
+        assert h["usage"]["completion_tokens"] == case["max_new_tokens"]
+        assert h["token_ids"] is None or len(h["token_ids"]) == case["max_new_tokens"]
         assert h["usage"]["total_tokens"] == len(d["prompt_ids"]) + case["max_new_tokens"]
+
+
+def _logprobs_differ(http: dict[str, Any], direct: dict[str, Any]) -> bool:
+    """Whether the logprobs over HTTP (values, and each place's alternatives) differ
+    from the engine's alone (compared by value: the wire names tokens by their text)."""
+    if "logprobs" not in http:
+        return False
+    values, tops = http["logprobs"]
+    alone = direct["logprobs"]
+    if values != [v for v, _ in alone]:
+        return True
+    # Alternatives that spell the same text (parts of one UTF-8 character, say) share
+    # one key on the wire, the last one's value kept: each place's values must be among
+    # the engine's.
+    return len(tops) != len(alone) or any(
+        not set(t.values()) <= {lp for _, lp in top}
+        for t, (_, top) in zip(tops, alone, strict=True)
+    )
 
 
 async def test_http_equals_the_engine_in_another_process(tiny_gguf: Path, tmp_path: Path) -> None:
@@ -129,4 +180,6 @@ async def test_http_equals_the_engine_in_another_process(tiny_gguf: Path, tmp_pa
 async def test_http_equals_the_engine_with_the_default_model(
     real_gguf: Path, tmp_path: Path
 ) -> None:
-    await _check(real_gguf, tmp_path, _cases(max_new_tokens=8, seeded=True))
+    # Tokens only: on SmolLM2 a logprob was seen to differ from the same request alone
+    # in its last bits, rarely (docs/engine.md, "Batch invariance"); tokens never did.
+    await _check(real_gguf, tmp_path, _cases(max_new_tokens=8, seeded=True, logprobs=False))

@@ -381,6 +381,29 @@ async def test_an_engine_failure_is_one_error_record(
     assert rec["message"] == "injected failure"
 
 
+async def test_one_failed_choice_fails_the_request_and_stops_the_others(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Choices decoded together (a prompt array): when one fails, the others are
+    cancelled at once, nothing is held, and the request has one error record."""
+    engine = FakeEngine(step_s=0.01)
+    async with running(tmp_path, engine) as app:
+        body = {"model": "fake", "prompt": ["fine", FAIL], "max_tokens": 400}
+        start = trio.current_time()
+        r = await request(app, "POST", "/v1/completions", body)
+        assert r.status == 500
+        assert r.json()["error"]["type"] == "server_error"
+        assert trio.current_time() - start < 0.1  # not the 4 s the other choice would take
+        _quiet(app, engine)
+    (rec,) = terminal(tmp_path).values()
+    assert (rec["event"], rec["status"], rec["message"]) == (
+        "request_error",
+        500,
+        "injected failure",
+    )
+    assert len(engine.cancelled) == 1
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
@@ -388,7 +411,7 @@ async def test_an_engine_failure_is_one_error_record(
         ("/v1/chat/completions", {"model": "fake", "messages": [{"role": "user", "content": "hi"}],
                                   "max_tokens": 3}),
         ("/v1/completions", {"model": "fake", "prompt": "hi", "max_tokens": 3}),
-        ("/v1/messages", {"model": "any", "max_tokens": 3,
+        ("/v1/messages", {"model": "fake", "max_tokens": 3,
                           "messages": [{"role": "user", "content": "hi"}]}),
     ],
 )  # fmt: skip

@@ -118,7 +118,7 @@ async def _errors(client: openai.AsyncOpenAI) -> None:
         await client.chat.completions.create(model="gpt-4o", messages=msgs)  # type: ignore[arg-type]
     assert nf.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as e:
-        await client.chat.completions.create(model="tiny-test-llama", messages=msgs, n=2)  # type: ignore[arg-type]
+        await client.chat.completions.create(model="tiny-test-llama", messages=msgs, n=99)  # type: ignore[arg-type]
     assert e.value.param == "n"
     with pytest.raises(openai.BadRequestError) as e:
         await client.chat.completions.create(
@@ -133,13 +133,6 @@ async def _errors(client: openai.AsyncOpenAI) -> None:
             tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
         )  # fmt: skip
     assert e.value.param == "tools"
-    with pytest.raises(openai.BadRequestError) as e:
-        await client.chat.completions.create(
-            model="tiny-test-llama",
-            messages=msgs,
-            max_completion_tokens=100000,  # type: ignore[arg-type]
-        )
-    assert e.value.code == "context_length_exceeded"
 
 
 async def test_overload_is_a_rate_limit_error(tiny_gguf: Path, tmp_path: Path) -> None:
@@ -201,7 +194,7 @@ async def test_cors_preflight_and_headers(tiny_gguf: Path, tmp_path: Path) -> No
             for answer in (pre, r):
                 if allowed:
                     assert answer.headers["access-control-allow-origin"] == origin
-                    assert answer.headers["vary"].lower() == "origin"
+                    assert "origin" in answer.headers["vary"].lower().split(", ")
                 else:
                     assert "access-control-allow-origin" not in answer.headers
 

@@ -125,6 +125,38 @@ async def test_head_of_line_waits_for_units_and_blocks_those_behind(
         assert ctl.statistics().units_used == 6
 
 
+async def test_a_ticket_of_several_sequences_holds_a_slot_for_each(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """n choices decode as n rows: a ticket admitted with 3 slots leaves 1 of 4, and one
+    asking for 2 waits (in FIFO order) until the 3 come back together."""
+    ctl = AdmissionController(max_running=4, max_pending=4, units_total=100)
+    three = ctl.enter()
+    await ctl.admit(three, 3, slots=3)
+    assert ctl.statistics().running == 3
+    admitted: list[str] = []
+
+    async def want(name: str, slots: int) -> None:
+        with ctl.enter() as t:
+            await ctl.admit(t, 1, slots=slots)
+            admitted.append(name)
+            await trio.sleep(10)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(want, "two", 2)
+        await trio.testing.wait_all_tasks_blocked()
+        n.start_soon(want, "one", 1)  # would fit, but must not overtake
+        await trio.testing.wait_all_tasks_blocked()
+        assert admitted == []
+        three.release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(admitted) == ["one", "two"]
+        assert ctl.statistics().running == 3
+    assert not ctl.fits(1, slots=5)
+    with ctl.enter() as t, pytest.raises(ValueError, match="never be granted"):
+        await ctl.admit(t, 1, slots=5)
+
+
 async def test_units_that_can_never_fit_are_refused() -> None:
     ctl = AdmissionController(max_running=1, max_pending=1, units_total=10)
     assert not ctl.fits(11)

@@ -27,6 +27,7 @@ from ninfer.engine._contract import (
     ServedModel,
     TokenDelta,
     Tokenizer,
+    TokenLogprob,
     Usage,
 )
 
@@ -47,6 +48,7 @@ __all__ = [
     "SamplingParams",
     "ServedModel",
     "TokenDelta",
+    "TokenLogprob",
     "Tokenizer",
     "Usage",
 ]

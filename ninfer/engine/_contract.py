@@ -34,6 +34,7 @@ __all__ = [
     "SamplingParams",
     "ServedModel",
     "TokenDelta",
+    "TokenLogprob",
     "Tokenizer",
     "Usage",
 ]
@@ -43,9 +44,10 @@ DTYPE_NAMES = ("float32", "bfloat16")
 WEIGHT_MODES = ("int4", "dense")
 
 # eos: an end-of-sequence token; stop: a stop string; length: the output budget;
-# context: the end of the context window; cancelled: the caller cancelled;
+# context: the end of the context window; capacity: past its reserved output, no free
+# KV page was left to grow into; cancelled: the caller cancelled;
 # error: serving this request failed (the message says why, the log has detail).
-FinishReason = Literal["eos", "stop", "length", "context", "cancelled", "error"]
+FinishReason = Literal["eos", "stop", "length", "context", "capacity", "cancelled", "error"]
 
 
 @attrs.frozen
@@ -59,6 +61,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    # (token id, bias) pairs added to the row's logits before anything else (OpenAI's
+    # logit_bias; -100 bans a token, +100 all but forces it).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -79,6 +84,21 @@ class GenerationRequest:
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Output tokens whose KV pages are reserved up front (None: all of max_new_tokens).
+    # Past them the request grows into free pages, and ends (`capacity`) when none is
+    # left that a waiting request needs.
+    reserve_tokens: int | None = None
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Output tokens whose pages are held from the start of its prefill."""
+        return self.max_new_tokens if self.reserve_tokens is None else self.reserve_tokens
+
+    # Log probabilities of each output token with this many alternatives (None: none).
+    logprobs: int | None = None
+    # Log probabilities of the prompt's tokens (from the second on), with this many
+    # alternatives (None: none). The whole prompt is then computed: no prefix cache.
+    prompt_logprobs: int | None = None
 
 
 @attrs.frozen
@@ -110,11 +130,27 @@ class EngineTimings:
 
 
 @attrs.frozen
+class TokenLogprob:
+    """A token's log probability under the model (log-softmax of its float32 logits,
+    before bias, penalties and temperature), and the most likely tokens at its place."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
+@attrs.frozen
 class TokenDelta:
     """New tokens of one request from one engine step, and the text they complete."""
 
     token_ids: tuple[int, ...]
     text: str
+    # On a request's first delta only: its prompt tokens served from the prefix cache
+    # (known once its prefill began), for answers that report them up front.
+    cached_tokens: int | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token id, when asked for
+    # On the first delta only, when asked for: one per prompt token (None for the first).
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 @attrs.frozen
@@ -211,6 +247,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's bytes (part of a UTF-8 character, for some byte-level tokens)."""
+        ...
+
 
 @attrs.frozen
 class ServedModel:
@@ -228,6 +268,6 @@ class ServedModel:
     batch_invariant: bool
     batch_sizes: tuple[int, ...]
 
-    def pages_needed(self, prompt_tokens: int, max_new_tokens: int) -> int:
-        """KV pages a request reserves: its whole prompt plus its whole output budget."""
-        return pages_for(prompt_tokens + max_new_tokens, self.page_size)
+    def pages_needed(self, prompt_tokens: int, reserved_tokens: int) -> int:
+        """KV pages a request reserves: its whole prompt plus its reserved output."""
+        return pages_for(prompt_tokens + reserved_tokens, self.page_size)

@@ -36,13 +36,14 @@ from ninfer.engine._contract import (
     RequestHandle,
     ServedModel,
     TokenDelta,
+    TokenLogprob,
     Usage,
 )
 from ninfer.engine._invariance import invariant_batch_sizes
 from ninfer.engine._kvpool import PagePool, page_keys, pages_for
 from ninfer.engine._loader import LoadedModel
 from ninfer.engine._model import KVPages, Transformer
-from ninfer.engine._sampling import RowSampler, sample_rows
+from ninfer.engine._sampling import RowSampler, logprobs_of, sample_rows
 from ninfer.engine._textstream import TextStream
 
 __all__ = ["DTYPES", "Engine"]
@@ -98,6 +99,9 @@ class _Active:
     paused: bool = False  # its reader is far behind: left out of decode steps until it reads
     cached: int = 0  # prompt tokens whose pages were shared from the prefix cache
     page_keys: list[bytes] = attrs.field(factory=list)  # of the prompt's full pages
+    delivered: bool = False  # a TokenDelta has been sent (the first carries `cached`)
+    pending_lps: list[TokenLogprob] = attrs.field(factory=list)  # of pending_ids, if asked
+    prompt_lps: list[TokenLogprob | None] | None = None  # when prompt_logprobs is asked
 
 
 class Engine:
@@ -164,6 +168,9 @@ class Engine:
             )
         assert self._pool is not None
         need = pages_for(n + request.max_new_tokens, self.config.page_size)
+        reserve = request.reserve_tokens
+        if reserve is not None and not 1 <= reserve <= request.max_new_tokens:
+            raise RequestInvalid("reserve_tokens must be 1..max_new_tokens", param="max_new_tokens")
         if need > self._pool.n_pages:
             raise RequestInvalid(
                 f"prompt plus max_new_tokens needs {need} KV pages; the pool has "
@@ -394,10 +401,12 @@ class Engine:
             # Keys of the prompt's full pages: the lookup uses all but a page holding
             # the last token, the registration after prefill uses them all.
             a.page_keys = page_keys(prompt, S, len(prompt) // S)
-            shared = self._pool.share(a.page_keys[: (len(prompt) - 1) // S])
-            fresh = self._pool.allocate(
-                pages_for(len(prompt) + a.request.max_new_tokens, S) - len(shared)
-            )
+            if a.request.prompt_logprobs is not None:
+                shared = []  # every prompt position's logits are wanted: computed here
+                a.prompt_lps = [None]  # the first token has no context to score it
+            else:
+                shared = self._pool.share(a.page_keys[: (len(prompt) - 1) // S])
+            fresh = self._pool.allocate(_reserved_pages(a.request, S) - len(shared))
             if fresh is None:
                 self._pool.release(shared)
                 return False  # pages come back when running requests finish
@@ -411,15 +420,18 @@ class Engine:
         dev = self.config.device
         began = time.perf_counter()
         try:
-            logits = self._transformer.forward(
+            model = self._transformer
+            x = model.hidden(
                 torch.tensor([chunk], device=dev),
                 torch.arange(start, start + len(chunk), device=dev).view(1, -1),
                 torch.tensor(
                     [a.pages[: pages_for(start + len(chunk), self.config.page_size)]], device=dev
                 ),
                 self._kv,
-                last_only=True,
-            )  # (1, V)
+            )  # (1, T, dim)
+            logits = model.logits(x[:, -1])  # (1, V): as `forward(last_only=True)`
+            if a.prompt_lps is not None:
+                self._score_prompt(a, start, model.logits(x[0]).cpu())
             a.prefilled += len(chunk)
             self._prefill_tokens += len(chunk)
             self._prefill_seconds = 0.8 * self._prefill_seconds + (time.perf_counter() - began)
@@ -433,17 +445,57 @@ class Engine:
                 self._waiting.popleft()
             a.position = len(prompt)
             a.decode_start = time.perf_counter()
-            token = sample_rows(logits.float().cpu(), [a.sampler])[0]
+            row = logits.float().cpu()
+            token = sample_rows(row, [a.sampler])[0]
+            scored = self._logprob(a, row[0], token)
         except Exception:
             self._fail(a, "prefill")
             return False
         with self._stats_lock:
             self._decoding.append(a)
-        self._accept(a, token)
+        self._accept(a, token, scored)
         return True
 
+    def _score_prompt(self, a: _Active, start: int, logits: torch.Tensor) -> None:
+        """Log probabilities of the prompt tokens a chunk's (T, V) logits predict."""
+        assert a.prompt_lps is not None
+        assert a.request.prompt_logprobs is not None
+        prompt = a.request.prompt_ids
+        for i in range(logits.shape[0]):
+            if start + i + 1 < len(prompt):
+                token = prompt[start + i + 1]
+                a.prompt_lps.append(logprobs_of(logits[i], token, a.request.prompt_logprobs))
+
+    @staticmethod
+    def _logprob(a: _Active, row: torch.Tensor, token: int) -> TokenLogprob | None:
+        k = a.request.logprobs
+        return None if k is None else logprobs_of(row, token, k)
+
+    def _grow(self, rows: list[_Active]) -> list[_Active]:
+        """Give each row whose next position starts a page beyond its reservation a free
+        page; a row that cannot have one ends (`capacity`). Pages that requests waiting
+        to prefill will take are not free to grow into."""
+        assert self._pool is not None
+        S = self.config.page_size
+        out = []
+        for a in rows:
+            if a.position < len(a.pages) * S:
+                out.append(a)
+                continue
+            owed = sum(_reserved_pages(w.request, S) for w in self._waiting if not w.pages)
+            page = self._pool.allocate(1) if self._pool.free > owed else None
+            if page is None:
+                self._finish(a, "capacity")
+                continue
+            self._kv.zero_pages(page)
+            a.pages.extend(page)
+            out.append(a)
+        return out
+
     def _decode_step(self) -> None:
-        rows = [a for a in self._decoding if not a.paused]
+        rows = self._grow([a for a in self._decoding if not a.paused])
+        if not rows:
+            return
         dev = self.config.device
         S = self.config.page_size
         width = max(pages_for(a.position + 1, S) for a in rows)
@@ -463,7 +515,12 @@ class Engine:
                 self._kv,
                 last_only=True,
             )[: len(rows)]  # (B, V)
-            tokens = sample_rows(logits.float().cpu(), [a.sampler for a in rows])
+            host = logits.float().cpu()
+            tokens = sample_rows(host, [a.sampler for a in rows])
+            scored = [
+                self._logprob(a, host[i], t)
+                for i, (a, t) in enumerate(zip(rows, tokens, strict=True))
+            ]
         except Exception:
             for a in rows:
                 self._fail(a, "decode")
@@ -474,11 +531,11 @@ class Engine:
         if self._last_decode_end is not None:
             self._step_ema = _ema(self._step_ema, now - self._last_decode_end)
         self._last_decode_end = now
-        for a, token in zip(rows, tokens, strict=True):
+        for a, token, lp in zip(rows, tokens, scored, strict=True):
             a.position += 1
-            self._accept(a, token)
+            self._accept(a, token, lp)
 
-    def _accept(self, a: _Active, token: int) -> None:
+    def _accept(self, a: _Active, token: int, scored: TokenLogprob | None = None) -> None:
         """Record a sampled token for a decoding request and apply the stop rules."""
         try:
             req = a.request
@@ -489,8 +546,10 @@ class Engine:
             a.sampler.observe(token)
             assert self.model is not None
             if token in self.model.tokenizer.eos_ids and not req.ignore_eos:
-                self._finish(a, "eos")
+                self._finish(a, "eos")  # its logprob is not reported: it is no text
                 return
+            if scored is not None:
+                a.pending_lps.append(scored)
             a.text.push(token)
             if a.text.stopped_at is not None:
                 self._finish(a, "stop")
@@ -499,11 +558,24 @@ class Engine:
             elif a.position + 1 > self.max_context:
                 self._finish(a, "context")
             else:
-                text = a.text.take(final=False)
-                self._events.append((a.handle, TokenDelta(tuple(a.pending_ids), text)))
-                a.pending_ids = []
+                self._deliver(a, a.text.take(final=False))
         except Exception:
             self._fail(a, "decode")
+
+    def _deliver(self, a: _Active, text: str) -> None:
+        """The step's TokenDelta of `a`: its pending tokens and the text they complete."""
+        first = not a.delivered
+        a.delivered = True
+        delta = TokenDelta(
+            tuple(a.pending_ids),
+            text,
+            a.cached if first else None,
+            tuple(a.pending_lps) if a.request.logprobs is not None else None,
+            tuple(a.prompt_lps) if first and a.prompt_lps is not None else None,
+        )
+        self._events.append((a.handle, delta))
+        a.pending_ids = []
+        a.pending_lps = []
 
     def _finish(self, a: _Active, reason: FinishReason, error: str | None = None) -> None:
         if self._by_id.pop(a.handle.id, None) is None:
@@ -520,7 +592,7 @@ class Engine:
         if reason not in ("cancelled", "error"):
             text = a.text.take(final=True)
             if a.pending_ids or text:
-                self._events.append((a.handle, TokenDelta(tuple(a.pending_ids), text)))
+                self._deliver(a, text)
         a.pending_ids = []
         now = time.perf_counter()
         start = a.prefill_start or now
@@ -557,6 +629,11 @@ class Engine:
         if self._events:
             events, self._events = self._events, []
             self._sink.deliver(events)
+
+
+def _reserved_pages(request: GenerationRequest, page_size: int) -> int:
+    """The pages a request holds from the start of its prefill: prompt and reserved output."""
+    return pages_for(len(request.prompt_ids) + request.reserved_tokens, page_size)
 
 
 def _ema(previous: float, sample: float, weight: float = 0.2) -> float:

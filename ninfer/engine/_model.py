@@ -186,6 +186,22 @@ class Transformer:
         page_table: (B, P) long, page ids of each row (padding rows point to page 0).
         Returns (B, V) logits of each row's last position when `last_only`, else (B, T, V).
         """
+        x = self.hidden(tokens, positions, page_table, kv)
+        return self.logits(x[:, -1] if last_only else x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 logits of final hidden states (..., dim) -> (..., V)."""
+        x = F.rms_norm(x, (self.args.dim,), self.norm, self.args.norm_eps)
+        return self.lm_head(x).float()
+
+    def hidden(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        page_table: torch.Tensor,
+        kv: KVPages,
+    ) -> torch.Tensor:
+        """`forward` up to the final norm: (B, T, dim) hidden states, K/V written."""
         a = self.args
         B, T = tokens.shape
         P = page_table.shape[1]
@@ -225,10 +241,7 @@ class Transformer:
             h = F.rms_norm(x, (a.dim,), layer.ffn_norm, a.norm_eps)
             gate, up = layer.w_gate_up(h).chunk(2, dim=-1)  # (B, T, ffn) each
             x = x + layer.w_down(F.silu(gate) * up)
-        if last_only:
-            x = x[:, -1]  # (B, dim)
-        x = F.rms_norm(x, (a.dim,), self.norm, a.norm_eps)
-        return self.lm_head(x).float()
+        return x
 
     def row_maps(self) -> list[Linear | AttentionRows]:
         """One of each weight shape and kind, and attention with the model's head shapes:

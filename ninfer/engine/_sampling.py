@@ -1,4 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p, presence/frequency penalties.
+"""Token sampling: logit bias, greedy, temperature, top-k, top-p, min-p, presence and
+frequency penalties; and the log probabilities a request asks for.
 
 Every sampled row draws from its own `torch.Generator`, seeded per request, and
 operates on its own float32 logits row, so a seeded request samples the same
@@ -13,9 +14,9 @@ import secrets
 import attrs
 import torch
 
-from ninfer.engine._contract import SamplingParams
+from ninfer.engine._contract import SamplingParams, TokenLogprob
 
-__all__ = ["RowSampler", "sample_rows"]
+__all__ = ["RowSampler", "logprobs_of", "sample_rows"]
 
 MAX_SEED = 2**63 - 1
 # Positive temperatures below this sample as if it were this (already all but greedy).
@@ -30,6 +31,7 @@ class RowSampler:
     seed: int
     generator: torch.Generator | None
     counts: torch.Tensor | None  # (V,) float32 counts of output tokens, when penalized
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids, values) of logit_bias
 
     @classmethod
     def create(cls, params: SamplingParams, vocab_size: int) -> RowSampler:
@@ -39,7 +41,16 @@ class RowSampler:
             gen = torch.Generator(device="cpu")
             gen.manual_seed(seed)
         counts = torch.zeros(vocab_size, dtype=torch.float32) if params.penalized else None
-        return cls(params=params, seed=seed, generator=gen, counts=counts)
+        bias = None
+        if params.logit_bias:
+            ids, values = zip(*params.logit_bias, strict=True)
+            bias = (torch.tensor(ids), torch.tensor(values, dtype=torch.float32))
+        return cls(params=params, seed=seed, generator=gen, counts=counts, bias=bias)
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Argmax of the logits as they come (rows like this share one batched argmax)."""
+        return self.params.greedy and self.counts is None and self.bias is None
 
     def observe(self, token: int) -> None:
         if self.counts is not None:
@@ -48,6 +59,8 @@ class RowSampler:
     def pick(self, logits: torch.Tensor) -> int:
         """Choose one token from a (V,) float32 logits row."""
         p = self.params
+        if self.bias is not None:
+            logits = logits.index_add(0, self.bias[0], self.bias[1])
         if self.counts is not None:
             logits = logits - p.frequency_penalty * self.counts
             logits = logits - p.presence_penalty * (self.counts > 0).float()
@@ -91,9 +104,20 @@ def sample_rows(logits: torch.Tensor, samplers: list[RowSampler]) -> list[int]:
     """One token per row of (B, V) float32 logits; plain greedy rows share one argmax."""
     assert logits.dim() == 2
     assert logits.shape[0] == len(samplers)
-    plain = [s.params.greedy and s.counts is None for s in samplers]
+    plain = [s.plain_greedy for s in samplers]
     argmax = torch.argmax(logits, dim=-1).tolist() if any(plain) else []
     out = []
     for i, s in enumerate(samplers):
         out.append(int(argmax[i]) if plain[i] else s.pick(logits[i]))
     return out
+
+
+def logprobs_of(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    """`token`'s log probability in one (V,) float32 logits row, and the `top` most
+    likely tokens'. Computed on the row alone, so as batch-invariant as the row."""
+    lp = torch.log_softmax(logits, dim=-1)
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        values, ids = torch.topk(lp, min(top, lp.shape[0]))
+        best = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+    return TokenLogprob(token, float(lp[token]), best)

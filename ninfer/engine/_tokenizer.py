@@ -97,6 +97,11 @@ class TextTokenizer:
     # The most UTF-8 bytes one token covers (an upper bound): a text of more than
     # max_token_bytes * N bytes has more than N tokens, which is known before encoding.
     max_token_bytes: int = 1 << 16
+    # Each token's bytes (a byte-level token may hold part of a UTF-8 character).
+    spellings: tuple[bytes, ...] = ()
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.spellings[token_id]
 
     def encode(self, text: str) -> list[int]:
         if len(text) > _LONG_TEXT:  # encode_batch lets other threads run more often
@@ -183,4 +188,36 @@ def tokenizer_from_metadata(md: Mapping[str, Any]) -> TextTokenizer:
         vocab_size=len(tokens),
         # byte-level tokens spell each byte as one (2-byte) character: an overestimate
         max_token_bytes=max(len(t.encode("utf-8")) for t in tokens),
+        spellings=tuple(
+            t.encode("utf-8") if types[i] == _TOKEN_TYPE_CONTROL else _byte_level(t)
+            for i, t in enumerate(tokens)
+        ),
     )
+
+
+def _byte_unicode() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character each byte is spelled with, reversed."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTE_OF = _byte_unicode()
+
+
+def _byte_level(token: str) -> bytes:
+    """A byte-level BPE token's bytes (a character outside the alphabet as UTF-8)."""
+    out = bytearray()
+    for ch in token:
+        b = _BYTE_OF.get(ch)
+        if b is None:
+            out += ch.encode("utf-8")
+        else:
+            out.append(b)
+    return bytes(out)

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from ninfer.frontends._anthropic import MessagesFrontend
-from ninfer.frontends._base import Answer, Frontend, FrontendContext, Outcome, Prepared
+from ninfer.frontends._base import Answer, Choice, Frontend, FrontendContext, Outcome, Prepared
 from ninfer.frontends._native import NativeFrontend
 from ninfer.frontends._openai import ChatFrontend, CompletionsFrontend, model_card, model_list
 
 __all__ = [
     "Answer",
     "ChatFrontend",
+    "Choice",
     "CompletionsFrontend",
     "Frontend",
     "FrontendContext",

@@ -8,7 +8,13 @@ from typing import Literal
 import attrs
 
 from ninfer.engine import TokenDelta
-from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
+from ninfer.frontends._base import (
+    Frontend,
+    FrontendContext,
+    Outcome,
+    Prepared,
+    clamp_headers,
+)
 from ninfer.frontends._budget import SamplingRequest
 from protocols import (
     AnthropicCodec,
@@ -25,7 +31,6 @@ from protocols import (
     MessageResponse,
     MessageStart,
     MessageStop,
-    OutputUsage,
     Ping,
     StopDelta,
     StreamMessage,
@@ -42,17 +47,31 @@ STOP_REASON: dict[str, StopReason] = {
     "stop": "stop_sequence",
     "length": "max_tokens",
     "context": "max_tokens",
+    "capacity": "max_tokens",
 }
 
 
-@attrs.frozen
+def _usage(prompt_tokens: int, output_tokens: int, cached: int) -> AnthropicUsage:
+    return AnthropicUsage(prompt_tokens - cached, output_tokens, 0, cached)
+
+
+@attrs.define
 class MessageAnswer:
+    """A stream's `message_start` waits for the engine's first delta, which says how much
+    of the prompt the prefix cache served (its usage reports it); the frames before it
+    are the HTTP headers only."""
+
     encoder: Encoder
     id: str
-    label: str  # the request's `model` field, echoed back as sent
+    label: str  # the served name the request gave as `model`
     input_tokens: int
+    started: bool = False
 
     def head(self) -> list[bytes]:
+        return []
+
+    def _start(self, cached: int) -> list[bytes]:
+        self.started = True
         message = StreamMessage(
             self.id,
             "message",
@@ -61,7 +80,7 @@ class MessageAnswer:
             self.label,
             None,
             None,
-            AnthropicUsage(self.input_tokens, 0),
+            _usage(self.input_tokens, 0, cached),
         )
         sse = self.encoder.sse
         return [
@@ -73,27 +92,29 @@ class MessageAnswer:
             sse(Ping("ping"), "ping"),
         ]
 
-    def delta(self, delta: TokenDelta) -> list[bytes]:
-        if not delta.text:
-            return []
-        block = ContentBlockDelta("content_block_delta", 0, TextDelta("text_delta", delta.text))
-        return [self.encoder.sse(block, "content_block_delta")]
+    def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
+        frames = [] if self.started else self._start(delta.cached_tokens or 0)
+        if delta.text:
+            block = ContentBlockDelta("content_block_delta", 0, TextDelta("text_delta", delta.text))
+            frames.append(self.encoder.sse(block, "content_block_delta"))
+        return frames
 
     def tail(self, outcome: Outcome) -> list[bytes]:
-        f = outcome.finish
+        u = outcome.finish.usage
+        frames = [] if self.started else self._start(u.cached_tokens)
         sse = self.encoder.sse
-        stop = StopDelta(STOP_REASON[f.reason], f.stop_string)
+        stop = StopDelta(STOP_REASON[outcome.finish.reason], outcome.finish.stop_string)
+        usage = _usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
         return [
+            *frames,
             sse(ContentBlockStop("content_block_stop", 0), "content_block_stop"),
-            sse(
-                MessageDelta("message_delta", stop, OutputUsage(f.usage.completion_tokens)),
-                "message_delta",
-            ),
+            sse(MessageDelta("message_delta", stop, usage), "message_delta"),
             sse(MessageStop("message_stop"), "message_stop"),
         ]
 
     def body(self, outcome: Outcome) -> bytes:
         f = outcome.finish
+        u = f.usage
         return self.encoder.json(
             MessageResponse(
                 self.id,
@@ -103,7 +124,7 @@ class MessageAnswer:
                 self.label,
                 STOP_REASON[f.reason],
                 f.stop_string,
-                AnthropicUsage(f.usage.prompt_tokens, f.usage.completion_tokens),
+                _usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
             )
         )
 
@@ -133,10 +154,11 @@ class MessagesFrontend(Frontend):
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = self._codec.parse_messages(loads(body))
+        self.ctx.check_model(req.model)
         ids = await self.tokens(
             self._render(req.system_text(), req.messages), prompt_param="messages"
         )
-        gen, _warnings = self.request(
+        gen, grant, _warnings = self.request(
             request_id,
             ids,
             requested=req.max_tokens,
@@ -144,13 +166,21 @@ class MessagesFrontend(Frontend):
             prompt_param="messages",
             sampling=SamplingRequest(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k),
             stop=tuple(req.stop_sequences or ()),
+            clamp=True,
         )
         answer = MessageAnswer(self.dialect.encoder, "msg_" + request_id, req.model, len(ids))
-        return Prepared(gen, bool(req.stream), answer, {"protocol": self.protocol})
+        return Prepared(
+            (gen,),
+            bool(req.stream),
+            answer,
+            {"protocol": self.protocol},
+            headers=clamp_headers(grant),
+        )
 
     async def count_tokens(self, body: bytes) -> bytes:
         """POST /v1/messages/count_tokens: the prompt /v1/messages would build, counted."""
         req = self._codec.parse_count(loads(body))
+        self.ctx.check_model(req.model)
         ids = await self.tokens(
             self._render(req.system_text(), req.messages), prompt_param="messages"
         )

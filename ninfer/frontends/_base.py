@@ -11,30 +11,81 @@ The request flow (`ninfer._flow`) drives any frontend the same way.
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
 
 from ninfer._config import ServerConfig
-from ninfer.engine import Finish, GenerationRequest, ServedModel, TokenDelta
-from ninfer.frontends._budget import Budget, SamplingRequest, resolve_sampling
+from ninfer.engine import (
+    Finish,
+    GenerationRequest,
+    ServedModel,
+    TokenDelta,
+    TokenLogprob,
+    Usage,
+)
+from ninfer.frontends._budget import Budget, Grant, SamplingRequest, resolve_sampling
 from protocols import ApiError, Dialect
 
-__all__ = ["Answer", "Frontend", "FrontendContext", "Outcome", "Prepared"]
+__all__ = [
+    "CLAMPED_HEADER",
+    "Answer",
+    "Choice",
+    "Frontend",
+    "FrontendContext",
+    "Outcome",
+    "Prepared",
+    "clamp_headers",
+]
+
+# Set when a clamping route cut the output budget a request asked for down to what the
+# context and the KV pool leave: the budget the request got.
+CLAMPED_HEADER = b"x-ninfer-max-tokens-clamped"
+
+
+def clamp_headers(grant: Grant) -> tuple[tuple[bytes, bytes], ...]:
+    if grant.clamped_from is None:
+        return ()
+    return ((CLAMPED_HEADER, str(grant.max_new_tokens).encode()),)
+
 
 Tokenize = Callable[[str], Awaitable[list[int]]]
 
 
 @attrs.frozen
-class Outcome:
-    """A finished generation, for building its answer."""
+class Choice:
+    """One finished sequence of a request (OpenAI's choice)."""
 
-    request_id: str
+    index: int
     token_ids: list[int]
     text: str
     finish: Finish
+    logprobs: list[TokenLogprob]  # of its output tokens, when asked for
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None  # when asked for
+
+
+@attrs.frozen
+class Outcome:
+    """A finished generation, for building its answer: one choice per engine request."""
+
+    request_id: str
+    choices: tuple[Choice, ...]
+    usage: Usage  # the request's: each distinct prompt counted once
     timing: Mapping[str, float]
+
+    # Frontends that ask for one sequence read it through these.
+    @property
+    def finish(self) -> Finish:
+        return self.choices[0].finish
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.choices[0].token_ids
 
 
 class Answer(Protocol):
@@ -44,7 +95,9 @@ class Answer(Protocol):
         """Frames right after the stream's headers."""
         ...
 
-    def delta(self, delta: TokenDelta) -> list[bytes]: ...
+    def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
+        """Frames for new tokens of the choice at `index`."""
+        ...
 
     def tail(self, outcome: Outcome) -> list[bytes]: ...
 
@@ -53,12 +106,34 @@ class Answer(Protocol):
 
 @attrs.frozen
 class Prepared:
-    """What a frontend's preparation produces: the engine request and its answer."""
+    """What a frontend's preparation produces: the engine requests (one per choice,
+    decoded together) and the answer."""
 
-    request: GenerationRequest
+    requests: tuple[GenerationRequest, ...]
     stream: bool
     answer: Answer
     log_fields: Mapping[str, Any]  # request_start fields beyond the engine request's
+    # The prompt each request continues (requests of one prompt share its KV pages and
+    # count its tokens once in the usage); default: each its own.
+    prompt_of: tuple[int, ...] = ()
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # added to the response's
+
+    @property
+    def request(self) -> GenerationRequest:
+        """The first request: what every choice shares (budget, sampling, stops)."""
+        return self.requests[0]
+
+    def usage(self, finishes: list[Finish]) -> Usage:
+        """The request's usage: output of every choice, each distinct prompt once."""
+        groups = self.prompt_of or tuple(range(len(finishes)))
+        seen: set[int] = set()
+        prompt = cached = 0
+        for group, f in zip(groups, finishes, strict=True):
+            if group not in seen:
+                seen.add(group)
+                prompt += f.usage.prompt_tokens
+                cached += f.usage.cached_tokens
+        return Usage(prompt, sum(f.usage.completion_tokens for f in finishes), cached)
 
 
 @attrs.frozen
@@ -67,13 +142,28 @@ class FrontendContext:
 
     model: ServedModel
     config: ServerConfig
-    public_id: str  # the name the server answers to (--model-id, or the model's own)
+    public_id: str  # the name /v1/models and the logs show: the first of `names`
+    names: tuple[str, ...]  # every name a request may give as its `model`
     tokenize: Tokenize  # off the event loop for long texts
     created: int  # unix seconds, for OpenAI's `created`
 
     @property
-    def public_ids(self) -> frozenset[str]:
-        return frozenset({self.public_id, self.model.identity.model_id})
+    def names_text(self) -> str:
+        """The served names for a message: 'a' or 'a', 'b'."""
+        return ", ".join(repr(n) for n in self.names)
+
+    def check_model(self, name: str) -> str:
+        """The one rule of every protocol: `model` is one of the served names (404
+        model_not_found naming them, never echoing the request's)."""
+        if name not in self.names:
+            raise ApiError(
+                "model_not_found",
+                f"the model named in the request is not served here; this server serves "
+                f"{self.names_text} (see GET /v1/models; --served-model-name adds aliases)",
+                param="model",
+                code="model_not_found",
+            )
+        return name
 
 
 class Frontend(abc.ABC):
@@ -106,6 +196,20 @@ class Frontend(abc.ABC):
             )
         return await self.ctx.tokenize(text)
 
+    def check_fits(self, requests: Sequence[GenerationRequest], *, param: str) -> None:
+        """Refuse requests decoded together whose reserved pages the pool cannot hold at
+        once (each alone passed the budget check)."""
+        model = self.ctx.model
+        pages = sum(model.pages_needed(len(r.prompt_ids), r.reserved_tokens) for r in requests)
+        if pages > model.kv_pages:
+            raise ApiError(
+                "context_length_exceeded",
+                f"the {len(requests)} sequences asked for need {pages} KV pages together; "
+                f"the server's KV pool holds {model.kv_pages}",
+                param=param,
+                code="context_length_exceeded",
+            )
+
     @abc.abstractmethod
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         """Parse, check and tokenize `body`; raise ApiError naming what is at fault."""
@@ -121,19 +225,25 @@ class Frontend(abc.ABC):
         sampling: SamplingRequest,
         stop: tuple[str, ...],
         ignore_eos: bool = False,
-    ) -> tuple[GenerationRequest, tuple[str, ...]]:
-        """The engine request every frontend ends with (after the one budget check),
-        and the warnings about fields that had no effect."""
-        budget = self.budget.resolve(
-            len(prompt_ids), requested, param=param, prompt_param=prompt_param
+        clamp: bool = False,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+    ) -> tuple[GenerationRequest, Grant, tuple[str, ...]]:
+        """The engine request every frontend ends with (after the one budget check), its
+        budget, and the warnings about fields that had no effect."""
+        grant = self.budget.grant(
+            len(prompt_ids), requested, param=param, prompt_param=prompt_param, clamp=clamp
         )
         params, warnings = resolve_sampling(sampling, self.ctx.config)
         gen = GenerationRequest(
             request_id=request_id,
             prompt_ids=tuple(prompt_ids),
-            max_new_tokens=budget,
+            max_new_tokens=grant.max_new_tokens,
             sampling=params,
             stop=stop,
             ignore_eos=ignore_eos,
+            reserve_tokens=grant.reserve_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
-        return gen, tuple(warnings)
+        return gen, grant, tuple(warnings)

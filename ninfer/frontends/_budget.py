@@ -8,7 +8,7 @@ from ninfer._config import ServerConfig
 from ninfer.engine import SamplingParams, ServedModel
 from protocols import ApiError
 
-__all__ = ["Budget", "SamplingRequest", "resolve_sampling"]
+__all__ = ["Budget", "Grant", "SamplingRequest", "resolve_sampling"]
 
 DEFAULT_TEMPERATURE = 1.0
 
@@ -24,6 +24,7 @@ class SamplingRequest:
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 def resolve_sampling(req: SamplingRequest, cfg: ServerConfig) -> tuple[SamplingParams, list[str]]:
@@ -53,22 +54,81 @@ def resolve_sampling(req: SamplingRequest, cfg: ServerConfig) -> tuple[SamplingP
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         seed=seed,
+        logit_bias=req.logit_bias,
     )
     return params, warnings
 
 
+@attrs.frozen
+class Grant:
+    """A request's output budget and what of it is reserved at admission."""
+
+    max_new_tokens: int
+    reserve_tokens: int | None = None  # None: all of max_new_tokens
+    clamped_from: int | None = None  # what the client asked for, when it was cut down
+
+
 class Budget:
     """The one budget check: a prompt has tokens, and prompt plus output fits the
-    context window and the KV pool (whose pages are reserved whole at admission)."""
+    context window and the KV pool.
+
+    Strict (the native route): a budget that does not fit is refused, and its pages are
+    reserved whole at admission. Clamping (the OpenAI and Anthropic routes, whose
+    clients send large defaults): a budget past what the context and the pool leave is
+    cut down to it (the answer says so), and at most `default_max_tokens` of it is
+    reserved; the rest grows into free pages while there are any."""
 
     def __init__(self, model: ServedModel, default_max_tokens: int) -> None:
         self._model = model
         self._default = default_max_tokens
 
+    def grant(
+        self,
+        prompt_tokens: int,
+        requested: int | None,
+        *,
+        param: str,
+        prompt_param: str,
+        clamp: bool,
+    ) -> Grant:
+        """The budget of a request, or a refusal naming the parameter at fault."""
+        if not clamp:
+            return Grant(
+                self.resolve(prompt_tokens, requested, param=param, prompt_param=prompt_param)
+            )
+        limit = self._room(prompt_tokens, prompt_param)
+        budget = limit if requested is None else min(requested, limit)
+        reserve = min(budget, self._default)  # prompt plus room fit the pool: so does this
+        return Grant(
+            budget,
+            reserve if reserve < budget else None,
+            requested if requested is not None and requested > budget else None,
+        )
+
     def resolve(
         self, prompt_tokens: int, requested: int | None, *, param: str, prompt_param: str
     ) -> int:
-        """The output budget, or a refusal with the numbers and the parameter at fault."""
+        """The strict output budget, or a refusal with the numbers and the parameter at
+        fault; a request that names none gets the server's default, clamped to the room
+        left (a pool smaller than the default still serves requests that name none)."""
+        room = self._room(prompt_tokens, prompt_param)
+        if requested is None:
+            return min(self._default, room)
+        ctx = self._model.max_context
+        if prompt_tokens + requested > ctx:
+            raise ApiError(
+                "context_length_exceeded",
+                f"the prompt has {prompt_tokens} tokens and {param} asks for {requested}: "
+                f"{prompt_tokens + requested} exceeds the context window of {ctx} tokens",
+                param=param,
+                code="context_length_exceeded",
+            )
+        if self._model.pages_needed(prompt_tokens, requested) > self._model.kv_pages:
+            raise self._too_big_for_pool(prompt_tokens, requested, param)
+        return requested
+
+    def _room(self, prompt_tokens: int, prompt_param: str) -> int:
+        """The most output a prompt leaves room for in the context and the pool."""
         ctx = self._model.max_context
         if prompt_tokens == 0:
             raise ApiError("invalid_request", "the prompt produces no tokens", param=prompt_param)
@@ -80,36 +140,24 @@ class Budget:
                 param=prompt_param,
                 code="context_length_exceeded",
             )
-        if requested is None:
-            # Clamped to what the context leaves and what the KV pool can hold (a pool
-            # smaller than the default budget still serves requests that name none).
-            pool = self._model.kv_pages * self._model.page_size
-            budget = min(self._default, ctx - prompt_tokens, pool - prompt_tokens)
-            if budget < 1:
-                raise ApiError(
-                    "context_length_exceeded",
-                    f"the prompt has {prompt_tokens} tokens; the server's KV pool holds "
-                    f"{pool} tokens and leaves no room for output",
-                    param=prompt_param,
-                    code="context_length_exceeded",
-                )
-        else:
-            if prompt_tokens + requested > ctx:
-                raise ApiError(
-                    "context_length_exceeded",
-                    f"the prompt has {prompt_tokens} tokens and {param} asks for {requested}: "
-                    f"{prompt_tokens + requested} exceeds the context window of {ctx} tokens",
-                    param=param,
-                    code="context_length_exceeded",
-                )
-            budget = requested
-        pages = self._model.pages_needed(prompt_tokens, budget)
-        if pages > self._model.kv_pages:
+        pool = self._model.kv_pages * self._model.page_size
+        room = min(ctx, pool) - prompt_tokens
+        if room < 1:
             raise ApiError(
                 "context_length_exceeded",
-                f"the prompt ({prompt_tokens} tokens) plus {budget} output tokens needs "
-                f"{pages} KV pages; the server's KV pool holds {self._model.kv_pages}",
-                param=param if requested is not None else prompt_param,
+                f"the prompt has {prompt_tokens} tokens; the server's KV pool holds "
+                f"{pool} tokens and leaves no room for output",
+                param=prompt_param,
                 code="context_length_exceeded",
             )
-        return budget
+        return room
+
+    def _too_big_for_pool(self, prompt_tokens: int, output: int, param: str) -> ApiError:
+        pages = self._model.pages_needed(prompt_tokens, output)
+        return ApiError(
+            "context_length_exceeded",
+            f"the prompt ({prompt_tokens} tokens) plus {output} output tokens needs "
+            f"{pages} KV pages; the server's KV pool holds {self._model.kv_pages}",
+            param=param,
+            code="context_length_exceeded",
+        )

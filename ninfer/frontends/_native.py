@@ -30,6 +30,7 @@ FINISH_REASONS: dict[str, NativeFinish] = {
     "stop": "stop",
     "length": "length",
     "context": "length",
+    "capacity": "length",  # never here: the native budget is reserved whole
 }
 
 
@@ -43,7 +44,7 @@ class NativeAnswer:
     def head(self) -> list[bytes]:
         return []
 
-    def delta(self, delta: TokenDelta) -> list[bytes]:
+    def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
         event = NativeTokenEvent(list(delta.token_ids), delta.text)
         return [self.encoder.sse(event, "token")]
 
@@ -84,7 +85,7 @@ class NativeFrontend(Frontend):
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = self._codec.parse_generate(loads(body))
         ids = await self.tokens(req.prompt, prompt_param="prompt")
-        gen, warnings = self.request(
+        gen, _grant, warnings = self.request(
             request_id,
             ids,
             requested=req.max_new_tokens,
@@ -101,4 +102,4 @@ class NativeFrontend(Frontend):
             ignore_eos=req.ignore_eos,
         )
         answer = NativeAnswer(self.dialect.encoder, self.model, request_id, warnings)
-        return Prepared(gen, req.stream, answer, {"protocol": self.protocol})
+        return Prepared((gen,), req.stream, answer, {"protocol": self.protocol})

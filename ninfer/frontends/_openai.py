@@ -4,13 +4,21 @@ model cards of /v1/models."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Literal
 
 import attrs
 
-from ninfer.engine import TokenDelta
-from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
-from ninfer.frontends._budget import SamplingRequest
+from ninfer.engine import GenerationRequest, TokenDelta, Tokenizer, TokenLogprob
+from ninfer.frontends._base import (
+    Choice,
+    Frontend,
+    FrontendContext,
+    Outcome,
+    Prepared,
+    clamp_headers,
+)
+from ninfer.frontends._budget import Grant, SamplingRequest
 from protocols import (
     ApiError,
     AssistantMessage,
@@ -19,11 +27,13 @@ from protocols import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
+    ChatLogprobs,
     ChatRequest,
     Completion,
     CompletionChoice,
     CompletionChunk,
     CompletionChunkChoice,
+    CompletionLogprobs,
     CompletionRequest,
     Encoder,
     ModelCard,
@@ -32,7 +42,10 @@ from protocols import (
     OpenAIDialect,
     OpenAIUsage,
     PromptTokensDetails,
+    TokenLogprobEntry,
+    TopLogprob,
     loads,
+    logit_bias_pairs,
 )
 
 __all__ = ["ChatFrontend", "CompletionsFrontend", "model_card", "model_list"]
@@ -43,24 +56,76 @@ FINISH: dict[str, FinishReason] = {
     "stop": "stop",
     "length": "length",
     "context": "length",
+    "capacity": "length",
 }
 _ROLE_FOR_TEMPLATE = {"developer": "system"}  # ChatML templates know system, not developer
 _DONE = b"data: [DONE]\n\n"
 
 
-def model_card(ctx: FrontendContext) -> ModelCard:
-    return ModelCard(ctx.public_id, "model", ctx.created, "ninfer")
+def model_card(ctx: FrontendContext, name: str) -> ModelCard:
+    return ModelCard(name, "model", ctx.created, "ninfer")
 
 
 def model_list(ctx: FrontendContext) -> ModelList:
-    return ModelList("list", [model_card(ctx)])
+    """Every served name, the public id first (aliases are cards of the same model)."""
+    return ModelList("list", [model_card(ctx, name) for name in ctx.names])
 
 
 def _usage(outcome: Outcome) -> OpenAIUsage:
-    u = outcome.finish.usage
+    u = outcome.usage
     return OpenAIUsage(
         u.prompt_tokens, u.completion_tokens, u.total_tokens, PromptTokensDetails(u.cached_tokens)
     )
+
+
+def _tier(requested: str | None) -> str | None:
+    """The service tier answered: the one asked for ("auto" is served as "default")."""
+    return "default" if requested == "auto" else requested
+
+
+@attrs.frozen
+class Spelling:
+    """Token ids to the strings and bytes logprobs report."""
+
+    tokenizer: Tokenizer
+
+    def bytes(self, token_id: int) -> bytes:
+        return self.tokenizer.token_bytes(token_id)
+
+    def text(self, token_id: int) -> str:
+        return self.bytes(token_id).decode("utf-8", "replace")
+
+    def chat(self, lps: Sequence[TokenLogprob]) -> ChatLogprobs:
+        def top(tid: int, lp: float) -> TopLogprob:
+            return TopLogprob(self.text(tid), lp, list(self.bytes(tid)))
+
+        return ChatLogprobs(
+            [
+                TokenLogprobEntry(
+                    self.text(t.token_id),
+                    t.logprob,
+                    list(self.bytes(t.token_id)),
+                    [top(tid, lp) for tid, lp in t.top],
+                )
+                for t in lps
+            ],
+            None,
+        )
+
+    def legacy(
+        self, lps: Sequence[TokenLogprob | None], ids: Sequence[int], offset: int
+    ) -> CompletionLogprobs:
+        """The completions shape for tokens `ids` (their logprobs, None where there is
+        none: a prompt's first token); offsets count characters from `offset`."""
+        tokens, values, tops, offsets = [], [], [], []
+        for tid, lp in zip(ids, lps, strict=True):
+            text = self.text(tid)
+            tokens.append(text)
+            values.append(None if lp is None else lp.logprob)
+            tops.append(None if lp is None else {self.text(i): v for i, v in lp.top})
+            offsets.append(offset)
+            offset += len(text)
+        return CompletionLogprobs(tokens, values, tops, offsets)
 
 
 @attrs.frozen
@@ -70,6 +135,9 @@ class ChatAnswer:
     model: str
     created: int
     include_usage: bool
+    choices: int
+    service_tier: str | None
+    spelling: Spelling | None  # when logprobs are asked for
 
     def _chunk(self, choice: ChatChunkChoice | None, usage: OpenAIUsage | None = None) -> bytes:
         chunk = ChatCompletionChunk(
@@ -79,47 +147,77 @@ class ChatAnswer:
             self.model,
             [choice] if choice is not None else [],
             usage,
+            self.service_tier,
         )
         return self.encoder.sse(chunk)
 
     def head(self) -> list[bytes]:
-        return [self._chunk(ChatChunkChoice(0, ChatDelta("assistant", ""), None, None))]
+        return [
+            self._chunk(ChatChunkChoice(i, ChatDelta("assistant", ""), None, None))
+            for i in range(self.choices)
+        ]
 
-    def delta(self, delta: TokenDelta) -> list[bytes]:
-        if not delta.text:
+    def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
+        lps = None
+        if self.spelling is not None and delta.logprobs:
+            lps = self.spelling.chat(delta.logprobs)
+        if not delta.text and lps is None:
             return []
-        return [self._chunk(ChatChunkChoice(0, ChatDelta(content=delta.text), None, None))]
+        return [self._chunk(ChatChunkChoice(index, ChatDelta(content=delta.text), lps, None))]
 
     def tail(self, outcome: Outcome) -> list[bytes]:
-        reason = FINISH[outcome.finish.reason]
-        frames = [self._chunk(ChatChunkChoice(0, ChatDelta(), None, reason))]
+        frames = [
+            self._chunk(ChatChunkChoice(c.index, ChatDelta(), None, FINISH[c.finish.reason]))
+            for c in outcome.choices
+        ]
         if self.include_usage:
             frames.append(self._chunk(None, _usage(outcome)))
         return [*frames, _DONE]
 
     def body(self, outcome: Outcome) -> bytes:
-        message = AssistantMessage("assistant", outcome.text, None)
-        choice = ChatChoice(0, message, None, FINISH[outcome.finish.reason])
+        choices = [
+            ChatChoice(
+                c.index,
+                AssistantMessage("assistant", c.text, None),
+                self.spelling.chat(c.logprobs) if self.spelling is not None else None,
+                FINISH[c.finish.reason],
+            )
+            for c in outcome.choices
+        ]
         return self.encoder.json(
             ChatCompletion(
                 self.id,
                 "chat.completion",
                 self.created,
                 self.model,
-                [choice],
+                choices,
                 _usage(outcome),
                 None,
+                self.service_tier,
             )
         )
 
 
 @attrs.frozen
+class EchoedPrompt:
+    """A text completion's prompt as `echo` returns it: its text and token ids."""
+
+    text: str
+    ids: tuple[int, ...]
+
+
+@attrs.define
 class CompletionAnswer:
     encoder: Encoder
     id: str
     model: str
     created: int
     include_usage: bool
+    choices: int
+    prompts: tuple[EchoedPrompt, ...] | None  # per choice, when echo is asked for
+    spelling: Spelling | None  # when logprobs are asked for
+    # Characters already streamed per choice (logprobs' text offsets go on from there).
+    sent: dict[int, int] = attrs.field(factory=dict)
 
     def _chunk(
         self, choice: CompletionChunkChoice | None, usage: OpenAIUsage | None = None
@@ -130,36 +228,78 @@ class CompletionAnswer:
         )
         return self.encoder.sse(chunk)
 
+    def _echo(
+        self, index: int, scored: Sequence[TokenLogprob | None] | None
+    ) -> tuple[str, CompletionLogprobs | None]:
+        """The echoed prompt of a choice: its text and, with logprobs, its tokens'."""
+        assert self.prompts is not None
+        prompt = self.prompts[index]
+        lps = None
+        if self.spelling is not None:
+            lps = self.spelling.legacy(scored or (None,) * len(prompt.ids), prompt.ids, 0)
+        return prompt.text, lps
+
     def head(self) -> list[bytes]:
         return []
 
-    def delta(self, delta: TokenDelta) -> list[bytes]:
-        if not delta.text:
-            return []
-        return [self._chunk(CompletionChunkChoice(0, delta.text, None, None))]
+    def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
+        frames = []
+        if index not in self.sent:  # the choice's first delta: its echo goes first
+            self.sent[index] = 0
+            if self.prompts is not None:
+                text, lps = self._echo(index, delta.prompt_logprobs)
+                self.sent[index] = len(text)
+                frames.append(self._chunk(CompletionChunkChoice(index, text, lps, None)))
+        lps = None
+        if self.spelling is not None and delta.logprobs:
+            ids = [t.token_id for t in delta.logprobs]
+            lps = self.spelling.legacy(delta.logprobs, ids, self.sent[index])
+        if delta.text or lps is not None:
+            self.sent[index] += len(delta.text)
+            frames.append(self._chunk(CompletionChunkChoice(index, delta.text, lps, None)))
+        return frames
 
     def tail(self, outcome: Outcome) -> list[bytes]:
-        frames = [self._chunk(CompletionChunkChoice(0, "", None, FINISH[outcome.finish.reason]))]
+        frames = [
+            self._chunk(CompletionChunkChoice(c.index, "", None, FINISH[c.finish.reason]))
+            for c in outcome.choices
+        ]
         if self.include_usage:
             frames.append(self._chunk(None, _usage(outcome)))
         return [*frames, _DONE]
 
+    def _choice(self, c: Choice) -> CompletionChoice:
+        text, lps = c.text, None
+        prefix, prefix_lps = "", None
+        if self.prompts is not None:
+            prefix, prefix_lps = self._echo(c.index, c.prompt_logprobs)
+        if self.spelling is not None:
+            ids = [t.token_id for t in c.logprobs]
+            lps = self.spelling.legacy(c.logprobs, ids, len(prefix))
+            if prefix_lps is not None:
+                lps = CompletionLogprobs(
+                    prefix_lps.tokens + lps.tokens,
+                    prefix_lps.token_logprobs + lps.token_logprobs,
+                    prefix_lps.top_logprobs + lps.top_logprobs,
+                    prefix_lps.text_offset + lps.text_offset,
+                )
+        return CompletionChoice(c.index, prefix + text, lps, FINISH[c.finish.reason])
+
     def body(self, outcome: Outcome) -> bytes:
-        choice = CompletionChoice(0, outcome.text, None, FINISH[outcome.finish.reason])
         return self.encoder.json(
             Completion(
                 self.id,
                 "text_completion",
                 self.created,
                 self.model,
-                [choice],
+                [self._choice(c) for c in outcome.choices],
                 _usage(outcome),
                 None,
             )
         )
 
 
-def _sampling(req: ChatRequest | CompletionRequest) -> SamplingRequest:
+def _sampling(req: ChatRequest | CompletionRequest, vocab_size: int) -> SamplingRequest:
     return SamplingRequest(
         temperature=req.temperature,
         top_p=req.top_p,
@@ -168,6 +308,7 @@ def _sampling(req: ChatRequest | CompletionRequest) -> SamplingRequest:
         seed=req.seed,
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
+        logit_bias=logit_bias_pairs(req.logit_bias, vocab_size),
     )
 
 
@@ -183,47 +324,70 @@ class _OpenAIFrontend(Frontend):
     def __init__(self, ctx: FrontendContext) -> None:
         super().__init__(ctx, OpenAIDialect())
         self._codec = OpenAICodec()
+        self._spelling = Spelling(ctx.model.tokenizer)
 
-    def _check_model(self, name: str) -> None:
-        if name not in self.ctx.public_ids:
-            raise ApiError(
-                "model_not_found",
-                "the model named in the request is not served here; see GET /v1/models",
-                param="model",
-                code="model_not_found",
-            )
-
-    def _prepared(
+    def _choices(
         self,
         req: ChatRequest | CompletionRequest,
         request_id: str,
-        ids: list[int],
+        prompts: list[list[int]],
         *,
         requested: int | None,
         param: str,
         prompt_param: str,
-        answer: type[ChatAnswer | CompletionAnswer],
-        id_prefix: str,
-    ) -> Prepared:
-        gen, _warnings = self.request(
-            request_id,
-            ids,
-            requested=requested,
-            param=param,
-            prompt_param=prompt_param,
-            sampling=_sampling(req),
-            stop=_stops(req.stop),
-            ignore_eos=bool(req.ignore_eos),
-        )
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        built = answer(
-            self.dialect.encoder,
-            id_prefix + request_id,
-            self.ctx.public_id,
-            int(time.time()),  # OpenAI's `created`: when this completion was made
-            include_usage,
-        )
-        return Prepared(gen, bool(req.stream), built, {"protocol": self.protocol})
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+    ) -> tuple[tuple[GenerationRequest, ...], tuple[int, ...], tuple[tuple[bytes, bytes], ...]]:
+        """The engine requests of every choice (n per prompt, in OpenAI's index order),
+        the prompt each continues, and the clamp header."""
+        n = req.n or 1
+        limit = self.ctx.config.max_concurrency
+        if n * len(prompts) > limit:
+            raise ApiError(
+                "invalid_request",
+                f"{n * len(prompts)} sequences were asked for (n times the prompts); this "
+                f"server decodes at most {limit} at once (--max-concurrency)",
+                param="n" if n > 1 else prompt_param,
+                code="invalid_value",
+            )
+        sampling = _sampling(req, self.ctx.model.identity.vocab_size)
+        requests: list[GenerationRequest] = []
+        groups: list[int] = []
+        clamped: list[Grant] = []
+        for group, ids in enumerate(prompts):
+            gen, grant, _warnings = self.request(
+                request_id,
+                ids,
+                requested=requested,
+                param=param,
+                prompt_param=prompt_param,
+                sampling=sampling,
+                stop=_stops(req.stop),
+                ignore_eos=bool(req.ignore_eos),
+                clamp=True,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+            )
+            if grant.clamped_from is not None:
+                clamped.append(grant)
+            for k in range(n):
+                requests.append(_sibling(gen, k))
+                groups.append(group)
+        self.check_fits(requests, param="n" if n > 1 else prompt_param)
+        headers = clamp_headers(min(clamped, key=lambda g: g.max_new_tokens)) if clamped else ()
+        return tuple(requests), tuple(groups), headers
+
+    def _include_usage(self, req: ChatRequest | CompletionRequest) -> bool:
+        return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def _sibling(gen: GenerationRequest, k: int) -> GenerationRequest:
+    """The k-th sequence of a prompt: a seeded request's k-th gets seed + k, so that n
+    seeded choices differ from each other and are each reproducible."""
+    seed = gen.sampling.seed
+    if k == 0 or seed is None or gen.sampling.greedy:
+        return gen
+    return attrs.evolve(gen, sampling=attrs.evolve(gen.sampling, seed=(seed + k) % 2**63))
 
 
 class ChatFrontend(_OpenAIFrontend):
@@ -238,7 +402,7 @@ class ChatFrontend(_OpenAIFrontend):
                 param="messages",
             )
         req = self._codec.parse_chat(loads(body), supports_tools=template.supports_tools)
-        self._check_model(req.model)
+        self.ctx.check_model(req.model)
         messages = [
             {"role": _ROLE_FOR_TEMPLATE.get(m.role, m.role), "content": m.text()}
             for m in req.messages
@@ -256,15 +420,33 @@ class ChatFrontend(_OpenAIFrontend):
         param = "max_tokens"
         if req.max_completion_tokens is not None:
             requested, param = req.max_completion_tokens, "max_completion_tokens"
-        return self._prepared(
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        requests, groups, headers = self._choices(
             req,
             request_id,
-            ids,
+            [ids],
             requested=requested,
             param=param,
             prompt_param="messages",
-            answer=ChatAnswer,
-            id_prefix="chatcmpl-",
+            logprobs=logprobs,
+        )
+        answer = ChatAnswer(
+            self.dialect.encoder,
+            "chatcmpl-" + request_id,
+            req.model,  # the served name the client used (an alias is answered as sent)
+            int(time.time()),  # OpenAI's `created`: when this completion was made
+            self._include_usage(req),
+            len(requests),
+            _tier(req.service_tier),
+            self._spelling if logprobs is not None else None,
+        )
+        return Prepared(
+            requests,
+            bool(req.stream),
+            answer,
+            {"protocol": self.protocol},
+            prompt_of=groups,
+            headers=headers,
         )
 
 
@@ -276,16 +458,55 @@ class CompletionsFrontend(_OpenAIFrontend):
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = self._codec.parse_completion(loads(body))
-        self._check_model(req.model)
-        ids = await self.tokens(req.prompt, prompt_param="prompt")
+        self.ctx.check_model(req.model)
+        vocab = self.ctx.model.identity.vocab_size
+        prompts: list[list[int]] = []
+        texts: list[str] = []
+        for i, prompt in enumerate(req.prompts()):
+            where = "prompt" if isinstance(req.prompt, str) else f"prompt[{i}]"
+            if isinstance(prompt, str):
+                prompts.append(await self.tokens(prompt, prompt_param=where))
+                texts.append(prompt)
+            else:
+                if any(t >= vocab for t in prompt):
+                    raise ApiError(
+                        "invalid_request",
+                        f"{where} holds a token id outside the vocabulary (0 to {vocab - 1})",
+                        param=where,
+                        code="invalid_value",
+                    )
+                prompts.append(prompt)
+                texts.append(b"".join(map(self._spelling.bytes, prompt)).decode("utf-8", "replace"))
         requested = req.max_tokens if req.max_tokens is not None else self.DEFAULT_MAX_TOKENS
-        return self._prepared(
+        logprobs = req.logprobs
+        requests, groups, headers = self._choices(
             req,
             request_id,
-            ids,
+            prompts,
             requested=requested,
             param="max_tokens",
             prompt_param="prompt",
-            answer=CompletionAnswer,
-            id_prefix="cmpl-",
+            logprobs=logprobs,
+            prompt_logprobs=logprobs if req.echo and logprobs is not None else None,
+        )
+        echoed = None
+        if req.echo:
+            echoed = tuple(EchoedPrompt(texts[g], tuple(prompts[g])) for g in groups)
+        answer = CompletionAnswer(
+            self.dialect.encoder,
+            "cmpl-" + request_id,
+            req.model,
+            int(time.time()),
+            self._include_usage(req),
+            len(requests),
+            echoed,
+            self._spelling if logprobs is not None else None,
+        )
+        return Prepared(
+            requests,
+            bool(req.stream),
+            answer,
+            {"protocol": self.protocol},
+            prompt_of=groups,
+            headers=headers,
         )

@@ -24,7 +24,10 @@ import orjson
 __all__ = ["PROBES", "Probe", "ProbeEnv", "ProbeResult", "probe_table", "run_probes"]
 
 Route = Literal["native", "chat", "completions", "messages", "count_tokens", "other"]
-Transport = Literal["plain", "chunked", "declared"]
+# plain: one body; chunked: Transfer-Encoding chunked; declared: an oversized declared
+# length with only its start sent; head: the status and headers only (a stream that
+# would run long is closed once they arrive, which cancels it).
+Transport = Literal["plain", "chunked", "declared", "head"]
 
 CANARY = "zq-canary-7f3a"
 MAX_ERROR_BODY = 4096
@@ -45,7 +48,7 @@ _NATIVE_STATUS = {
 }  # fmt: skip
 # OpenAI and Anthropic routes: 400 for anything invalid (docs/errors.md, docs/api.md).
 _INVALID_400 = {"malformed_json", "invalid_request", "context_length_exceeded"}
-_OPENAI_TYPE = {"unauthorized": "authentication_error"}  # else invalid_request_error
+_OPENAI_TYPE: dict[str, str] = {}  # invalid_request_error for every client fault, 401 too
 _OPENAI_CODE = {
     "unauthorized": "invalid_api_key", "model_not_found": "model_not_found",
     "context_length_exceeded": "context_length_exceeded",
@@ -81,6 +84,7 @@ class Probe:
     content_type: str | None = "application/json"
     auth: Literal["key", "none", "wrong"] = "key"
     transport: Transport = "plain"
+    header: str | None = None  # a response header the answer must carry
 
     @property
     def url_path(self) -> str:
@@ -232,10 +236,16 @@ def _rows() -> Iterator[Probe]:
                         "invalid_request", mf)  # fmt: skip
         yield Probe(f"{r}: {mf} zero", r, _with(r, **{mf: 0}), 422, "invalid_request", mf)
         yield Probe(f"{r}: {mf} negative", r, _with(r, **{mf: -1}), 422, "invalid_request", mf)
-        yield Probe(f"{r}: {mf} 2^63", r, _with(r, **{mf: 2**63}), 422,
-                    "context_length_exceeded", mf)  # fmt: skip
-        yield Probe(f"{r}: {mf} past the context", r, _with(r, **{mf: 10**7}), 422,
-                    "context_length_exceeded", mf)  # fmt: skip
+        # Past the context: the native route refuses; the OpenAI and Anthropic routes
+        # serve what the context leaves (their clients send large defaults).
+        for label, big in (("2^63", 2**63), ("past the context", 10**7)):
+            if r == "native":
+                yield Probe(f"{r}: {mf} {label}", r, _with(r, **{mf: big}), 422,
+                            "context_length_exceeded", mf)  # fmt: skip
+            else:  # served, clamped: a stream, closed once its headers say so
+                yield Probe(f"{r}: {mf} {label}", r, _with(r, **{mf: big, "stream": True}),
+                            200, None, transport="head",
+                            header="x-ninfer-max-tokens-clamped")  # fmt: skip
         # Sampling fields.
         yield Probe(f"{r}: temperature a string", r, _with(r, temperature="0.5"), 422,
                     "invalid_request", "temperature")  # fmt: skip
@@ -294,9 +304,22 @@ def _rows() -> Iterator[Probe]:
     yield Probe("chat: max_tokens and max_completion_tokens differ", "chat",
                 _with("chat", max_tokens=1, max_completion_tokens=2), 422, "invalid_request",
                 "max_tokens")  # fmt: skip
-    yield Probe("chat: n=2", "chat", _with("chat", n=2), 422, "invalid_request", "n")
-    yield Probe("chat: logprobs", "chat", _with("chat", logprobs=True), 422, "invalid_request",
-                "logprobs")  # fmt: skip
+    yield Probe("chat: n past any server's running slots", "chat", _with("chat", n=128), 422,
+                "invalid_request", "n")  # fmt: skip
+    yield Probe("chat: top_logprobs past 20", "chat",
+                _with("chat", logprobs=True, top_logprobs=21), 422, "invalid_request",
+                "top_logprobs")  # fmt: skip
+    yield Probe("chat: top_logprobs without logprobs", "chat", _with("chat", top_logprobs=2),
+                422, "invalid_request", "top_logprobs")  # fmt: skip
+    yield Probe("chat: logit_bias key not a token id", "chat",
+                _with("chat", logit_bias={CANARY: 5}), 422, "invalid_request",
+                "logit_bias")  # fmt: skip
+    yield Probe("chat: logit_bias past 100", "chat", _with("chat", logit_bias={"1": 101}), 422,
+                "invalid_request", "logit_bias")  # fmt: skip
+    yield Probe("chat: reasoning_effort", "chat", _with("chat", reasoning_effort="low"), 422,
+                "invalid_request", "reasoning_effort")  # fmt: skip
+    yield Probe("chat: metadata value a number", "chat", _with("chat", metadata={"k": 5}), 422,
+                "invalid_request", "metadata")  # fmt: skip
     yield Probe("chat: json response format", "chat",
                 _with("chat", response_format={"type": "json_object"}), 422, "invalid_request",
                 "response_format.type")  # fmt: skip
@@ -315,13 +338,19 @@ def _rows() -> Iterator[Probe]:
     yield Probe("completions: wrong model", "completions",
                 _with("completions", model="no-such-" + CANARY), 404, "model_not_found",
                 "model")  # fmt: skip
-    yield Probe("completions: echo", "completions", _with("completions", echo=True), 422,
-                "invalid_request", "echo")  # fmt: skip
+    yield Probe("completions: logprobs past 5", "completions", _with("completions", logprobs=6),
+                422, "invalid_request", "logprobs")  # fmt: skip
     yield Probe("completions: suffix", "completions", _with("completions", suffix=CANARY), 422,
                 "invalid_request", "suffix")  # fmt: skip
-    yield Probe("completions: prompt a list of lists", "completions",
-                _with("completions", prompt=[[1, 2]]), 422, "invalid_request",
-                "prompt")  # fmt: skip
+    yield Probe("completions: token id outside the vocabulary", "completions",
+                _with("completions", prompt=[[1, 2**40]]), 422, "invalid_request",
+                "prompt[0]")  # fmt: skip
+    yield Probe("completions: prompt a list of mixed items", "completions",
+                _with("completions", prompt=["a", 1]), 422, "invalid_request",
+                "prompt[0]")  # fmt: skip
+    yield Probe("completions: empty prompt in a list", "completions",
+                _with("completions", prompt=["a", ""]), 422, "invalid_request",
+                "prompt[1]")  # fmt: skip
     # Anthropic specifics.
     yield Probe("messages: max_tokens missing", "messages", _with("messages", max_tokens=_DROP),
                 422, "invalid_request", "max_tokens")  # fmt: skip
@@ -331,6 +360,9 @@ def _rows() -> Iterator[Probe]:
                 422, "invalid_request", "messages[1].role")  # fmt: skip
     yield Probe("messages: temperature above 1", "messages", _with("messages", temperature=1.5),
                 422, "invalid_request", "temperature")  # fmt: skip
+    yield Probe("messages: output_config", "messages",
+                _with("messages", output_config={"effort": "low"}), 422, "invalid_request",
+                "output_config")  # fmt: skip
     yield Probe("messages: image block", "messages",
                 _with("messages", messages=[{"role": "user", "content": [
                     {"type": "image", "source": {"type": "base64", "data": CANARY}}]}]),
@@ -395,6 +427,8 @@ def check(
         problems.append("no request id header")
     if CANARY.encode() in body:
         problems.append("the answer echoes the input")
+    if probe.header is not None and probe.header not in headers:
+        problems.append(f"no {probe.header} header")
     if want_type is None:
         return problems
     if len(body) > MAX_ERROR_BODY:
@@ -501,6 +535,13 @@ async def _run_one(
             status, resp_headers, resp_body = await _declared(
                 base_url, probe, headers, body, timeout_s
             )
+        elif probe.transport == "head":
+            async with client.stream(
+                probe.method, probe.url_path, content=body, headers=headers
+            ) as response:
+                status = response.status_code
+                resp_headers = {k.lower(): v for k, v in response.headers.items()}
+                resp_body = b""
         else:
             content: Any = body
             if probe.transport == "chunked":
