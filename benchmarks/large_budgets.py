@@ -22,7 +22,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +118,7 @@ def main() -> None:
             tempfile.TemporaryDirectory() as tmp,
             _running(cmd, url, "/ready", Path(tmp) / "server.log"),
         ):
-            t0 = time.monotonic()
             row = {"reserve_tokens": reserve, **trio.run(_one_setting, url, args)}
-            row["setup_s"] = round(time.monotonic() - t0, 2)
         rows.append(row)
         print(
             f"reserve {reserve:>6} tokens: {row['most_running']} of {args.clients} ran at once, "
