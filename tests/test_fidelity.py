@@ -44,18 +44,17 @@ PROMPTS = [
 MODEL_NAME = "fidelity"
 
 
-def _cases(max_new_tokens: int, seeded: bool, logprobs: bool = True) -> list[dict[str, Any]]:
+def _cases(max_new_tokens: int, seeded: bool) -> list[dict[str, Any]]:
     cases: list[dict[str, Any]] = []
     for i, prompt in enumerate(PROMPTS):
         cases.append({"prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": 0.0})
         if seeded:
             cases.append({"prompt": prompt, "max_new_tokens": max_new_tokens,
                           "temperature": 0.8, "top_p": 0.95, "seed": 1000 + i})  # fmt: skip
-        # Log probabilities come from the same float32 logits as the tokens: as exact in
-        # a batch as they are alone (asked for through /v1/completions).
-        if logprobs:
-            cases.append({"prompt": prompt, "max_new_tokens": max_new_tokens,
-                          "temperature": 0.0, "logprobs": 3})  # fmt: skip
+        # Log probabilities come from the same float32 logits as the tokens (asked for
+        # through /v1/completions, compared within LOGPROB_TOLERANCE).
+        cases.append({"prompt": prompt, "max_new_tokens": max_new_tokens,
+                      "temperature": 0.0, "logprobs": 3})  # fmt: skip
     return cases
 
 
@@ -154,6 +153,13 @@ async def _check(model: Path, tmp_path: Path, cases: list[dict[str, Any]]) -> No
         assert h["usage"]["total_tokens"] == len(d["prompt_ids"]) + case["max_new_tokens"]
 
 
+# Logprobs in a batch against the same request alone: bit-identical in most runs, but
+# one decode step's logits were seen to differ by ~5e-6 (tokens never did; see
+# docs/engine.md, "Batch invariance"). 1e-4 still catches a logprob of another row
+# or another position, which differ by far more.
+LOGPROB_TOLERANCE = 1e-4
+
+
 def _logprobs_differ(http: dict[str, Any], direct: dict[str, Any]) -> bool:
     """Whether the logprobs over HTTP (values, and each place's alternatives) differ
     from the engine's alone (compared by value: the wire names tokens by their text)."""
@@ -161,14 +167,18 @@ def _logprobs_differ(http: dict[str, Any], direct: dict[str, Any]) -> bool:
         return False
     values, tops = http["logprobs"]
     alone = direct["logprobs"]
-    if values != [v for v, _ in alone]:
+    if len(values) != len(alone) or len(tops) != len(alone):
         return True
+
+    def near(a: float, b: float) -> bool:
+        return abs(a - b) <= LOGPROB_TOLERANCE
+
     # Alternatives that spell the same text (parts of one UTF-8 character, say) share
     # one key on the wire, the last one's value kept: each place's values must be among
     # the engine's.
-    return len(tops) != len(alone) or any(
-        not set(t.values()) <= {lp for _, lp in top}
-        for t, (_, top) in zip(tops, alone, strict=True)
+    return any(
+        not near(v, lp) or not all(any(near(x, y) for _, y in top) for x in t.values())
+        for v, t, (lp, top) in zip(values, tops, alone, strict=True)
     )
 
 
@@ -180,6 +190,4 @@ async def test_http_equals_the_engine_in_another_process(tiny_gguf: Path, tmp_pa
 async def test_http_equals_the_engine_with_the_default_model(
     real_gguf: Path, tmp_path: Path
 ) -> None:
-    # Tokens only: on SmolLM2 a logprob was seen to differ from the same request alone
-    # in its last bits, rarely (docs/engine.md, "Batch invariance"); tokens never did.
-    await _check(real_gguf, tmp_path, _cases(max_new_tokens=8, seeded=True, logprobs=False))
+    await _check(real_gguf, tmp_path, _cases(max_new_tokens=8, seeded=True))

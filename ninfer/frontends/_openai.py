@@ -377,6 +377,23 @@ class _OpenAIFrontend(Frontend):
         headers = clamp_headers(min(clamped, key=lambda g: g.max_new_tokens)) if clamped else ()
         return tuple(requests), tuple(groups), headers
 
+    def _prepared(
+        self,
+        req: ChatRequest | CompletionRequest,
+        requests: tuple[GenerationRequest, ...],
+        groups: tuple[int, ...],
+        headers: tuple[tuple[bytes, bytes], ...],
+        answer: ChatAnswer | CompletionAnswer,
+    ) -> Prepared:
+        return Prepared(
+            requests,
+            bool(req.stream),
+            answer,
+            {"protocol": self.protocol},
+            prompt_of=groups,
+            headers=headers,
+        )
+
     def _include_usage(self, req: ChatRequest | CompletionRequest) -> bool:
         return bool(req.stream_options and req.stream_options.include_usage)
 
@@ -440,14 +457,7 @@ class ChatFrontend(_OpenAIFrontend):
             _tier(req.service_tier),
             self._spelling if logprobs is not None else None,
         )
-        return Prepared(
-            requests,
-            bool(req.stream),
-            answer,
-            {"protocol": self.protocol},
-            prompt_of=groups,
-            headers=headers,
-        )
+        return self._prepared(req, requests, groups, headers, answer)
 
 
 class CompletionsFrontend(_OpenAIFrontend):
@@ -502,11 +512,4 @@ class CompletionsFrontend(_OpenAIFrontend):
             echoed,
             self._spelling if logprobs is not None else None,
         )
-        return Prepared(
-            requests,
-            bool(req.stream),
-            answer,
-            {"protocol": self.protocol},
-            prompt_of=groups,
-            headers=headers,
-        )
+        return self._prepared(req, requests, groups, headers, answer)
