@@ -6,8 +6,10 @@ done; it is indexed by a digest of every token up to its end, and a later prompt
 starts with the same tokens shares it instead of computing it again (reference counts
 per page). A page no request holds any more stays cached until its memory is needed:
 it counts as free, and `allocate` takes the least recently used of those after the
-never-used ones. Sharing is exact: a prompt prefilled from a page boundary gets the
-same keys and values as one prefilled whole (every row is computed on its own).
+never-used ones. A prompt prefilled from a page boundary computes its rest as a chunk
+of fewer rows than the whole prompt would, which the linear layers may compute in the
+last bits differently (docs/engine.md, "A known gap"): tokens have not been seen to
+change, logprobs have.
 """
 
 from __future__ import annotations
