@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import attrs
@@ -11,6 +12,8 @@ from ninfer._cli import build_parser, main
 from ninfer._config import (
     SETTINGS,
     ServerConfig,
+    add_arguments,
+    build_config,
     config_from_env,
     config_from_namespace,
     redacted_argv,
@@ -115,3 +118,20 @@ def test_the_api_key_from_env_or_file_never_empty_and_redacted_by_value(
         config_from_namespace(with_file, {})
     argv = ["ninfer", "serve", "--api-key=s3cret", "--model-id", "x-s3cret-y"]
     assert "s3cret" not in " ".join(redacted_argv(argv, "s3cret"))
+
+
+def test_served_model_names_from_flags_env_and_toml(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    ns = parser.parse_args(["--served-model-name", "smollm2", "gpt-4o-mini"])
+    assert config_from_namespace(ns).served_model_name == ("smollm2", "gpt-4o-mini")
+    env = config_from_env({"NINFER_SERVED_MODEL_NAME": "a, b"})
+    assert env.served_model_name == ("a", "b")
+    toml = tmp_path / "c.toml"
+    toml.write_text('served-model-name = ["x", "y"]\n')
+    assert config_from_env({"NINFER_CONFIG": str(toml)}).served_model_name == ("x", "y")
+    assert build_config({"model_id": "m"}).served_model_name == ("m",)
+    with pytest.raises(ConfigError, match="give one of them"):
+        build_config({"model_id": "m", "served_model_name": ["n"]})
+    with pytest.raises(ConfigError, match="non-empty"):
+        build_config({"served_model_name": "a,,b"})
