@@ -163,7 +163,12 @@ class _Client:
                 if r.status_code != 200:
                     await r.aread()
                     return sample
+                complete = False  # the stream's own end: [DONE], or the native `done` event
                 async for line in r.aiter_lines():
+                    if line in ("data: [DONE]", "event: done"):
+                        complete = True
+                    if line.startswith("event: error") or line.startswith('data: {"error"'):
+                        sample.error = "stream ended by an error event"
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     data = orjson.loads(line[6:])
@@ -180,6 +185,8 @@ class _Client:
         except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
             sample.error = type(exc).__name__
             return sample
+        if not complete and sample.error is None:
+            sample.error = "stream ended without its end"
         sample.total = time.perf_counter() - start
         sample.tokens = usage if usage is not None else chunks
         return sample
