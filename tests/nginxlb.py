@@ -65,8 +65,8 @@ class Balanced:
                     request,
                     int(status),
                     rid,
-                    upstreams.split(", ") if upstreams != "-" else [],
-                    statuses.split(", ") if statuses != "-" else [],
+                    re.split(r", | : ", upstreams) if upstreams != "-" else [],
+                    re.split(r", | : ", statuses) if statuses != "-" else [],
                 )
             )
         return out
@@ -91,8 +91,10 @@ _ACCESS = re.compile(
 
 def render(shipped: str, listen: int, ports: list[int], access_log: Path) -> str:
     """The shipped configuration with this run's ports and log path."""
-    servers = "".join(f"    server 127.0.0.1:{p} max_fails=0;\n" for p in ports)
-    text = re.sub(r"(    server 127\.0\.0\.1:\d+ max_fails=0;\n)+", servers, shipped)
+    servers = "".join(f"    server 127.0.0.1:{p} max_fails=1 fail_timeout=10s;\n" for p in ports)
+    text = re.sub(
+        r"(    server 127\.0\.0\.1:\d+ max_fails=1 fail_timeout=10s;\n)+", servers, shipped
+    )
     text = re.sub(r"listen \d+;", f"listen 127.0.0.1:{listen};", text)
     text = text.replace("/var/log/nginx/ninfer.access.log", str(access_log))
     return text.replace("proxy_next_upstream_tries 2;", f"proxy_next_upstream_tries {len(ports)};")
