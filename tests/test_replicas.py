@@ -47,7 +47,7 @@ async def _complete(c: httpx.AsyncClient, body: dict[str, Any]) -> tuple[int, bo
         lines = [line async for line in r.aiter_lines()]
     finished = any('"finish_reason":"' in line for line in lines)
     return 200, finished and lines[-2:] == ["data: [DONE]", ""] and not any(
-        '"error"' in line for line in lines
+        line.startswith('data: {"error"') for line in lines
     )
 
 
@@ -157,8 +157,8 @@ async def _sigterm_loses_nothing(lb: Balanced) -> None:
 
 def _every_request_accounted_for(lb: Balanced) -> None:
     """Every attempt nginx logged has its record on the replica it reached, under the
-    request id nginx logged: an answer (request_done, or request_cancelled for the
-    stream the client closed early), or the refusal with the status nginx saw; and
+    request id nginx logged: an answer (request_done; request_cancelled would be a
+    stream its client closed early), or the refusal with the status nginx saw; and
     every generation a replica logged is in nginx's log (but the one sent directly)."""
     records: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in lb.replicas:
