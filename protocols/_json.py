@@ -21,20 +21,33 @@ def loads(body: bytes) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        # orjson's reason is a fixed phrase ("unexpected character, expected a string
+        # key"), never a piece of the input.
         reason = str(exc).split(":", 1)[0]
-        if "utf-8" in reason.lower() or "surrogate" in reason.lower():
+        low = reason.lower()
+        if "utf-8" in low or "surrogate" in low:
             reason = "invalid UTF-8 or a lone surrogate escape"
-        elif "depth" in reason.lower():
+        elif "depth" in low or "recursion" in low:
             reason = "nesting deeper than 1024 levels"
-        elif "infinity" in reason.lower():
+        elif "infinity" in low:
             reason = "a number out of range"
-        else:
-            reason = "invalid JSON syntax (NaN and Infinity are not JSON)"
+        elif _non_finite_at(body, exc.pos):
+            reason = "NaN and Infinity are not JSON numbers"
         where = _POSITION.search(str(exc))
         at = f" at {where.group(0)}" if where else ""
         raise ApiError(
             "malformed_json", f"the request body is not valid JSON: {reason}{at}"
         ) from None
+
+
+def _non_finite_at(body: bytes, pos: int) -> bool:
+    """Whether the text at character `pos` is NaN or (-)Infinity (orjson refuses them
+    as an unexpected character or a sign without digits)."""
+    text = body.decode("utf-8", "replace")
+    return any(text.startswith(word, p) for p in (pos, pos - 1) for word in _NON_FINITE)
+
+
+_NON_FINITE = ("NaN", "Infinity", "-Infinity")
 
 
 def dumps(obj: Any) -> bytes:
