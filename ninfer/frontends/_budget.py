@@ -118,8 +118,8 @@ class Budget:
         if prompt_tokens + requested > ctx:
             raise ApiError(
                 "context_length_exceeded",
-                f"the prompt has {prompt_tokens} tokens and {param} asks for {requested}: "
-                f"{prompt_tokens + requested} exceeds the context window of {ctx} tokens",
+                f"the prompt has {_tokens(prompt_tokens)} and {param} asks for {requested}: "
+                f"{prompt_tokens + requested} exceeds the context window of {_tokens(ctx)}",
                 param=param,
                 code="context_length_exceeded",
             )
@@ -135,7 +135,7 @@ class Budget:
         if prompt_tokens >= ctx:
             raise ApiError(
                 "context_length_exceeded",
-                f"the prompt has {prompt_tokens} tokens; the context window is {ctx} tokens "
+                f"the prompt has {_tokens(prompt_tokens)}; the context window is {_tokens(ctx)} "
                 "and leaves no room for output",
                 param=prompt_param,
                 code="context_length_exceeded",
@@ -145,8 +145,8 @@ class Budget:
         if room < 1:
             raise ApiError(
                 "context_length_exceeded",
-                f"the prompt has {prompt_tokens} tokens; the server's KV pool holds "
-                f"{pool} tokens and leaves no room for output",
+                f"the prompt has {_tokens(prompt_tokens)}; the server's KV pool holds "
+                f"{_tokens(pool)} and leaves no room for output",
                 param=prompt_param,
                 code="context_length_exceeded",
             )
@@ -156,8 +156,13 @@ class Budget:
         pages = self._model.pages_needed(prompt_tokens, output)
         return ApiError(
             "context_length_exceeded",
-            f"the prompt ({prompt_tokens} tokens) plus {output} output tokens needs "
+            f"the prompt ({_tokens(prompt_tokens)}) plus {_tokens(output, 'output token')} needs "
             f"{pages} KV pages; the server's KV pool holds {self._model.kv_pages}",
             param=param,
             code="context_length_exceeded",
         )
+
+
+def _tokens(n: int, noun: str = "token") -> str:
+    """'1 token', '2 tokens'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -291,7 +291,8 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True) -> list[LevelRes
                 if progress:
                     frac = min(1.0, (time.monotonic() - begun) / cfg.duration_s)
                     bar = "#" * int(frac * 30)
-                    sys.stderr.write(f"\r{label:<22} [{bar:<30}] {done[0]} requests")
+                    plural = "" if done[0] == 1 else "s"
+                    sys.stderr.write(f"\r{label:<22} [{bar:<30}] {done[0]} request{plural}")
                     sys.stderr.flush()
 
             if mode == "closed":
