@@ -23,9 +23,12 @@ setup() {
   fi
   local stamp=.venv/.ninfer-setup
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$TORCH_SPEC" ]; then
+    echo "setting up .venv: installing $TORCH_SPEC (a minute or two the first time)" >&2
     quiet_pip "$TORCH_SPEC"
+    echo "setting up .venv: installing ninfer and its dependencies" >&2
     quiet_pip -e '.[dev]'
     echo "$TORCH_SPEC" > "$stamp"
+    echo "setting up .venv: done (.venv/bin/ninfer)" >&2
   fi
 }
 
@@ -38,6 +41,7 @@ case "$cmd" in
     ;;
   test)
     setup
+    echo "ruff, ruff format --check, mypy, then pytest" >&2
     .venv/bin/ruff check .
     .venv/bin/ruff format --check .
     .venv/bin/mypy
