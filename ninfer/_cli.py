@@ -30,6 +30,27 @@ def _fetch_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _address_taken(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on (in use, not an address here), or None.
+    Port 0 (any free port) is never taken."""
+    import socket
+
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    family, kind, proto, _name, address = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Hypercorn binds
+        try:
+            s.bind(address)
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     import signal
 
@@ -44,6 +65,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         config = config_from_namespace(args, os.environ)
+        taken = _address_taken(config.host, config.port)
+        if taken is not None:  # said before the model is fetched and loaded
+            print(f"ninfer serve: error: {taken}", file=sys.stderr)
+            return 1
         model_path = resolve_model(
             config.model,
             cache_dir(config.cache_dir, os.environ),

@@ -37,3 +37,23 @@ async def test_probe_and_bench_commands(tiny_gguf: Path, tmp_path: Path) -> None
     levels = orjson.loads(out.read_bytes())["levels"]
     assert levels[0]["ok"] > 0
     assert levels[0]["completion_tokens"] == 4 * levels[0]["ok"]
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line_before_loading(tiny_gguf: Path) -> None:
+    """One line and exit 1, before the model is fetched or loaded (v0.1 loaded the whole
+    model, then printed a 40-line exception group)."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "ninfer", "serve", "--model", str(tiny_gguf),
+             "--port", str(port)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"ninfer serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]
