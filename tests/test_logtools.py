@@ -228,3 +228,32 @@ def test_examples_run_on_a_real_log(overload_log: tuple[Path, Counter[int]], scr
     )
     assert "server_overloaded" in done.stdout or seen[429] == 0
     assert "/v1/generate" in done.stdout
+
+
+@pytest.mark.parametrize("script", ["log_duckdb.py", "log_pandas.py"])
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [],  # an empty log
+        # a server that started and stopped: no request at all
+        [{"event": "server_stop", "request_id": None}],
+        # refusals only: no request_done, no request_cancelled
+        [{"event": "request_rejected", "request_id": "r1", "endpoint": "/v1/generate",
+          "status": 429, "type": "server_overloaded", "code": None, "param": None,
+          "phase": "route"}],
+    ],
+)  # fmt: skip
+def test_examples_run_on_any_valid_log(
+    tmp_path: Path, script: str, lines: list[dict[str, object]]
+) -> None:
+    """Readers of the log must not need an event a log happens not to have."""
+    base = {"schema": "ninfer.request_log", "schema_version": 1, "ts_unix_ms": 1.0,
+            "server_instance_id": "s"}  # fmt: skip
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({**base, **line}) + b"\n" for line in lines))
+    example = Path(__file__).parent.parent / "examples" / script
+    done = subprocess.run(
+        [sys.executable, str(example), str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
