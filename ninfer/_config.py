@@ -382,8 +382,11 @@ def config_from_env(environ: Mapping[str, str]) -> ServerConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for s in SETTINGS:
-        default = "unset" if s.default is None else s.default
-        help_text = f"{s.help} (default: {default})"
+        help_text = s.help
+        if s.choices:
+            help_text += f"; one of {', '.join(s.choices)}"
+        if "(default:" not in s.help:  # some say what an unset value means themselves
+            help_text += f" (default: {'unset' if s.default is None else s.default})"
         if s.kind is bool:
             parser.add_argument(s.flag, action="store_true", default=s.default, help=help_text)
             continue

@@ -74,6 +74,10 @@ def test_serve_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> 
     for s in SETTINGS:
         assert s.flag in text
     assert "(default: 8)" in text
+    flat = " ".join(text.split())
+    assert "(default: 1.0) (default" not in flat  # each default said once
+    assert "one of float32, bfloat16" in flat
+    assert "one of int4, dense" in flat
 
 
 def test_unopenable_log_stops_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
