@@ -57,3 +57,19 @@ def test_serve_on_a_port_in_use_says_so_in_one_line_before_loading(tiny_gguf: Pa
     assert done.stderr.splitlines() == [
         f"ninfer serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"
     ]
+
+
+def test_bench_with_nothing_listening_says_so_in_one_line() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listened
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        done = subprocess.run(
+            [sys.executable, "-m", "ninfer", "bench", url, "--clients", "1",
+             "--duration-s", "1"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"ninfer bench: error: cannot reach {url}: nothing answers there")

@@ -269,6 +269,10 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True) -> list[LevelRes
 
     limits = httpx.Limits(max_connections=max([*cfg.clients, cfg.max_in_flight]) + 8)
     async with httpx.AsyncClient(base_url=cfg.url, timeout=600, limits=limits) as http:
+        try:  # anything that answers HTTP at all will do (a 404 too)
+            await http.get("/", timeout=30)
+        except httpx.TransportError as exc:
+            raise ConnectionError(f"nothing answers there ({exc})") from None
         model = cfg.model
         if cfg.route == "chat" and model is None:
             headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
