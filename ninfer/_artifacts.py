@@ -135,4 +135,11 @@ def resolve_model(
             f"--model {model!r} is neither a registered name ({', '.join(sorted(REGISTRY))}) "
             "nor an existing file"
         )
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ArtifactError(f"--model {model!r}: cannot read it ({exc.strerror})") from None
+    if magic != b"GGUF":  # said before the server starts, not by the engine that dies
+        raise ArtifactError(f"--model {model!r} is not a GGUF file (it does not start with GGUF)")
     return path

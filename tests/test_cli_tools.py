@@ -73,3 +73,16 @@ def test_bench_with_nothing_listening_says_so_in_one_line() -> None:
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()
     assert line.startswith(f"ninfer bench: error: cannot reach {url}: nothing answers there")
+
+
+def test_serve_with_a_file_that_is_not_gguf_says_so_in_one_line(tmp_path: Path) -> None:
+    bogus = tmp_path / "model.bin"
+    bogus.write_bytes(b"PK\x03\x04 not a model")
+    done = subprocess.run(
+        [sys.executable, "-m", "ninfer", "serve", "--model", str(bogus), "--port", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("ninfer serve: error: --model")
+    assert "is not a GGUF file" in line
