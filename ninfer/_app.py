@@ -31,6 +31,7 @@ from hypercorn.typing import (
 from ninfer._artifacts import REGISTRY, cache_dir, resolve_model
 from ninfer._bridge import EngineHost, EngineService, ThreadedEngine
 from ninfer._config import ServerConfig, config_from_env, public_settings, redacted_argv
+from ninfer._errors import ConfigError
 from ninfer._estimate import ServiceTimes
 from ninfer._flow import FlowContext, serve_generation
 from ninfer._http import (
@@ -650,5 +651,9 @@ def create_app(config: ServerConfig | None = None, **kwargs: Any) -> App:
     """The ASGI app. Without a config, settings come from NINFER_* variables and the TOML
     file named by NINFER_CONFIG (read once, here)."""
     if config is None:
-        config = config_from_env(os.environ)
+        try:
+            config = config_from_env(os.environ)
+        except ConfigError as exc:  # one line, and a failing exit (not a traceback)
+            print(f"ninfer: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     return App(config, **kwargs)

@@ -86,3 +86,20 @@ def test_serve_with_a_file_that_is_not_gguf_says_so_in_one_line(tmp_path: Path) 
     (line,) = done.stderr.splitlines()
     assert line.startswith("ninfer serve: error: --model")
     assert "is not a GGUF file" in line
+
+
+def test_a_bad_setting_under_hypercorn_is_one_line() -> None:
+    """Under `hypercorn 'ninfer.app:create_app()'` a refused NINFER_* value is one line,
+    not a traceback; with --workers 0 the exit status says so too (Hypercorn 0.17 loses
+    a spawned worker's exit status: docs/serving.md)."""
+    import os
+
+    hypercorn = Path(sys.executable).parent / "hypercorn"
+    done = subprocess.run(
+        [str(hypercorn), "--workers", "0", "--worker-class", "trio", "--bind", "127.0.0.1:0",
+         "ninfer.app:create_app()"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "NINFER_MAX_CONCURRENCY": "abc"},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["ninfer: error: NINFER_MAX_CONCURRENCY must be an integer"]
