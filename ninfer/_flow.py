@@ -418,9 +418,7 @@ class _Run:
         if len(streams) == 1:
             async with streams[0] as events:
                 async for event in events:
-                    self.ctx.engine.consumed(
-                        self.handles[0], events.statistics().current_buffer_used
-                    )
+                    self._consumed(0, events)
                     if await self._take(0, event, sequences[0], prepared):
                         break
             return sequences
@@ -444,12 +442,15 @@ class _Run:
     ) -> None:
         async with events, out:
             async for event in events:
-                self.ctx.engine.consumed(
-                    self.handles[index], events.statistics().current_buffer_used
-                )
+                self._consumed(index, events)
                 await out.send((index, event))
                 if isinstance(event, Finish):
                     return
+
+    def _consumed(self, index: int, events: trio.MemoryReceiveChannel[Event]) -> None:
+        """Tell the engine how far behind the reader of a choice is (a row whose reader
+        falls far behind is paused)."""
+        self.ctx.engine.consumed(self.handles[index], events.statistics().current_buffer_used)
 
     async def _take(self, index: int, event: Event, seq: _Sequence, prepared: Prepared) -> bool:
         """Note one event of the choice at `index`; True at its Finish."""

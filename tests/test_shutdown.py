@@ -31,6 +31,12 @@ async def _start(cmd: list[str]) -> tuple[trio.Process, str]:
                 return proc, line.split("Running on ")[1].split()[0]
 
 
+async def _until_ready(c: httpx.AsyncClient) -> None:
+    # Polling another process over HTTP: there is no event to wait on.
+    while (await c.get("/ready")).status_code != 200:  # noqa: ASYNC110
+        await trio.sleep(0.05)
+
+
 async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -> None:
     log = tmp_path / "requests.jsonl"
     cmd = [
@@ -41,9 +47,7 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
     with trio.fail_after(HANG_GUARD_S):
         proc, url = await _start(cmd)
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
-            # Polling another process over HTTP: there is no event to wait on.
-            while (await c.get("/ready")).status_code != 200:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await _until_ready(c)
             results: list[tuple[int, str]] = []
             first_tokens = trio.Semaphore(0)
 
@@ -115,8 +119,7 @@ async def test_a_stalled_reader_cannot_hold_the_shutdown_hostage(tmp_path: Path)
     with trio.fail_after(HANG_GUARD_S):
         proc, url = await _start(cmd)
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
-            while (await c.get("/ready")).status_code != 200:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await _until_ready(c)
             stalled = await stalled_stream(url, "stalled")
             reading: list[str] = []
             started = trio.Event()
