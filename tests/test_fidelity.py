@@ -44,9 +44,11 @@ PROMPTS = [
 MODEL_NAME = "fidelity"
 
 
-def _cases(max_new_tokens: int, seeded: bool) -> list[dict[str, Any]]:
+def _cases(max_new_tokens: int, seeded: bool, every: int = 1) -> list[dict[str, Any]]:
     cases: list[dict[str, Any]] = []
     for i, prompt in enumerate(PROMPTS):
+        if i % every:
+            continue
         cases.append({"prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": 0.0})
         if seeded:
             cases.append({"prompt": prompt, "max_new_tokens": max_new_tokens,
@@ -183,4 +185,6 @@ async def test_http_equals_the_engine_in_another_process(tiny_gguf: Path, tmp_pa
 async def test_http_equals_the_engine_with_the_default_model(
     real_gguf: Path, tmp_path: Path
 ) -> None:
-    await _check(real_gguf, tmp_path, _cases(max_new_tokens=8, seeded=True))
+    # Every other prompt (33 requests, batched over HTTP): the tiny model's test above
+    # takes them all; this one is about the real weights.
+    await _check(real_gguf, tmp_path, _cases(max_new_tokens=8, seeded=True, every=2))
