@@ -20,14 +20,19 @@ def main() -> None:
     model = os.environ.get("NINFER_MODEL", "smollm2-135m-instruct")
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     print(client.messages.count_tokens(model=model, messages=messages))  # type: ignore[arg-type]
+    # A question with one right answer: greedy (temperature 0), the same reply every time.
+    # The 2.x SDK has no temperature argument (Anthropic's API version 2026-10-21 dropped
+    # it); ninfer still honours it in the body, as older clients send it.
     reply = client.messages.create(
         model=model,
         max_tokens=64,
+        extra_body={"temperature": 0},
         system="Answer in one sentence.",
         messages=messages,  # type: ignore[arg-type]
     )
     print(reply.content[0].text, reply.stop_reason, reply.usage)  # type: ignore[union-attr]
 
+    # A poem: sampled (Anthropic's default temperature, 1.0), different each time.
     with client.messages.stream(
         model=model,
         max_tokens=64,

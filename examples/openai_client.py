@@ -15,6 +15,7 @@ def main() -> None:
     base = (sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8080") + "/v1"
     client = openai.OpenAI(base_url=base, api_key=os.environ.get("NINFER_API_KEY", "unused"))
     model = client.models.list().data[0].id
+    # A question with one right answer: greedy (temperature 0), the same reply every time.
     reply = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -24,12 +25,15 @@ def main() -> None:
     print(reply.choices[0].message.content)
     print(reply.usage)
 
+    # A poem: sampled (temperature 1.0, the default), and seeded: the same seed gives
+    # the same poem, on any batch.
     stream = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": "Write a haiku about the sea."}],
         stream=True,
         stream_options={"include_usage": True},
         seed=7,
+        max_completion_tokens=64,
     )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -37,7 +41,7 @@ def main() -> None:
         if chunk.usage:
             print("\n", chunk.usage)
 
-    # Three choices decoded together, with the log probability of each token.
+    # Three sampled choices decoded together, with the log probability of each token.
     three = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": "Name a colour."}],

@@ -1,5 +1,7 @@
-"""The ASGI application: the lifespan (engine, scheduler, throughput log) and the route
-table. Generation routes hand their frontend to the request flow (`ninfer._flow`).
+"""The ASGI application: the route table and each request's dispatch (CORS, the API key,
+the route's dialect for refusals, one request-log record). What can be served, and
+when, is the lifespan's (`ninfer._lifespan`); generation routes hand their frontend to
+the request flow (`ninfer._flow`).
 
 `create_app()` is the factory Hypercorn's trio worker calls
 (`hypercorn --worker-class trio 'ninfer.app:create_app()'`); `ninfer serve` builds
@@ -9,11 +11,8 @@ the same app from flags and serves it with `hypercorn.trio.serve`.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import os
-import re
 import sys
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,15 +27,14 @@ from hypercorn.typing import (
     WebsocketScope,
 )
 
-from ninfer._artifacts import REGISTRY, cache_dir, resolve_model
-from ninfer._bridge import EngineHost, EngineService, ThreadedEngine
-from ninfer._config import ServerConfig, config_from_env, public_settings, redacted_argv
+from ninfer._bridge import EngineHost, EngineService
+from ninfer._config import ServerConfig, config_from_env
 from ninfer._errors import ConfigError
-from ninfer._estimate import ServiceTimes
-from ninfer._flow import FlowContext, serve_generation
+from ninfer._flow import serve_generation
 from ninfer._http import (
     ClientGone,
     Exchange,
+    authorize,
     cors_origin,
     header,
     preflight,
@@ -47,33 +45,19 @@ from ninfer._http import (
     with_cors,
 )
 from ninfer._lifecycle import Lifecycle, Trigger
+from ninfer._lifespan import Lifespan, Serving
 from ninfer._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ninfer._metrics import Metrics
 from ninfer._requestlog import RequestLog
-from ninfer.engine import EngineConfig, ServedModel
-from ninfer.frontends import (
-    ChatFrontend,
-    CompletionsFrontend,
-    Frontend,
-    FrontendContext,
-    MessagesFrontend,
-    NativeFrontend,
-    model_card,
-    model_list,
-)
+from ninfer.engine import ServedModel
+from ninfer.frontends import model_card, model_list
 from protocols import AnthropicDialect, ApiError, Dialect, NativeDialect, OpenAIDialect, dumps
 from scheduler import AdmissionController
 
 __all__ = ["App", "create_app"]
 
-# Filesystem paths in an error message (replaced before it leaves the process).
-_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][^\s\\/:'\"]+){2,}[\\/]?")
-
 # Token counts served at once (/v1/messages/count_tokens).
 COUNT_TOKENS_CONCURRENCY = 2
-
-# Prompts longer than this many characters are tokenized on a worker thread.
-_INLINE_TOKENIZE_CHARS = 4096
 
 Handler = Callable[[HTTPScope, Exchange, Lifecycle], Awaitable[None]]
 
@@ -87,18 +71,6 @@ class Route:
     dialect: Dialect
     open: bool = False  # served without the API key (/health, /ready)
     logged: bool = True
-
-
-@attrs.define
-class _Serving:
-    """What exists once the model is loaded."""
-
-    model: ServedModel
-    scheduler: AdmissionController
-    flow: FlowContext
-    frontends: FrontendContext
-    by_path: dict[str, Frontend]
-    messages: MessagesFrontend
 
 
 # Clients given a base URL without `/v1` post to these; they are the /v1 routes.
@@ -126,49 +98,11 @@ class App:
         engine: EngineHost | None = None,
     ) -> None:
         self.config = config
-        self.log = RequestLog(config.request_log_jsonl)
-        self.diagnostics = self.log.diagnostics()
-        self._argv = redacted_argv(list(argv if argv is not None else sys.argv), config.api_key)
-        self._model_path = model_path
-        if engine is None:
-            engine = ThreadedEngine(
-                self._resolve_model,
-                EngineConfig(
-                    max_batch=config.max_concurrency,
-                    kv_capacity=config.kv_capacity or config.max_context or 8192,
-                    page_size=16,
-                    prefill_chunk=config.prefill_chunk,
-                    max_context=config.max_context,
-                    dtype=config.dtype,
-                    weights=config.weights,
-                    device=config.device,
-                ),
-                threads=config.threads,
-                log=self.diagnostics,
-                progress=self._progress,
-            )
-        self.service = EngineService(engine, log=self.diagnostics)
-        self.serving: _Serving | None = None
-        self.metrics = Metrics(
-            lambda: self.serving.scheduler.statistics() if self.serving else None,
-            self.service.statistics,
-            lambda: (self.log.failure is not None, self.log.dropped),
-        )
-        self.log.subscribe(self.metrics.on_event)
-        names = config.served_model_name
-        self.public_id = names[0] if names else ""
-        self.served_names: tuple[str, ...] = names or ()
-        self._draining = False
+        self.lifespan = Lifespan(config, model_path=model_path, argv=argv, engine=engine)
         self._lives: set[Lifecycle] = set()  # requests being served, for force_stop
-        self._started_at: float | None = None  # Trio time the lifespan began loading
-        self._drain_started_at: float | None = None
-        self.settled = trio.Event()  # set once the model is loaded and admitting, or failed
-        self._background = trio.CancelScope()  # the periodic tasks, cancelled at shutdown
-        self._tokenize_limiter = trio.CapacityLimiter(2)
         # count_tokens takes no place in the scheduler (it never reaches the engine), so
         # it has a limit of its own: past it, 429 at once.
         self.counting = trio.CapacityLimiter(COUNT_TOKENS_CONCURRENCY)
-        self._created = int(time.time())
         native, openai, anthropic = NativeDialect(), OpenAIDialect(), AnthropicDialect()
         self._dialects = {"native": native, "openai": openai, "anthropic": anthropic}
         self._routes: dict[str, Route] = {
@@ -184,6 +118,32 @@ class App:
             "/v1/messages/count_tokens": Route({"POST": self._count_tokens}, anthropic),
         }
 
+    # What the lifespan owns, by the names tests and the CLI use.
+
+    @property
+    def log(self) -> RequestLog:
+        return self.lifespan.log
+
+    @property
+    def service(self) -> EngineService:
+        return self.lifespan.service
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.lifespan.metrics
+
+    @property
+    def settled(self) -> trio.Event:
+        return self.lifespan.settled
+
+    @property
+    def public_id(self) -> str:
+        return self.lifespan.public_id
+
+    @property
+    def serving(self) -> Serving | None:
+        return self.lifespan.serving
+
     @property
     def model(self) -> ServedModel | None:
         return self.serving.model if self.serving else None
@@ -192,18 +152,8 @@ class App:
     def scheduler(self) -> AdmissionController | None:
         return self.serving.scheduler if self.serving else None
 
-    def _resolve_model(self) -> str:
-        """The model file (fetched on first use); called on the engine thread."""
-        if self._model_path is not None:
-            return self._model_path
-        cfg = self.config
-        where = cache_dir(cfg.cache_dir, os.environ)
-        return str(resolve_model(cfg.model, where, progress=self._progress))
-
-    def _progress(self, message: str) -> None:
-        self.log.console(message)
-
-    # ---- lifespan -------------------------------------------------------------------------
+    def begin_drain(self) -> None:
+        self.lifespan.begin_drain()
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -220,164 +170,10 @@ class App:
     ) -> None:
         message = await receive()
         assert message["type"] == "lifespan.startup"
-        self._started_at = trio.current_time()
-        try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.service.run)
-                nursery.start_soon(self._after_load, nursery)
-                await send({"type": "lifespan.startup.complete"})
-                message = await receive()
-                # Hypercorn has finished (or cancelled) every request by now.
-                self.begin_drain()
-                self._background.cancel()
-                self.service.shutdown()  # the engine loop returns; service.run ends
-        finally:
-            self.log.emit("server_stop")
-            self.log.close()
+        await self.lifespan.run(
+            started=lambda: send({"type": "lifespan.startup.complete"}), stopping=receive
+        )
         await send({"type": "lifespan.shutdown.complete"})
-
-    async def _after_load(self, nursery: trio.Nursery) -> None:
-        await self.service.wait_loaded()
-        model = self.service.model
-        if model is None:
-            state = self.service.state()  # the console has had engine_died, with the cause
-            self.log.emit("server_error", error=state.error)
-            self.settled.set()
-            return
-        # --served-model-name's first, else the registered name the model was asked for
-        # by, else the file's id.
-        registered = self.config.model if self.config.model in REGISTRY else None
-        names = self.config.served_model_name
-        self.public_id = names[0] if names else registered or model.identity.model_id
-        # The names a request may give: the served names, else the public id and the
-        # file's own id.
-        self.served_names = names or tuple(dict.fromkeys([self.public_id, model.identity.model_id]))
-        self.serving = self._build_serving(model)
-        ident = model.identity
-        self.log.emit(
-            "server_start",
-            config=public_settings(self.config),
-            argv=self._argv,
-            model={
-                "id": self.public_id,
-                "model_id": ident.model_id,
-                "architecture": ident.architecture,
-                "sha256": ident.sha256,
-                "context_length": ident.context_length,
-                "vocab_size": ident.vocab_size,
-                "path": ident.path,
-                "load_seconds": model.load_seconds,
-            },
-            engine={
-                "max_context": model.max_context,
-                "kv_pages": model.kv_pages,
-                "page_size": model.page_size,
-                "dtype": model.dtype,
-                "device": model.device,
-                "batch_invariant": model.batch_invariant,
-                "batch_sizes": list(model.batch_sizes),
-            },
-        )
-        self.log.console(
-            "ready",
-            model=self.public_id,
-            sha256=ident.sha256[:12],
-            load_s=round(model.load_seconds, 2),
-        )
-        self.settled.set()
-        if self.config.log_stats_interval_ms > 0:
-            nursery.start_soon(self._throughput_loop)
-
-    def _build_serving(self, model: ServedModel) -> _Serving:
-        """The scheduler, the frontends and the request flow, built once."""
-        cfg = self.config
-        service_times = ServiceTimes(self.service.statistics, cfg.default_max_tokens)
-        scheduler = AdmissionController(
-            max_running=cfg.max_concurrency,
-            max_pending=cfg.max_pending_requests,
-            units_total=model.kv_pages,
-            service_time=service_times,
-        )
-        ctx = FrontendContext(
-            model=model,
-            config=cfg,
-            public_id=self.public_id,
-            names=self.served_names,
-            tokenize=self._tokenize,
-            created=self._created,
-        )
-        messages = MessagesFrontend(ctx)
-        frontends: list[Frontend] = [
-            NativeFrontend(ctx),
-            ChatFrontend(ctx),
-            CompletionsFrontend(ctx),
-            messages,
-        ]
-        flow = FlowContext(
-            scheduler=scheduler,
-            engine=self.service,
-            log=self.log,
-            max_request_bytes=cfg.max_request_bytes,
-            read_timeout_s=cfg.read_timeout_s,
-            write_timeout_s=cfg.write_timeout_s,
-            pending_timeout_s=cfg.pending_timeout_ms / 1000.0,
-            pages_needed=model.pages_needed,
-            draining=lambda: self.shutting_down() if self._draining else None,
-            service_times=service_times,
-            on_tokens=self.metrics.inter_token,
-        )
-        return _Serving(
-            model=model,
-            scheduler=scheduler,
-            flow=flow,
-            frontends=ctx,
-            by_path={f.endpoint: f for f in frontends},
-            messages=messages,
-        )
-
-    async def _throughput_loop(self) -> None:
-        with self._background:
-            await self._report_throughput()
-
-    async def _report_throughput(self) -> None:
-        interval = self.config.log_stats_interval_ms / 1000.0
-        prev = self.service.statistics()
-        while True:
-            await trio.sleep(interval)
-            cur = self.service.statistics()
-            if cur is None or prev is None:
-                prev = cur
-                continue
-            steps = cur.decode_steps - prev.decode_steps
-            generated = cur.generated_tokens - prev.generated_tokens
-            prefill = cur.prefill_tokens - prev.prefill_tokens
-            sched = self.serving.scheduler.statistics() if self.serving else None
-            if steps == 0 and prefill == 0 and not cur.busy:
-                prev = cur
-                continue  # idle interval: skipped
-            rows = cur.decode_rows - prev.decode_rows
-            self.log.emit(
-                "throughput",
-                interval_seconds=interval,
-                generated_tokens=generated,
-                prefill_tokens=prefill,
-                decode_steps=steps,
-                generated_tokens_per_second=generated / interval,
-                prefill_tokens_per_second=prefill / interval,
-                avg_decode_batch=rows / steps if steps else 0.0,
-                running=cur.decoding + cur.prefilling,
-                waiting=sched.waiting if sched else 0,
-                kv_pages_used=cur.pages_used,
-                kv_pages_free=cur.pages_free,
-            )
-            prev = cur
-
-    def shutting_down(self) -> ApiError:
-        """The refusal while draining; Retry-After is what remains of the drain (after
-        which this process is gone, and a supervisor may have started another)."""
-        began = self._drain_started_at if self._drain_started_at is not None else 0.0
-        left = max(1.0, self.config.graceful_timeout_s - (trio.current_time() - began))
-        return ApiError("shutting_down", "the server is shutting down", retry_after=left)
 
     def force_stop(self) -> None:
         """The last resort of a shutdown that clients hold up (a write stuck in the
@@ -390,13 +186,6 @@ class App:
                 life.cut(now)
         self.log.emit("server_stop", forced=True)
         self.log.close()
-
-    def begin_drain(self) -> None:
-        """Stop admitting: new generation requests get 503 shutting_down."""
-        if not self._draining:
-            self._draining = True
-            self._drain_started_at = trio.current_time()
-            self.log.console("draining: new requests are refused, in-flight ones finish")
 
     # ---- HTTP -----------------------------------------------------------------------------
 
@@ -460,7 +249,7 @@ class App:
                     allow=allowed,
                 )
             if not route.open:
-                self._authorize(scope)
+                authorize(scope, self.config.api_key)
             await handler(scope, exchange, life)
         except ApiError as err:  # refused before the request flow began: at the route
             if not life.decided:
@@ -476,7 +265,7 @@ class App:
         except ClientGone:
             pass  # the connection broke while answering: the request's record is written
         except Exception:
-            self.diagnostics.exception("request_failed", request_id=request_id)
+            self.lifespan.diagnostics.exception("request_failed", request_id=request_id)
             internal = ApiError(
                 "internal_error", "an unexpected error occurred; see the server log"
             )
@@ -522,49 +311,6 @@ class App:
         with contextlib.suppress(ClientGone):  # gone: the request's record is written
             await send_refusal(exchange, scope, dialect, err, rid, max_request_bytes=limit)
 
-    def _authorize(self, scope: HTTPScope) -> None:
-        key = self.config.api_key
-        if key is None:
-            return
-        presented = header(scope, b"x-api-key")
-        auth = header(scope, b"authorization")
-        if presented is None and auth is not None and auth[:7].lower() == b"bearer ":
-            presented = auth[7:].strip()
-        if presented is None or not hmac.compare_digest(presented, key.encode()):
-            raise ApiError(
-                "unauthorized", "a valid API key is required (Authorization: Bearer or x-api-key)"
-            )
-
-    def _serving(self) -> _Serving:
-        """What a model route needs, or the readiness refusal (503 with Retry-After)."""
-        err = self._readiness_error()
-        if err is not None:
-            raise err
-        assert self.serving is not None
-        return self.serving
-
-    def _readiness_error(self) -> ApiError | None:
-        if self._draining:
-            return self.shutting_down()
-        state = self.service.state()
-        if state.phase == "loading" or (state.phase == "ready" and self.serving is None):
-            # As long again as it has taken so far: loading time is not known in advance.
-            began = self._started_at if self._started_at is not None else trio.current_time()
-            loading_for = max(1.0, trio.current_time() - began)
-            return ApiError("model_loading", "the model is still loading", retry_after=loading_for)
-        if state.phase != "ready":
-            return self._engine_down(state.error)
-        if state.stalled:
-            return ApiError(
-                "engine_unavailable", "the engine has stopped making progress", retry_after=5
-            )
-        return None
-
-    def _engine_down(self, error: str | None) -> ApiError:
-        """The engine has stopped: say why (paths redacted: none leaves the process)."""
-        why = f": {_PATH.sub('<path>', error)}" if error else ""
-        return ApiError("engine_unavailable", f"the engine is not running{why}", retry_after=5)
-
     def _require_json(self, scope: HTTPScope) -> None:
         ctype = header(scope, b"content-type")
         if ctype is None or ctype.split(b";")[0].strip().lower() != b"application/json":
@@ -575,32 +321,19 @@ class App:
         rid = [(dialect.request_id_header, life.request_id.encode())]
         await send_bytes(exchange.send, 200, body, rid, **kw)
 
-    async def _tokenize(self, text: str) -> list[int]:
-        assert self.serving is not None
-        tok = self.serving.model.tokenizer
-        if len(text) <= _INLINE_TOKENIZE_CHARS:
-            return tok.encode(text)
-        return await trio.to_thread.run_sync(tok.encode, text, limiter=self._tokenize_limiter)
-
     # ---- handlers ---------------------------------------------------------------------------
 
     async def _health(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
         """Liveness: 200 while the engine loads or runs; 503 once it has died (or failed
         to load), so that a supervisor restarts the process."""
-        state = self.service.state()
-        if state.phase == "failed":
-            raise self._engine_down(state.error)
+        self.lifespan.alive()
         await self._ok(exchange, life, b'{"status":"ok"}')
 
     async def _ready(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        model = self._serving().model
+        model = self.lifespan.ready().model
         summary = {"id": self.public_id, "architecture": model.identity.architecture}
         summary["sha256"] = model.identity.sha256
-        # Ready all the same when the request log has failed (serving goes on; it is an
-        # operator's matter): said here, and on /metrics, and once on the console.
-        log: dict[str, Any] = {"ok": self.log.failure is None, "dropped": self.log.dropped}
-        if self.log.failure is not None:
-            log["error"] = _PATH.sub("<path>", self.log.failure)
+        log = self.lifespan.log_health()
         body = {"status": "ready", "model": summary, "request_log": log}
         await self._ok(exchange, life, dumps(body))
 
@@ -610,16 +343,16 @@ class App:
         await self._ok(exchange, life, body, content_type=METRICS_CONTENT_TYPE)
 
     async def _models(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        ctx = self._serving().frontends
+        ctx = self.lifespan.ready().frontends
         await self._ok(exchange, life, self._dialects["openai"].encoder.json(model_list(ctx)))
 
     async def _model_one(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        ctx = self._serving().frontends
+        ctx = self.lifespan.ready().frontends
         name = ctx.check_model(_versioned(scope["path"]).removeprefix("/v1/models/"))
         await self._ok(exchange, life, self._dialects["openai"].encoder.json(model_card(ctx, name)))
 
     async def _generate(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        serving = self._serving()
+        serving = self.lifespan.ready()
         self._require_json(scope)
         frontend = serving.by_path[life.endpoint]
         await serve_generation(serving.flow, frontend, scope, exchange, life)
@@ -627,7 +360,7 @@ class App:
     async def _count_tokens(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
         """Counts with the same template as /v1/messages, without generating (and without
         taking a place in the scheduler: it never reaches the engine)."""
-        serving = self._serving()
+        serving = self.lifespan.ready()
         self._require_json(scope)
         try:
             self.counting.acquire_nowait()

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ninfer import __version__
 
@@ -51,6 +52,45 @@ def _address_taken(host: str, port: int) -> str | None:
     return None
 
 
+def _hypercorn_console(console: Any) -> type[Any]:
+    """Hypercorn's logger class, its lines ("Running on ...", errors it catches) written
+    in the console's one format by `console` (a structlog logger), never interleaved
+    with the server's own."""
+    import traceback
+
+    import hypercorn.logging
+
+    class ConsoleLogger(hypercorn.logging.Logger):
+        async def log(self, level: int, message: str, *args: Any, **kwargs: Any) -> None:
+            name = {10: "debug", 20: "info", 30: "warning", 40: "error"}.get(level, "critical")
+            if level < 20:
+                return
+            text = message % args if args else message
+            if kwargs.get("exc_info"):
+                text += "\n" + traceback.format_exc().rstrip()
+            getattr(console, name)(text)
+
+        async def critical(self, message: str, *args: Any, **kwargs: Any) -> None:
+            await self.log(50, message, *args, **kwargs)
+
+        async def error(self, message: str, *args: Any, **kwargs: Any) -> None:
+            await self.log(40, message, *args, **kwargs)
+
+        async def warning(self, message: str, *args: Any, **kwargs: Any) -> None:
+            await self.log(30, message, *args, **kwargs)
+
+        async def info(self, message: str, *args: Any, **kwargs: Any) -> None:
+            await self.log(20, message, *args, **kwargs)
+
+        async def debug(self, message: str, *args: Any, **kwargs: Any) -> None:
+            await self.log(10, message, *args, **kwargs)
+
+        async def exception(self, message: str, *args: Any, **kwargs: Any) -> None:
+            await self.log(40, message, *args, exc_info=True, **kwargs)
+
+    return ConsoleLogger
+
+
 def _serve(args: argparse.Namespace) -> int:
     import signal
 
@@ -62,7 +102,9 @@ def _serve(args: argparse.Namespace) -> int:
     from ninfer._artifacts import cache_dir, resolve_model
     from ninfer._config import config_from_namespace
     from ninfer._errors import NinferError
+    from ninfer._requestlog import console_logger
 
+    console = console_logger()
     try:
         config = config_from_namespace(args, os.environ)
         taken = _address_taken(config.host, config.port)
@@ -72,7 +114,7 @@ def _serve(args: argparse.Namespace) -> int:
         model_path = resolve_model(
             config.model,
             cache_dir(config.cache_dir, os.environ),
-            progress=lambda msg: print(msg, file=sys.stderr),
+            progress=console.info,
         )
         app = App(config, model_path=str(model_path), argv=sys.argv)
     except NinferError as exc:
@@ -84,7 +126,7 @@ def _serve(args: argparse.Namespace) -> int:
     ]
     hconfig.graceful_timeout = config.graceful_timeout_s
     hconfig.accesslog = None
-    hconfig.errorlog = "-"
+    hconfig.logger_class = _hypercorn_console(console)
     exit_code = 0
     # Past the graceful timeout, a request whose write is stuck on a client that stopped
     # reading is cancelled once its own write timeout has passed; a few seconds more,
@@ -93,7 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def force_exit_later() -> None:
         await trio.sleep(hard_deadline_s)
-        print("ninfer serve: clients held the shutdown up; stopping now", file=sys.stderr)
+        console.warning("clients held the shutdown up; stopping now")
         app.force_stop()
         os._exit(0)
 
@@ -107,7 +149,7 @@ def _serve(args: argparse.Namespace) -> int:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
                 async for _ in received:
                     if stop.is_set():
-                        print("ninfer serve: already draining", file=sys.stderr)
+                        console.info("already draining")
                         continue
                     app.begin_drain()
                     trio.lowlevel.spawn_system_task(force_exit_later)

@@ -149,7 +149,7 @@ SETTINGS: tuple[Setting, ...] = (
         "log_stats_interval_ms",
         int,
         5000,
-        "throughput log interval; 0 disables it",
+        "interval of the console's stats line and the log's throughput record; 0 disables both",
         0,
     ),
     Setting(

@@ -3,6 +3,7 @@ protocol's dialect, CORS, and the exchange bookkeeping the app routes with."""
 
 from __future__ import annotations
 
+import hmac
 import math
 import re
 import uuid
@@ -25,6 +26,7 @@ __all__ = [
     "ClientGone",
     "Exchange",
     "Headers",
+    "authorize",
     "header",
     "preflight",
     "read_body",
@@ -43,6 +45,21 @@ LINGER_BYTES = 256 << 20
 Headers = list[tuple[bytes, bytes]]
 
 _SANE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
+
+
+def authorize(scope: HTTPScope, key: str | None) -> None:
+    """Refuse (401) a request without the API key, where one is set: `x-api-key` or
+    `Authorization: Bearer`, compared in constant time."""
+    if key is None:
+        return
+    presented = header(scope, b"x-api-key")
+    auth = header(scope, b"authorization")
+    if presented is None and auth is not None and auth[:7].lower() == b"bearer ":
+        presented = auth[7:].strip()
+    if presented is None or not hmac.compare_digest(presented, key.encode()):
+        raise ApiError(
+            "unauthorized", "a valid API key is required (Authorization: Bearer or x-api-key)"
+        )
 
 
 def header(scope: HTTPScope | WebsocketScope, name: bytes) -> bytes | None:

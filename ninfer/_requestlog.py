@@ -25,7 +25,7 @@ from structlog.typing import EventDict, FilteringBoundLogger
 
 from ninfer._errors import ConfigError
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "RequestLog"]
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "RequestLog", "console_logger"]
 
 SCHEMA = "ninfer.request_log"
 SCHEMA_VERSION = 1
@@ -58,6 +58,20 @@ def _orjson_str(obj: Any, **_kw: Any) -> str:
     return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
+def console_logger(stream: TextIO | None = None) -> Any:
+    """The console's one format, for every line the server prints (its own, the
+    engine's, and Hypercorn's under `ninfer serve`): local time, level, event, then
+    key=value fields; each line one write (never split by another thread's)."""
+    return structlog.wrap_logger(
+        structlog.WriteLogger(stream or sys.stderr),  # one write per line
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
+            structlog.dev.ConsoleRenderer(colors=False, sort_keys=False),
+        ],
+    )
+
+
 class RequestLog:
     """One per server. `emit` never blocks; `close` drains and flushes."""
 
@@ -80,13 +94,7 @@ class RequestLog:
             _QueueLogger(self._q, self._count_drop),
             processors=[structlog.processors.JSONRenderer(serializer=_orjson_str)],
         )
-        self._console = structlog.wrap_logger(
-            structlog.PrintLogger(console or sys.stderr),
-            processors=[
-                structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
-                structlog.dev.ConsoleRenderer(colors=False),
-            ],
-        )
+        self._console = console_logger(console)
         self._listeners: list[Callable[[str, Mapping[str, Any]], None]] = []
         self._writer: threading.Thread | None = None
         if self._file is not None:
@@ -155,9 +163,9 @@ class RequestLog:
         }
         self._json.info(**record)
 
-    def console(self, message: str, **fields: Any) -> None:
-        """A human-readable line on stderr."""
-        self._console.info(message, **fields)
+    def console(self, message: str, *, level: str = "info", **fields: Any) -> None:
+        """A human-readable line on stderr, in the console's one format."""
+        getattr(self._console, level if level in _LEVELS else "info")(message, **fields)
 
     def diagnostics(self) -> FilteringBoundLogger:
         """The server's and the engine's diagnostics (callable from any thread): each is

@@ -201,6 +201,29 @@ async def test_a_request_is_served_with_exact_stage_times(
     assert events == ["request_start", "request_done"]
 
 
+async def test_busy_intervals_print_a_stats_line(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each --log-stats-interval-ms with work: one console line (requests admitted and
+    refused, running, waiting, tokens per second, KV use) and one throughput record;
+    idle intervals print nothing."""
+    engine = FakeEngine(step_s=0.01, prefill_steps=1)
+    async with running(tmp_path, engine, log_stats_interval_ms=1000) as app:
+        await trio.sleep(0.5)  # virtual: the request falls in the first interval
+        r = await request(app, "POST", GEN, {"prompt": "hi", "max_new_tokens": 30})
+        assert r.status == 200
+        await trio.sleep(5.0)  # four idle intervals after it
+        _quiet(app, engine)
+    lines = [line for line in capsys.readouterr().err.splitlines() if " stats " in line]
+    assert len(lines) == 1, lines
+    fields = dict(part.split("=", 1) for part in lines[0].split() if "=" in part)
+    assert fields == {"admitted": "1", "refused": "0", "running": "0", "waiting": "0",
+                      "gen_tok_s": "30.0", "prompt_tok_s": "0.0", "kv_used": "0.0%"}  # fmt: skip
+    (rec,) = [r for r in records(tmp_path) if r["event"] == "throughput"]
+    assert rec["generated_tokens"] == 30
+    assert rec["interval_seconds"] == 1.0
+
+
 @pytest.mark.parametrize("stage", ["body", "queued", "prefill", "decode", "respond"])
 async def test_a_disconnect_at_every_stage_frees_everything(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, stage: str

@@ -4,6 +4,7 @@ exit 0, log complete."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,11 +18,12 @@ from server import stalled_stream, validate_log
 HANG_GUARD_S = 120
 
 
-async def _start(cmd: list[str]) -> tuple[trio.Process, str]:
-    """Start `ninfer serve` and read the URL it binds from its console."""
+async def _start(cmd: list[str], console: bytearray | None = None) -> tuple[trio.Process, str]:
+    """Start `ninfer serve` and read the URL it binds from its console (what it has
+    printed so far is left in `console`)."""
     proc = await trio.lowlevel.open_process(cmd, stderr=subprocess.PIPE)
     assert proc.stderr is not None
-    buf = b""
+    buf = console if console is not None else bytearray()
     while True:
         chunk = await proc.stderr.receive_some()
         assert chunk, buf.decode(errors="replace")
@@ -29,6 +31,10 @@ async def _start(cmd: list[str]) -> tuple[trio.Process, str]:
         for line in buf.decode(errors="replace").splitlines():
             if "Running on http://" in line:
                 return proc, line.split("Running on ")[1].split()[0]
+
+
+# The console's one format: local time, level, then the event (Hypercorn's lines too).
+CONSOLE_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[(info|warning|error) *\] \S")
 
 
 async def _until_ready(c: httpx.AsyncClient) -> None:
@@ -44,8 +50,9 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
         "--request-log-jsonl", str(log), "--graceful-timeout-s", "20", "--threads", "1",
         "--max-concurrency", "2", "--max-pending-requests", "8",
     ]  # fmt: skip
+    console = bytearray()
     with trio.fail_after(HANG_GUARD_S):
-        proc, url = await _start(cmd)
+        proc, url = await _start(cmd, console)
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
             await _until_ready(c)
             results: list[tuple[int, str]] = []
@@ -87,8 +94,14 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
                     else:
                         assert late.status_code == 503
                         assert late.json()["error"]["type"] == "shutting_down"
+        assert proc.stderr is not None
+        while chunk := await proc.stderr.receive_some():
+            console += chunk
         code = await proc.wait()
     assert code == 0
+    lines = console.decode().splitlines()
+    assert [line for line in lines if not CONSOLE_LINE.match(line)] == []
+    assert any(" ready " in line for line in lines)
     assert [s for s, _ in results] == [200] * 6
     assert all("event: done" in text for _, text in results)
     records = [orjson.loads(line) for line in log.read_bytes().splitlines()]
