@@ -34,6 +34,7 @@ from ninfer._flow import serve_generation
 from ninfer._http import (
     ClientGone,
     Exchange,
+    add_reason_phrases,
     authorize,
     cors_origin,
     header,
@@ -98,6 +99,7 @@ class App:
         engine: EngineHost | None = None,
     ) -> None:
         self.config = config
+        add_reason_phrases()  # Hypercorn's status lines name their status
         self.lifespan = Lifespan(config, model_path=model_path, argv=argv, engine=engine)
         self._lives: set[Lifecycle] = set()  # requests being served, for force_stop
         # count_tokens takes no place in the scheduler (it never reaches the engine), so

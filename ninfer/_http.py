@@ -3,11 +3,13 @@ protocol's dialect, CORS, and the exchange bookkeeping the app routes with."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import math
 import re
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 import trio
 from hypercorn.typing import (
@@ -26,6 +28,7 @@ __all__ = [
     "ClientGone",
     "Exchange",
     "Headers",
+    "add_reason_phrases",
     "authorize",
     "header",
     "preflight",
@@ -45,6 +48,32 @@ LINGER_BYTES = 256 << 20
 Headers = list[tuple[bytes, bytes]]
 
 _SANE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
+
+
+def add_reason_phrases() -> None:
+    """HTTP/1.1 status lines with their reason phrase (`HTTP/1.1 429 Too Many Requests`):
+    Hypercorn 0.17 writes none (`HTTP/1.1 429 `), which clients accept (RFC 9112 lets
+    them ignore it) but people reading `curl -i` or a proxy's log miss. ASGI has no field
+    for it, so Hypercorn's h11 writer is wrapped, once per process."""
+    import dataclasses
+    from http import HTTPStatus
+
+    import h11
+    from hypercorn.protocol.h11 import H11Protocol
+
+    send = H11Protocol._send_h11_event
+    if getattr(send, "adds_reason", False):
+        return
+
+    async def with_reason(self: H11Protocol, event: Any) -> None:
+        if isinstance(event, h11.Response | h11.InformationalResponse) and not event.reason:
+            with contextlib.suppress(ValueError):  # a code without a registered phrase
+                phrase = HTTPStatus(event.status_code).phrase.encode()
+                event = dataclasses.replace(event, reason=phrase)
+        await send(self, event)
+
+    with_reason.adds_reason = True  # type: ignore[attr-defined]
+    H11Protocol._send_h11_event = with_reason  # type: ignore[method-assign]
 
 
 def authorize(scope: HTTPScope, key: str | None) -> None:

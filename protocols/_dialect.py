@@ -140,6 +140,8 @@ class AnthropicDialect(Dialect):
         return 400 if err.kind in _INVALID else err.status
 
     def envelope(self, err: ApiError, request_id: str) -> AnthropicErrorBody:
-        message = err.message if err.param is None else f"{err.param}: {err.message}"
+        # No `param` in this envelope: the message names it (once).
+        named = err.param is None or err.message.startswith((f"{err.param} ", f"{err.param}:"))
+        message = err.message if named else f"{err.param}: {err.message}"
         kind = _ANTHROPIC_TYPES.get(err.kind, "api_error")
         return AnthropicErrorBody("error", AnthropicError(kind, message), request_id)

@@ -115,6 +115,12 @@ async def test_errors_map_to_the_sdk_classes(tiny_gguf: Path, tmp_path: Path) ->
                 raw = await c.post(
                     "/v1/messages", json={"max_tokens": 5}, headers={"x-api-key": "k"}
                 )
+                # No `param` in Anthropic's envelope: the message names the field, once.
+                named = await c.post("/v1/messages", headers={"x-api-key": "k"}, json={
+                    "model": "m", "max_tokens": 5, "messages": msgs,
+                    "stop_sequences": ["a", ""]})  # fmt: skip
+            message = named.json()["error"]["message"]
+            assert message == "stop_sequences[1] must be a non-empty string"
             body = raw.json()
             assert raw.status_code == 400
             assert body["type"] == "error"

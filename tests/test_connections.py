@@ -97,6 +97,18 @@ async def test_two_framings_are_refused_and_the_connection_closed(
     }
 
 
+async def test_status_lines_carry_their_reason_phrase(tiny_gguf: Path, tmp_path: Path) -> None:
+    async with serve(tiny_gguf, tmp_path) as srv:
+        port = int(srv.url.rsplit(":", 1)[1])
+        with trio.fail_after(SERVER_HANG_GUARD_S):
+            ok = await _exchange(port, _request("1.1", "Connection: close\r\n", stream=True))
+            missing = await _exchange(
+                port, b"GET /nowhere HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+            )
+    assert ok.split(b"\r\n", 1)[0] == b"HTTP/1.1 200 OK"
+    assert missing.split(b"\r\n", 1)[0] == b"HTTP/1.1 404 Not Found"
+
+
 async def test_a_websocket_upgrade_gets_a_clean_refusal(tiny_gguf: Path, tmp_path: Path) -> None:
     async with serve(tiny_gguf, tmp_path) as srv:
         port = int(srv.url.rsplit(":", 1)[1])
