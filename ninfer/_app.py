@@ -97,10 +97,13 @@ class App:
         model_path: str | None = None,
         argv: Sequence[str] | None = None,
         engine: EngineHost | None = None,
+        binds_itself: bool = True,
     ) -> None:
         self.config = config
         add_reason_phrases()  # Hypercorn's status lines name their status
-        self.lifespan = Lifespan(config, model_path=model_path, argv=argv, engine=engine)
+        self.lifespan = Lifespan(
+            config, model_path=model_path, argv=argv, engine=engine, binds_itself=binds_itself
+        )
         self._lives: set[Lifecycle] = set()  # requests being served, for force_stop
         # count_tokens takes no place in the scheduler (it never reaches the engine), so
         # it has a limit of its own: past it, 429 at once.
@@ -391,4 +394,7 @@ def create_app(config: ServerConfig | None = None, **kwargs: Any) -> App:
         except ConfigError as exc:  # one line, and a failing exit (not a traceback)
             print(f"ninfer: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
+    # Hypercorn's --bind decides where this listens, not NINFER_HOST / NINFER_PORT: the
+    # log says so rather than repeat settings that do not apply.
+    kwargs.setdefault("binds_itself", False)
     return App(config, **kwargs)

@@ -72,8 +72,10 @@ class Lifespan:
         model_path: str | None = None,
         argv: Sequence[str] | None = None,
         engine: EngineHost | None = None,
+        binds_itself: bool = True,
     ) -> None:
         self.config = config
+        self._binds_itself = binds_itself  # False: the server running the app chose the address
         self.log = RequestLog(config.request_log_jsonl)
         self.diagnostics = self.log.diagnostics()
         self._argv = redacted_argv(list(argv if argv is not None else sys.argv), config.api_key)
@@ -163,9 +165,12 @@ class Lifespan:
         self.served_names = names or tuple(dict.fromkeys([self.public_id, model.identity.model_id]))
         self.serving = self._build_serving(model)
         ident = model.identity
+        settings = public_settings(self.config)
+        if not self._binds_itself:
+            settings.update(host=None, port=None)
         self.log.emit(
             "server_start",
-            config=public_settings(self.config),
+            config=settings,
             argv=self._argv,
             model={
                 "id": self.public_id,

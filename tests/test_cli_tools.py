@@ -103,3 +103,47 @@ def test_a_bad_setting_under_hypercorn_is_one_line() -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.splitlines() == ["ninfer: error: NINFER_MAX_CONCURRENCY must be an integer"]
+
+
+async def test_the_hypercorn_command_serves_and_logs_no_address_of_its_own(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """The README's `hypercorn` launch serves; its server_start record has no host and
+    port of ninfer's (Hypercorn's --bind decides them, not NINFER_PORT)."""
+    import os
+    import signal
+
+    import httpx
+
+    log = tmp_path / "requests.jsonl"
+    env = {**os.environ, "NINFER_MODEL": str(tiny_gguf), "NINFER_REQUEST_LOG_JSONL": str(log),
+           "NINFER_THREADS": "1", "NINFER_PORT": "8080"}  # fmt: skip
+    hypercorn = Path(sys.executable).parent / "hypercorn"
+    cmd = [str(hypercorn), "--worker-class", "trio", "--bind", "127.0.0.1:0",
+           "ninfer.app:create_app()"]  # fmt: skip
+    with trio.fail_after(120):
+        proc = await trio.lowlevel.open_process(cmd, env=env, stderr=subprocess.PIPE)
+        assert proc.stderr is not None
+        console = b""
+        while b"Running on http://" not in console:
+            chunk = await proc.stderr.receive_some()
+            assert chunk, console.decode(errors="replace")
+            console += chunk
+        url = console.decode().split("Running on ")[1].split()[0]
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            # Polling another process over HTTP: there is no event to wait on.
+            while (await c.get("/ready")).status_code != 200:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            r = await c.post("/v1/generate", json={"prompt": "x", "max_new_tokens": 2})
+            assert r.status_code == 200
+        # To Hypercorn's parent process only, as Kubernetes signals a container's first
+        # process: it tells its worker to shut down gracefully.
+        proc.send_signal(signal.SIGTERM)
+        while chunk := await proc.stderr.receive_some():
+            console += chunk
+        assert await proc.wait() == 0, console.decode(errors="replace")[-3000:]
+    records = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    events = [rec["event"] for rec in records]
+    (start,) = [rec for rec in records if rec["event"] == "server_start"]
+    assert (start["config"]["host"], start["config"]["port"]) == (None, None)
+    assert events[-1] == "server_stop"  # the worker drained and closed the log
