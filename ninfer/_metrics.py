@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -143,6 +149,10 @@ class Metrics:
         engine: Callable[[], EngineStatistics | None],
         request_log: Callable[[], tuple[bool, int]] = lambda: (False, 0),
     ) -> None:
+        # No `*_created` series (the creation time of each counter and histogram, one
+        # per label set): Prometheus does not need them and they double the page. The
+        # switch is prometheus-client's, for the whole process.
+        disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.http_requests = Counter(

@@ -56,6 +56,7 @@ async def test_metrics_count_what_clients_saw(tiny_gguf: Path, tmp_path: Path) -
         page = await c.get("/metrics")
         assert page.status_code == 200
         assert page.headers["content-type"].startswith("text/plain; version=0.0.4")
+        assert "_created" not in page.text  # turned off (metrics.md lists no such series)
         m = _samples(page.text)
 
     assert set(statuses) <= {200, 429, 503}
