@@ -152,7 +152,7 @@ class Metrics:
         # No `*_created` series (the creation time of each counter and histogram, one
         # per label set): Prometheus does not need them and they double the page. The
         # switch is prometheus-client's, for the whole process.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.http_requests = Counter(

@@ -34,6 +34,11 @@ async def test_probe_and_bench_commands(tiny_gguf: Path, tmp_path: Path) -> None
         )  # fmt: skip
         assert bench.returncode == 0, bench.stderr.decode()[-2000:]
     assert b"tok/s" in bench.stdout
+    # stderr is a pipe here: one progress line per level, no carriage returns
+    assert b"\r" not in bench.stderr
+    (line,) = [ln for ln in bench.stderr.decode().splitlines() if ln.startswith("[1/1]")]
+    assert line.startswith("[1/1] closed 2: "), line
+    assert line.endswith(" s"), line
     levels = orjson.loads(out.read_bytes())["levels"]
     assert levels[0]["ok"] > 0
     assert levels[0]["completion_tokens"] == 4 * levels[0]["ok"]

@@ -105,7 +105,9 @@ def test_cli_table_json_and_plot(
     path, seen = overload_log
     assert main(["logs", "summarize", str(path)]) == 0
     table = capsys.readouterr().out
-    assert "ttft ms p50" in table
+    assert "ttft ms" in table
+    assert "(each: p50/p95/p99)" in table
+    assert max(len(line) for line in table.splitlines()) <= 100  # a terminal's width
     assert ("server_overloaded" in table) == (seen[429] > 0)
     assert main(["logs", "summarize", "--json", str(path)]) == 0
     as_json = orjson.loads(capsys.readouterr().out)

@@ -263,6 +263,49 @@ async def _open(
     return result
 
 
+class _Progress:
+    """One level's progress on stderr: on a terminal, a bar redrawn in place four times a
+    second (time elapsed, or requests done where --max-requests comes first); otherwise
+    (a file, a pipe) one line when the level ends, never a pile of carriage returns."""
+
+    def __init__(self, label: str, cfg: BenchConfig, stream: Any) -> None:
+        self.label = label
+        self.cfg = cfg
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.done = 0
+        self.begun = time.monotonic()
+
+    def tick(self) -> None:
+        self.done += 1
+
+    def _line(self, frac: float) -> str:
+        bar = "#" * int(min(1.0, frac) * 30)
+        plural = "" if self.done == 1 else "s"
+        return f"{self.label:<22} [{bar:<30}] {self.done} request{plural}"
+
+    async def redraw(self) -> None:
+        import trio
+
+        if not self.tty:
+            return
+        while True:
+            elapsed = time.monotonic() - self.begun
+            frac = max(elapsed / self.cfg.duration_s, self.done / self.cfg.max_requests)
+            self.stream.write("\r" + self._line(frac))
+            self.stream.flush()
+            await trio.sleep(0.25)
+
+    def finish(self) -> None:
+        seconds = time.monotonic() - self.begun
+        if self.tty:
+            self.stream.write("\r" + self._line(1.0) + f" in {seconds:.1f} s\n")
+        else:
+            plural = "" if self.done == 1 else "s"
+            self.stream.write(f"{self.label}: {self.done} request{plural} in {seconds:.1f} s\n")
+        self.stream.flush()
+
+
 async def run_bench(cfg: BenchConfig, *, progress: bool = True) -> list[LevelResult]:
     import httpx
     import trio
@@ -286,25 +329,17 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True) -> list[LevelRes
         levels: list[tuple[str, float]] = [("closed", c) for c in cfg.clients]
         levels += [("open", r) for r in cfg.rates]
         for i, (mode, load) in enumerate(levels):
-            label = f"[{i + 1}/{len(levels)}] {mode} {load:g}"
-            done = [0]
-            begun = time.monotonic()
-
-            def tick(label: str = label, done: list[int] = done, begun: float = begun) -> None:
-                done[0] += 1
+            shown = _Progress(f"[{i + 1}/{len(levels)}] {mode} {load:g}", cfg, sys.stderr)
+            async with trio.open_nursery() as n:
                 if progress:
-                    frac = min(1.0, (time.monotonic() - begun) / cfg.duration_s)
-                    bar = "#" * int(frac * 30)
-                    plural = "" if done[0] == 1 else "s"
-                    sys.stderr.write(f"\r{label:<22} [{bar:<30}] {done[0]} request{plural}")
-                    sys.stderr.flush()
-
-            if mode == "closed":
-                result = await _closed(client, int(load), cfg, tick)
-            else:
-                result = await _open(client, load, cfg, tick)
+                    n.start_soon(shown.redraw)
+                if mode == "closed":
+                    result = await _closed(client, int(load), cfg, shown.tick)
+                else:
+                    result = await _open(client, load, cfg, shown.tick)
+                n.cancel_scope.cancel()
             if progress:
-                sys.stderr.write("\n")
+                shown.finish()
             results.append(result)
     return results
 
@@ -362,7 +397,7 @@ def plot_bench(rows: Sequence[dict[str, Any]], out: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), constrained_layout=True)
-    for mode, xlabel in (("closed", "clients"), ("open", "arrivals per second")):
+    for mode in ("closed", "open"):
         sel = [r for r in rows if r["mode"] == mode]
         if not sel:
             continue
@@ -375,13 +410,23 @@ def plot_bench(rows: Sequence[dict[str, Any]], out: str, title: str) -> None:
                 axes[1].plot(x, ys, ls, label=f"{name} {p} ({mode})")
         refused = [(r["rejected_429"] + r["rejected_503"]) / max(1, r["requests"]) for r in sel]
         axes[2].plot(x, refused, style, label=f"{mode} loop")
-        axes[0].set_xlabel(xlabel)
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
     axes[0].set_title("completion tokens per second")
     axes[1].set_title("latency (s)")
     axes[1].set_yscale("log")
     axes[2].set_title("share refused (429 + 503)")
+    # A share: from 0 (never below), at least to 10%, as a percentage.
+    most = max(((r["rejected_429"] + r["rejected_503"]) / max(1, r["requests"]) for r in rows),
+               default=0.0)  # fmt: skip
+    axes[2].set_ylim(0.0, min(1.0, max(0.1, most * 1.15)))
+    axes[2].yaxis.set_major_formatter(PercentFormatter(1.0))
+    closed_only = all(r["mode"] == "closed" for r in rows)
     for ax in axes:
-        ax.legend(fontsize=7)
+        if closed_only:  # clients come in whole numbers
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("clients" if closed_only else "clients, or arrivals per second")
+        ax.legend(fontsize=7, loc="best")
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.savefig(out, dpi=110)

@@ -48,6 +48,7 @@ def plot_log(read: LogRead, out: Path, *, bin_seconds: float | None = None) -> d
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     spans = request_spans(read.records)
     stamps: list[float] = [float(r["ts_unix_ms"]) / 1000.0 for r in read.records]
@@ -86,8 +87,9 @@ def plot_log(read: LogRead, out: Path, *, bin_seconds: float | None = None) -> d
         xs, ys = _level(events, t0)
         ax_level.step(xs, ys, where="post", label=label)
     ax_level.set_ylabel("requests")
+    ax_level.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole requests
     ax_level.set_title("requests running and waiting")
-    ax_level.legend(loc="upper right")
+    ax_level.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
 
     centers = [e + width / 2 for e in edges[:-1]]
     ax_rate.bar(centers, [a / width for a in admitted], width=width * 0.9, label="admitted/s")
@@ -102,7 +104,7 @@ def plot_log(read: LogRead, out: Path, *, bin_seconds: float | None = None) -> d
     ax_rate.axhline(0, color="black", linewidth=0.5)
     ax_rate.set_ylabel("per second")
     ax_rate.set_title(f"admitted and rejected ({width:g} s bins)")
-    ax_rate.legend(loc="upper right")
+    ax_rate.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
 
     for values, name in ((totals, "total"), (ttfts, "ttft")):
         for p, style in ((50, "-"), (95, "--")):
@@ -112,7 +114,7 @@ def plot_log(read: LogRead, out: Path, *, bin_seconds: float | None = None) -> d
     ax_lat.set_xlabel("seconds since the first record")
     ax_lat.set_xlim(0.0, max(t1 - t0, width))
     ax_lat.set_title("latency of completed requests")
-    ax_lat.legend(loc="upper right")
+    ax_lat.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.suptitle(_title(read.files, len(spans)))
     fig.savefig(out, dpi=110)
     plt.close(fig)

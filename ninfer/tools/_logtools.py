@@ -206,12 +206,16 @@ def summarize(read: LogRead) -> dict[str, Any]:
     }
 
 
-def _ms(stats: dict[str, float] | None, key: str) -> str:
-    return "-" if stats is None else f"{stats[key] * 1000:.1f}"
+def _short(value: float) -> str:
+    """Three significant figures at most, no more than one decimal: 0.2, 12.5, 138."""
+    return f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}"
 
 
-def _rate(stats: dict[str, float] | None, key: str) -> str:
-    return "-" if stats is None else f"{stats[key]:.1f}"
+def _percentiles(stats: dict[str, float] | None, scale: float) -> str:
+    """p50/p95/p99 in one cell (the summary fits 100 columns)."""
+    if stats is None:
+        return "-"
+    return "/".join(_short(stats[p] * scale) for p in ("p50", "p95", "p99"))
 
 
 def _grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -238,18 +242,13 @@ def render_table(summary: dict[str, Any]) -> str:
                 row["endpoint"],
                 row["outcome"],
                 str(row["count"]),
-                *(
-                    f(s, p)
-                    for s, f in ((q, _ms), (ttft, _ms), (total, _ms), (rate, _rate))
-                    for p in ("p50", "p95", "p99")
-                ),
+                *(_percentiles(stats, scale) for stats, scale in
+                  ((q, 1000.0), (ttft, 1000.0), (total, 1000.0), (rate, 1.0))),
             ]
-        )
+        )  # fmt: skip
     if rows:
-        header = ["endpoint", "outcome", "n"]
-        for name in ("queue ms", "ttft ms", "total ms", "out tok/s"):
-            header += [f"{name} p50", "p95", "p99"]
-        lines += ["", *_grid(header, rows)]
+        header = ["endpoint", "outcome", "n", "queue ms", "ttft ms", "total ms", "out tok/s"]
+        lines += ["", *_grid(header, rows), "(each: p50/p95/p99)"]
     if summary["finish_reasons"]:
         lines += [
             "",
