@@ -82,9 +82,9 @@ def test_a_long_download_says_it_is_still_fetching(tmp_path: Path) -> None:
 
     flag = tmp_path / "said"
     # (a hang guard: the command gives up after 300 s, and the test then fails)
-    wait = (f"import os, time\nend = time.monotonic() + 300\n"
-            f"while not os.path.exists({str(flag)!r}) and time.monotonic() < end:\n"
-            f"    time.sleep(0.01)\nraise SystemExit(0 if os.path.exists({str(flag)!r}) else 1)")  # fmt: skip
+    wait = (f"import os, time\nend = time.monotonic() + 300\nflag = {str(flag)!r}\n"
+            "while not os.path.exists(flag) and time.monotonic() < end:\n"
+            "    time.sleep(0.01)\nraise SystemExit(0 if os.path.exists(flag) else 1)")  # fmt: skip
     said: list[str] = []
 
     def progress(message: str) -> None:
