@@ -140,8 +140,10 @@ class AnthropicDialect(Dialect):
         return 400 if err.kind in _INVALID else err.status
 
     def envelope(self, err: ApiError, request_id: str) -> AnthropicErrorBody:
-        # No `param` in this envelope: the message names it (once).
-        named = err.param is None or err.message.startswith((f"{err.param} ", f"{err.param}:"))
-        message = err.message if named else f"{err.param}: {err.message}"
+        # No `param` in this envelope: the message starts with it and a colon (once, where
+        # the message already began with it).
+        message = err.message
+        if err.param is not None:
+            message = f"{err.param}: {message.removeprefix(err.param + ' ')}"
         kind = _ANTHROPIC_TYPES.get(err.kind, "api_error")
         return AnthropicErrorBody("error", AnthropicError(kind, message), request_id)

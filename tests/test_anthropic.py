@@ -120,7 +120,7 @@ async def test_errors_map_to_the_sdk_classes(tiny_gguf: Path, tmp_path: Path) ->
                     "model": "m", "max_tokens": 5, "messages": msgs,
                     "stop_sequences": ["a", ""]})  # fmt: skip
             message = named.json()["error"]["message"]
-            assert message == "stop_sequences[1] must be a non-empty string"
+            assert message == "stop_sequences[1]: must be a non-empty string"
             body = raw.json()
             assert raw.status_code == 400
             assert body["type"] == "error"
