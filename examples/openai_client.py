@@ -58,6 +58,22 @@ def main() -> None:
         )
         print(choice.index, repr(choice.message.content), lps)
 
+    # The Responses API: a stored answer, continued by its id (the prefix cache serves
+    # the part of the prompt the two share).
+    first = client.responses.create(
+        model=model, input="What is the capital of France?", temperature=0, max_output_tokens=32
+    )
+    print(first.output_text)
+    again = client.responses.create(
+        model=model,
+        previous_response_id=first.id,
+        input="And of Italy?",
+        temperature=0,
+        max_output_tokens=32,
+    )
+    cached = again.usage.input_tokens_details.cached_tokens if again.usage else 0
+    print(again.output_text, f"({cached} prompt tokens from the cache)")
+
     try:
         client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "x"}], reasoning_effort="low"

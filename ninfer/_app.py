@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -75,7 +76,7 @@ class Route:
 
 
 # Clients given a base URL without `/v1` post to these; they are the /v1 routes.
-_UNVERSIONED = ("/chat/", "/completions", "/models", "/messages")
+_UNVERSIONED = ("/chat/", "/completions", "/models", "/messages", "/responses")
 
 
 def _versioned(path: str) -> str:
@@ -121,6 +122,16 @@ class App:
             "/v1/completions": Route({"POST": self._generate}, openai),
             "/v1/messages": Route({"POST": self._generate}, anthropic),
             "/v1/messages/count_tokens": Route({"POST": self._count_tokens}, anthropic),
+            "/v1/responses": Route({"POST": self._generate}, openai),
+            "/v1/responses/input_tokens": Route({"POST": self._input_tokens}, openai),
+            "/v1/responses/compact": Route({"POST": self._compact}, openai),
+            "/v1/responses/{response_id}": Route(
+                {"GET": self._response_get, "DELETE": self._response_delete}, openai
+            ),
+            "/v1/responses/{response_id}/input_items": Route(
+                {"GET": self._response_input_items}, openai
+            ),
+            "/v1/responses/{response_id}/cancel": Route({"POST": self._response_cancel}, openai),
         }
 
     # What the lifespan owns, by the names tests and the CLI use.
@@ -202,6 +213,12 @@ class App:
             return path
         if path.startswith("/v1/models/"):
             return "/v1/models/{model}"
+        if path.startswith("/v1/responses/"):
+            parts = path.split("/")  # "", v1, responses, {response_id}, [input_items|cancel]
+            if len(parts) == 4 and parts[3]:
+                return "/v1/responses/{response_id}"
+            if len(parts) == 5 and parts[3] and parts[4] in ("input_items", "cancel"):
+                return "/v1/responses/{response_id}/" + parts[4]
         return "unmatched"
 
     def _resolve(self, path: str) -> tuple[str, Route | None, Dialect]:
@@ -214,7 +231,7 @@ class App:
     def _dialect_for(self, path: str) -> Dialect:
         """The dialect of an unmatched path: the protocol its prefix belongs to."""
         path = _versioned(path)
-        if path.startswith(("/v1/chat/", "/v1/completions", "/v1/models")):
+        if path.startswith(("/v1/chat/", "/v1/completions", "/v1/models", "/v1/responses")):
             return self._dialects["openai"]
         if path.startswith("/v1/messages"):
             return self._dialects["anthropic"]
@@ -366,6 +383,21 @@ class App:
         """Counts with the same template as /v1/messages, without generating (and without
         taking a place in the scheduler: it never reaches the engine)."""
         serving = self.lifespan.ready()
+        await self._counted(scope, exchange, life, serving.messages.count_tokens)
+
+    async def _input_tokens(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
+        """POST /v1/responses/input_tokens: as /v1/responses would build the prompt."""
+        serving = self.lifespan.ready()
+        await self._counted(scope, exchange, life, serving.responses.input_tokens)
+
+    async def _counted(
+        self,
+        scope: HTTPScope,
+        exchange: Exchange,
+        life: Lifecycle,
+        count: Callable[[bytes], Awaitable[bytes]],
+    ) -> None:
+        """A token count: no place in the scheduler, a limit of its own (past it, 429)."""
         self._require_json(scope)
         try:
             self.counting.acquire_nowait()
@@ -380,9 +412,56 @@ class App:
             deadline = trio.current_time() + self.config.read_timeout_s
             limit = self.config.max_request_bytes
             body = await read_body(scope, exchange.receive, limit, deadline)
-            await self._ok(exchange, life, await serving.messages.count_tokens(body))
+            await self._ok(exchange, life, await count(body))
         finally:
             self.counting.release()
+
+    # ---- stored Responses (the local store: docs/api.md) -------------------------------
+
+    @staticmethod
+    def _response_id(scope: HTTPScope) -> str:
+        return _versioned(scope["path"]).split("/")[3]
+
+    async def _response_get(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
+        responses = self.lifespan.ready().responses
+        await self._ok(exchange, life, responses.retrieve(self._response_id(scope)))
+
+    async def _response_delete(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
+        responses = self.lifespan.ready().responses
+        await self._ok(exchange, life, responses.delete(self._response_id(scope)))
+
+    async def _response_input_items(
+        self, scope: HTTPScope, exchange: Exchange, life: Lifecycle
+    ) -> None:
+        responses = self.lifespan.ready().responses
+        query = scope["query_string"].decode("latin-1")
+        try:
+            pairs = urllib.parse.parse_qs(query, strict_parsing=bool(query), max_num_fields=16)
+        except ValueError:
+            raise ApiError("invalid_request", "the query string cannot be read",
+                           code="invalid_value") from None  # fmt: skip
+        if any(len(v) > 1 for v in pairs.values()):
+            raise ApiError("invalid_request", "a query parameter is given twice",
+                           code="invalid_value")  # fmt: skip
+        params = {k: v[0] for k, v in pairs.items()}
+        await self._ok(exchange, life, responses.input_items(self._response_id(scope), params))
+
+    async def _response_cancel(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
+        self.lifespan.ready()
+        raise ApiError(
+            "bad_request",
+            "responses are not run in the background here, so there is nothing to cancel; "
+            "close the connection to cancel a response being generated",
+            code="background_not_supported",
+        )
+
+    async def _compact(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
+        self.lifespan.ready()
+        raise ApiError(
+            "bad_request",
+            "conversation compaction is not supported by this server",
+            code="compaction_not_supported",
+        )
 
 
 def create_app(config: ServerConfig | None = None, **kwargs: Any) -> App:

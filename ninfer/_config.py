@@ -138,6 +138,20 @@ SETTINGS: tuple[Setting, ...] = (
         1,
     ),
     Setting(
+        "response_store_max_records",
+        int,
+        1024,
+        "Responses kept for retrieval and previous_response_id (least recently used go first)",
+        1,
+    ),
+    Setting(
+        "response_store_max_mib",
+        float,
+        64.0,
+        "text the Responses store may hold (a response larger than this is refused)",
+        0.001,
+    ),
+    Setting(
         "request_log_jsonl",
         str,
         None,
@@ -283,6 +297,8 @@ class ServerConfig:
     prefill_chunk: int = 256
     max_request_mib: float = 4.0
     default_max_tokens: int = 512
+    response_store_max_records: int = 1024
+    response_store_max_mib: float = 64.0
     request_log_jsonl: str | None = None
     log_stats_interval_ms: int = 5000
     graceful_timeout_s: float = 10.0

@@ -35,7 +35,7 @@ from ninfer.engine import (
     TokenDelta,
     TokenLogprob,
 )
-from ninfer.frontends import Choice, Frontend, Outcome, Prepared
+from ninfer.frontends import Answer, Choice, FailingAnswer, Frontend, Outcome, Prepared
 from protocols import ApiError
 from scheduler import AdmissionController, Overloaded, Ticket
 
@@ -210,6 +210,7 @@ class _Run:
     stalled: bool = False  # noted by the write watchdog
     progress: Progress | None = None  # the ticket's tag: how far the request has come
     last_at: float = 0.0  # when tokens last arrived (for the inter-token metric)
+    answer: Answer | None = None  # once prepared
     writer: _Writer = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -227,7 +228,7 @@ class _Run:
         if not began or self.writer.in_flight_since is not None:
             return  # no stream, or a write stuck on the client: nothing more can go out
         cut = ApiError("shutting_down", "the server shut down before the answer ended")
-        frames = self.frontend.dialect.stream_error(cut, life.request_id)
+        frames = self._stream_error(cut)
         with (
             trio.CancelScope(shield=True),
             trio.move_on_after(1.0),
@@ -365,7 +366,7 @@ class _Run:
                 streams.append(events)
         except Exception as exc:  # the engine stopped or refused: not the client's fault
             raise ApiError("internal_error", "the engine is not accepting requests") from exc
-        answer = prepared.answer
+        answer = self.answer = prepared.answer
         if prepared.stream:
             await self._start_stream(prepared.headers)
             await self.writer.frames(answer.head())
@@ -470,13 +471,20 @@ class _Run:
             await self.writer.frames(prepared.answer.delta(index, event))
         return False
 
+    def _stream_error(self, err: ApiError) -> list[bytes]:
+        """The frames that end a stream which fails after it began: the answer's own
+        where its protocol has them (a Response's response.failed), else the dialect's."""
+        if isinstance(self.answer, FailingAnswer):
+            return self.answer.failed(err)
+        return self.frontend.dialect.stream_error(err, self.life.request_id)
+
     async def _engine_failed(self, finish: Finish | None, prepared: Prepared) -> None:
         detail = finish.error if finish is not None and finish.error else "the engine stopped"
         err = ApiError("internal_error", "generation failed inside the server")
         self.life.failed(status=500, kind=err.kind, message=detail)
         if not prepared.stream:
             raise err  # answered by refuse(), which records nothing more
-        await self.writer.frames(self.frontend.dialect.stream_error(err, self.life.request_id))
+        await self.writer.frames(self._stream_error(err))
         await self.writer.send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:

@@ -32,6 +32,8 @@ from ninfer.frontends import (
     FrontendContext,
     MessagesFrontend,
     NativeFrontend,
+    ResponsesFrontend,
+    ResponseStore,
 )
 from protocols import ApiError
 from scheduler import AdmissionController, SchedulerStatistics
@@ -60,6 +62,7 @@ class Serving:
     frontends: FrontendContext
     by_path: dict[str, Frontend]
     messages: MessagesFrontend
+    responses: ResponsesFrontend
 
 
 class Lifespan:
@@ -221,11 +224,16 @@ class Lifespan:
             created=self.created,
         )
         messages = MessagesFrontend(ctx)
+        store = ResponseStore(
+            cfg.response_store_max_records, int(cfg.response_store_max_mib * 1024 * 1024)
+        )
+        responses = ResponsesFrontend(ctx, store)
         frontends: list[Frontend] = [
             NativeFrontend(ctx),
             ChatFrontend(ctx),
             CompletionsFrontend(ctx),
             messages,
+            responses,
         ]
         flow = FlowContext(
             scheduler=scheduler,
@@ -247,6 +255,7 @@ class Lifespan:
             frontends=ctx,
             by_path={f.endpoint: f for f in frontends},
             messages=messages,
+            responses=responses,
         )
 
     def begin_drain(self) -> None:

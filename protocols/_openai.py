@@ -248,7 +248,7 @@ class OpenAICodec:
 
     def parse_chat(self, body: Any, *, supports_tools: bool) -> ChatRequest:
         req = structure(self._conv, body, ChatRequest)
-        _refuse_known(req)
+        refuse_known(req)
         if not req.messages:
             raise _invalid("messages", "messages must contain at least one message")
         for i, m in enumerate(req.messages):
@@ -312,13 +312,13 @@ class OpenAICodec:
         for i, modality in enumerate(req.modalities or ()):
             if modality != "text":
                 raise _unsupported(f"modalities[{i}]", "only the text modality is supported")
-        _check_metadata(req.metadata)
+        check_metadata(req.metadata)
         check_limits(req)
         return req
 
     def parse_completion(self, body: Any) -> CompletionRequest:
         req = structure(self._conv, body, CompletionRequest)
-        _refuse_known(req)
+        refuse_known(req)
         if req.suffix is not None:
             raise _unsupported("suffix", "suffix is not supported by this server")
         if req.best_of not in (None, 1):
@@ -336,7 +336,7 @@ class OpenAICodec:
         return req
 
 
-def _refuse_known(req: Any) -> None:
+def refuse_known(req: Any) -> None:
     """Refuse, by name, the first field of the reference this server cannot honour."""
     for field in attrs.fields(type(req)):
         if field.metadata.get("schema", {}).get("refused") and getattr(req, field.name) is not None:
@@ -348,7 +348,7 @@ def _check_range(name: str, value: int | None, low: int, high: int) -> None:
         raise _invalid(name, f"{name} must be at least {low} and at most {high}")
 
 
-def _check_metadata(metadata: dict[str, Any] | None) -> None:
+def check_metadata(metadata: dict[str, Any] | None) -> None:
     """OpenAI's bounds: at most 16 pairs, keys up to 64 characters, string values up to 512."""
     if metadata is None:
         return

@@ -16,6 +16,7 @@ from protocols._openai import ChatRequest, CompletionRequest
 from protocols._responses import (
     ANTHROPIC_STREAM_EVENTS,
     NATIVE_STREAM_EVENTS,
+    RESPONSES_STREAM_EVENTS,
     AnthropicErrorBody,
     ChatCompletion,
     ChatCompletionChunk,
@@ -23,12 +24,17 @@ from protocols._responses import (
     CompletionChunk,
     CountTokensResponse,
     GenerateResponse,
+    InputItemList,
+    InputTokensCount,
     MessageResponse,
     ModelCard,
     ModelList,
     NativeErrorBody,
     OpenAIErrorBody,
+    ResponseDeleted,
+    ResponseObject,
 )
+from protocols._responses_api import InputTokensRequest, ResponsesRequest
 from protocols._schema import Schemas
 
 __all__ = ["openapi_document"]
@@ -57,6 +63,80 @@ def _errors(ref: dict[str, Any], statuses: tuple[str, ...], rid: str) -> dict[st
             "content": _json(ref),
         }
     return out
+
+
+def _responses_paths(s: Schemas, generation: Any, openai_err: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI Responses core: creation (a body or semantic events), the local store's
+    routes, and the token count."""
+    rid = {"X-Request-Id": {"schema": {"type": "string"}}}
+    response_id = [{"name": "response_id", "in": "path", "required": True,
+                    "schema": {"type": "string"}}]  # fmt: skip
+
+    def answer(cls: type, what: str) -> dict[str, Any]:
+        return {"description": what, "headers": rid,
+                "content": _json(s.ref(cls, request=False))}  # fmt: skip
+
+    stored_errors = _errors(openai_err, ("401", "404", "503"), "X-Request-Id")
+    refused = _errors(openai_err, ("400", "401", "503"), "X-Request-Id")
+    return {
+        "/v1/responses": generation(
+            "OpenAI Responses (core): typed Items in, a Response or semantic SSE events out",
+            s.ref(ResponsesRequest, request=True, nullable=True),
+            s.ref(ResponseObject, request=False),
+            {"x-stream-events": {k: s.ref(v, request=False)
+                                 for k, v in RESPONSES_STREAM_EVENTS.items()}},
+            _errors(openai_err, _COMPAT_STATUSES, "X-Request-Id"),
+        ),
+        "/v1/responses/input_tokens": {
+            "post": {
+                "summary": "count the input tokens /v1/responses would build",
+                "requestBody": {"required": True, "content": _json(
+                    s.ref(InputTokensRequest, request=True, nullable=True))},
+                "responses": {"200": answer(InputTokensCount, "counted"),
+                              **_errors(openai_err, _COMPAT_STATUSES, "X-Request-Id")},
+            }
+        },
+        "/v1/responses/{response_id}": {
+            "get": {
+                "summary": "a stored Response (this process only; see docs/api.md)",
+                "parameters": response_id,
+                "responses": {"200": answer(ResponseObject, "the stored Response"),
+                              **stored_errors},
+            },
+            "delete": {
+                "summary": "delete a stored Response",
+                "parameters": response_id,
+                "responses": {"200": answer(ResponseDeleted, "deleted"), **stored_errors},
+            },
+        },
+        "/v1/responses/{response_id}/input_items": {
+            "get": {
+                "summary": "the input Items of a stored Response",
+                "parameters": [
+                    *response_id,
+                    {"name": "after", "in": "query", "schema": {"type": "string"}},
+                    {"name": "limit", "in": "query",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
+                    {"name": "order", "in": "query",
+                     "schema": {"enum": ["asc", "desc"], "default": "desc"}},
+                ],
+                "responses": {"200": answer(InputItemList, "one page of Items"),
+                              **_errors(openai_err, ("400", "401", "404", "503"),
+                                        "X-Request-Id")},
+            }
+        },
+        "/v1/responses/{response_id}/cancel": {
+            "post": {
+                "summary": "always refused: nothing runs in the background here",
+                "parameters": response_id,
+                "responses": refused,
+            }
+        },
+        "/v1/responses/compact": {
+            "post": {"summary": "always refused: compaction is not supported",
+                     "responses": refused},
+        },
+    }  # fmt: skip
 
 
 def openapi_document(version: str) -> dict[str, Any]:
@@ -204,6 +284,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             }
         },
     }  # fmt: skip
+    paths.update(_responses_paths(s, generation, openai_err))
     return {
         "openapi": "3.1.0",
         "info": {

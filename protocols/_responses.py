@@ -4,13 +4,14 @@ no field beyond them), so the document cannot drift from what is sent."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
 __all__ = [
     "ANTHROPIC_STREAM_EVENTS",
     "NATIVE_STREAM_EVENTS",
+    "RESPONSES_STREAM_EVENTS",
     "AnthropicError",
     "AnthropicErrorBody",
     "AnthropicUsage",
@@ -29,8 +30,15 @@ __all__ = [
     "ContentBlockDelta",
     "ContentBlockStart",
     "ContentBlockStop",
+    "ContentPartEvent",
     "CountTokensResponse",
     "GenerateResponse",
+    "IncompleteDetails",
+    "InputItemList",
+    "InputMessage",
+    "InputText",
+    "InputTokensCount",
+    "InputTokensDetails",
     "MessageDelta",
     "MessageResponse",
     "MessageStart",
@@ -45,8 +53,21 @@ __all__ = [
     "OpenAIError",
     "OpenAIErrorBody",
     "OpenAIUsage",
+    "OutputItemEvent",
+    "OutputMessage",
+    "OutputText",
+    "OutputTextDeltaEvent",
+    "OutputTextDoneEvent",
+    "OutputTokensDetails",
     "Ping",
     "PromptTokensDetails",
+    "ResponseDeleted",
+    "ResponseError",
+    "ResponseLifecycleEvent",
+    "ResponseObject",
+    "ResponseTextConfig",
+    "ResponseTextFormat",
+    "ResponseUsage",
     "StopDelta",
     "StreamMessage",
     "TextBlock",
@@ -461,4 +482,210 @@ ANTHROPIC_STREAM_EVENTS: dict[str, type] = {
     "message_delta": MessageDelta,
     "message_stop": MessageStop,
     "error": AnthropicErrorBody,
+}
+
+
+# ---- OpenAI Responses -----------------------------------------------------------------------
+
+
+@attrs.frozen
+class OutputText:
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]  # always empty here
+    logprobs: list[Any]  # always empty here (top_logprobs is not served yet)
+
+
+@attrs.frozen
+class InputText:
+    type: Literal["input_text"]
+    text: str
+
+
+@attrs.frozen
+class OutputMessage:
+    """An assistant message Item of a Response's output."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    content: list[OutputText]
+
+
+@attrs.frozen
+class InputMessage:
+    """An input Item as a stored Response keeps it (GET /v1/responses/{id}/input_items)."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["user", "assistant", "system", "developer"]
+    status: Literal["completed"]
+    content: list[InputText | OutputText]
+
+
+@attrs.frozen
+class InputTokensDetails:
+    cached_tokens: int  # served from the prefix cache
+
+
+@attrs.frozen
+class OutputTokensDetails:
+    reasoning_tokens: int  # 0: no model served here reasons
+
+
+@attrs.frozen
+class ResponseUsage:
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+@attrs.frozen
+class IncompleteDetails:
+    reason: Literal["max_output_tokens"]
+
+
+@attrs.frozen
+class ResponseError:
+    code: str
+    message: str
+
+
+@attrs.frozen
+class ResponseTextFormat:
+    type: Literal["text"]
+
+
+@attrs.frozen
+class ResponseTextConfig:
+    format: ResponseTextFormat
+
+
+ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
+
+
+@attrs.frozen
+class ResponseObject:
+    """A Response (POST /v1/responses, GET /v1/responses/{id}, and in stream events).
+    `output_text` is the SDKs' convenience, never a wire field."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: ResponseStatus
+    completed_at: int | None
+    model: str
+    output: list[OutputMessage]
+    usage: ResponseUsage | None
+    incomplete_details: IncompleteDetails | None
+    error: ResponseError | None
+    instructions: str | None
+    max_output_tokens: int | None
+    metadata: dict[str, Any]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    store: bool
+    temperature: float
+    top_p: float
+    top_logprobs: int
+    text: ResponseTextConfig
+    tool_choice: Literal["auto", "none"]
+    tools: list[Any]  # always empty here
+    truncation: Literal["disabled"]
+    service_tier: str
+    background: bool
+
+
+@attrs.frozen
+class ResponseLifecycleEvent:
+    """response.created / in_progress / completed / incomplete / failed."""
+
+    type: Literal[
+        "response.created",
+        "response.in_progress",
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+    ]
+    sequence_number: int
+    response: ResponseObject
+
+
+@attrs.frozen
+class OutputItemEvent:
+    type: Literal["response.output_item.added", "response.output_item.done"]
+    sequence_number: int
+    output_index: int
+    item: OutputMessage
+
+
+@attrs.frozen
+class ContentPartEvent:
+    type: Literal["response.content_part.added", "response.content_part.done"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText
+
+
+@attrs.frozen
+class OutputTextDeltaEvent:
+    type: Literal["response.output_text.delta"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[Any]
+
+
+@attrs.frozen
+class OutputTextDoneEvent:
+    type: Literal["response.output_text.done"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[Any]
+
+
+@attrs.frozen
+class ResponseDeleted:
+    id: str
+    object: Literal["response.deleted"]
+    deleted: bool
+
+
+@attrs.frozen
+class InputItemList:
+    object: Literal["list"]
+    data: list[InputMessage]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+@attrs.frozen
+class InputTokensCount:
+    object: Literal["response.input_tokens"]
+    input_tokens: int
+
+
+RESPONSES_STREAM_EVENTS: dict[str, type] = {
+    "response.created": ResponseLifecycleEvent,
+    "response.in_progress": ResponseLifecycleEvent,
+    "response.output_item.added": OutputItemEvent,
+    "response.content_part.added": ContentPartEvent,
+    "response.output_text.delta": OutputTextDeltaEvent,
+    "response.output_text.done": OutputTextDoneEvent,
+    "response.content_part.done": ContentPartEvent,
+    "response.output_item.done": OutputItemEvent,
+    "response.completed": ResponseLifecycleEvent,
+    "response.incomplete": ResponseLifecycleEvent,
+    "response.failed": ResponseLifecycleEvent,
 }

@@ -24,9 +24,12 @@ ROUTES = [
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",
 ]
 REFUSED = ("logprobs", "top_logprobs", "tools", "tool_choice", "response_format", "thinking",
-           "echo", "suffix", "best_of", "n", "logit_bias", "metadata", "modalities")  # fmt: skip
+           "echo", "suffix", "best_of", "n", "logit_bias", "metadata", "modalities",
+           "background", "include", "reasoning", "truncation", "text",
+           "previous_response_id")  # fmt: skip
 BUDGET_FIELDS = ("max_new_tokens", "max_tokens", "max_completion_tokens")
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -50,6 +53,12 @@ def _tamed(path: str, model: str) -> dict[str, Any]:
         schema["required"] = sorted({*schema.get("required", ()), "max_tokens"})
     if path == "/v1/completions":
         props["prompt"] = {"type": "string", "minLength": 1}
+    if path == "/v1/responses":
+        # Items of random roles and parts are mostly refused; the wrong-field bodies
+        # send them. The budget's floor is 16.
+        props["input"] = {"type": "string", "minLength": 1}
+        props["max_output_tokens"] = {"type": "integer", "minimum": 16, "maximum": 18}
+        schema["required"] = sorted({*schema.get("required", ()), "max_output_tokens"})
     # Features refused by name (docs/api.md), and fields whose random values are mostly
     # refused (n past the running slots, logit_bias keys, metadata values), would make
     # nearly every body a refusal;

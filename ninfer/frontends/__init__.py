@@ -4,21 +4,33 @@
 from __future__ import annotations
 
 from ninfer.frontends._anthropic import MessagesFrontend
-from ninfer.frontends._base import Answer, Choice, Frontend, FrontendContext, Outcome, Prepared
+from ninfer.frontends._base import (
+    Answer,
+    Choice,
+    FailingAnswer,
+    Frontend,
+    FrontendContext,
+    Outcome,
+    Prepared,
+)
 from ninfer.frontends._native import NativeFrontend
 from ninfer.frontends._openai import ChatFrontend, CompletionsFrontend, model_card, model_list
+from ninfer.frontends._responses import ResponsesFrontend, ResponseStore
 
 __all__ = [
     "Answer",
     "ChatFrontend",
     "Choice",
     "CompletionsFrontend",
+    "FailingAnswer",
     "Frontend",
     "FrontendContext",
     "MessagesFrontend",
     "NativeFrontend",
     "Outcome",
     "Prepared",
+    "ResponseStore",
+    "ResponsesFrontend",
     "model_card",
     "model_list",
 ]

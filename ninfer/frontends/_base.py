@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -32,6 +32,7 @@ __all__ = [
     "CLAMPED_HEADER",
     "Answer",
     "Choice",
+    "FailingAnswer",
     "Frontend",
     "FrontendContext",
     "Outcome",
@@ -102,6 +103,15 @@ class Answer(Protocol):
     def tail(self, outcome: Outcome) -> list[bytes]: ...
 
     def body(self, outcome: Outcome) -> bytes: ...
+
+
+@runtime_checkable
+class FailingAnswer(Protocol):
+    """An answer whose protocol ends a failed stream with frames of its own making (a
+    Response's `response.failed`, numbered in its sequence); others end it with their
+    dialect's error frames."""
+
+    def failed(self, err: ApiError) -> list[bytes]: ...
 
 
 @attrs.frozen

@@ -23,7 +23,7 @@ import orjson
 
 __all__ = ["PROBES", "Probe", "ProbeEnv", "ProbeResult", "probe_table", "run_probes"]
 
-Route = Literal["native", "chat", "completions", "messages", "count_tokens", "other"]
+Route = Literal["native", "chat", "completions", "messages", "count_tokens", "responses", "other"]
 # plain: one body; chunked: Transfer-Encoding chunked; declared: an oversized declared
 # length with only its start sent; head: the status and headers only (a stream that
 # would run long is closed once they arrive, which cancels it).
@@ -38,6 +38,7 @@ PATHS: dict[Route, str] = {
     "completions": "/v1/completions",
     "messages": "/v1/messages",
     "count_tokens": "/v1/messages/count_tokens",
+    "responses": "/v1/responses",
 }
 
 # kind -> status on the native route (docs/errors.md, "The status rule").
@@ -95,7 +96,7 @@ class Probe:
         kind = self.kind
         if kind is None:
             return self.status, None
-        if self.route in ("chat", "completions") or self.url_path.startswith("/v1/models"):
+        if _route_of_openai(self):
             status = 400 if kind in _INVALID_400 else self.status
             return status, _OPENAI_TYPE.get(kind, "invalid_request_error")
         if self.route in ("messages", "count_tokens"):
@@ -134,6 +135,10 @@ def _base(route: Route, model: str) -> dict[str, Any]:
         return {"model": model, "prompt": text, "max_tokens": 1}
     if route == "count_tokens":
         return {"model": model, "messages": [{"role": "user", "content": text}]}
+    if route == "responses":
+        # 16 tokens at least (the Responses API's floor): enough for a model to repeat
+        # its input, so the input carries no canary (the refusals' fields still do).
+        return {"model": model, "input": "Say hi", "max_output_tokens": 16}
     return {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": text}]}
 
 
@@ -163,13 +168,13 @@ def _raw(route: Route, fragment: str) -> Callable[[ProbeEnv], bytes]:
 
 
 _DROP = object()
-_GEN: tuple[Route, ...] = ("native", "chat", "completions", "messages")
+_GEN: tuple[Route, ...] = ("native", "chat", "completions", "messages", "responses")
 _MAX_FIELD: dict[Route, str] = {
     "native": "max_new_tokens", "chat": "max_tokens", "completions": "max_tokens",
-    "messages": "max_tokens", "count_tokens": "model",
+    "messages": "max_tokens", "count_tokens": "model", "responses": "max_output_tokens",
 }  # fmt: skip
 _PROMPT_FIELD = {"native": "prompt", "completions": "prompt", "chat": "messages",
-                 "messages": "messages"}  # fmt: skip
+                 "messages": "messages", "responses": "input"}  # fmt: skip
 
 
 def _long_prompt(route: Route, unit: str, count: int) -> Callable[[ProbeEnv], bytes]:
@@ -177,6 +182,8 @@ def _long_prompt(route: Route, unit: str, count: int) -> Callable[[ProbeEnv], by
         text = unit * count
         if route in ("native", "completions"):
             return _with(route, prompt=text)(env)
+        if route == "responses":
+            return _with(route, input=text)(env)
         return _with(route, messages=[{"role": "user", "content": text}])(env)
 
     return build
@@ -377,6 +384,42 @@ def _rows() -> Iterator[Probe]:
                 _with("count_tokens", messages=_DROP), 422, "invalid_request",
                 "messages")  # fmt: skip
     yield Probe("count_tokens: served", "count_tokens", _with("count_tokens"), 200, None)
+    # OpenAI Responses specifics.
+    yield Probe("responses: Item of an unknown type", "responses",
+                _with("responses", input=[{"type": CANARY, "role": "user", "content": "hi"}]),
+                422, "invalid_request", "input[0].type")  # fmt: skip
+    yield Probe("responses: function_call Item", "responses",
+                _with("responses", input=[{"type": "function_call", "call_id": CANARY,
+                                           "name": "f", "arguments": "{}"}]),
+                422, "invalid_request", "input[0].type")  # fmt: skip
+    yield Probe("responses: image part", "responses",
+                _with("responses", input=[{"role": "user", "content": [
+                    {"type": "input_image", "image_url": "http://x/" + CANARY}]}]),
+                422, "invalid_request", "input[0].content[0].type")  # fmt: skip
+    yield Probe("responses: duplicate Item ids", "responses",
+                _with("responses", input=[{"role": "user", "content": "a", "id": CANARY},
+                                          {"role": "user", "content": "b", "id": CANARY}]),
+                422, "invalid_request", "input[1].id")  # fmt: skip
+    yield Probe("responses: input empty", "responses", _with("responses", input=[]), 422,
+                "invalid_request", "input")  # fmt: skip
+    yield Probe("responses: unknown previous_response_id", "responses",
+                _with("responses", previous_response_id="resp_" + CANARY), 404, "not_found",
+                "previous_response_id")  # fmt: skip
+    yield Probe("responses: metadata with 17 pairs", "responses",
+                _with("responses", metadata={f"k{i}": "v" for i in range(17)}), 422,
+                "invalid_request", "metadata")  # fmt: skip
+    yield Probe("responses: background", "responses", _with("responses", background=True), 422,
+                "invalid_request", "background")  # fmt: skip
+    yield Probe("responses: tools", "responses",
+                _with("responses", tools=[{"type": "function", "name": "f"}]), 422,
+                "invalid_request", "tools")  # fmt: skip
+    yield Probe("responses: store off", "responses", _with("responses", store=False), 200,
+                None)  # fmt: skip
+    yield Probe("responses: a stored response that does not exist", "other", b"", 404,
+                "not_found", method="GET", path="/v1/responses/resp_" + CANARY)  # fmt: skip
+    yield Probe("responses: input_tokens served", "other",
+                lambda env: _j({"model": env.model, "input": "hello"}), 200, None,
+                path="/v1/responses/input_tokens")  # fmt: skip
     # Routes and methods.
     yield Probe("unknown path", "other", b"", 404, "not_found", method="GET",
                 path="/v1/" + CANARY)  # fmt: skip
@@ -408,7 +451,9 @@ def probe_table() -> list[dict[str, Any]]:
 
 
 def _route_of_openai(probe: Probe) -> bool:
-    return probe.route in ("chat", "completions") or probe.url_path.startswith("/v1/models")
+    return probe.route in ("chat", "completions", "responses") or probe.url_path.startswith(
+        ("/v1/models", "/v1/responses")
+    )
 
 
 def check(

@@ -1,0 +1,466 @@
+"""The OpenAI Responses core as a frontend: POST /v1/responses (a body, or semantic SSE
+events), the local store behind `previous_response_id` and the stored-response routes,
+and the token count of POST /v1/responses/input_tokens.
+
+A Response's conversation is its stored history (the earlier input and output Items of
+its chain, never their `instructions`) followed by its own input; the request's
+`instructions` come first, for this request only. Stored Responses live in this
+process: an LRU bounded by count and by the bytes of their texts.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import attrs
+
+from ninfer.engine import TokenDelta
+from ninfer.frontends._base import (
+    Frontend,
+    FrontendContext,
+    Outcome,
+    Prepared,
+    clamp_headers,
+)
+from ninfer.frontends._budget import SamplingRequest
+from protocols import (
+    ApiError,
+    ContentPartEvent,
+    Encoder,
+    IncompleteDetails,
+    InputItemList,
+    InputMessage,
+    InputText,
+    InputTokensCount,
+    InputTokensDetails,
+    OpenAIDialect,
+    OutputItemEvent,
+    OutputMessage,
+    OutputText,
+    OutputTextDeltaEvent,
+    OutputTextDoneEvent,
+    OutputTokensDetails,
+    ResponseDeleted,
+    ResponseError,
+    ResponseLifecycleEvent,
+    ResponseObject,
+    ResponsesCodec,
+    ResponsesInputItem,
+    ResponsesRequest,
+    ResponseTextConfig,
+    ResponseTextFormat,
+    ResponseUsage,
+    loads,
+)
+
+__all__ = ["ResponseStore", "ResponsesFrontend"]
+
+_ROLE_FOR_TEMPLATE = {"developer": "system"}  # ChatML templates know system, not developer
+INPUT_ITEMS_MAX_LIMIT = 100
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@attrs.frozen
+class Turn:
+    """One turn of a conversation, as the chat template takes it."""
+
+    role: str
+    text: str
+
+
+@attrs.frozen
+class Stored:
+    """A stored Response: what GET returns, its input Items, and the conversation a
+    continuation starts from (its chain's history, its input, its output)."""
+
+    response: ResponseObject
+    input_items: tuple[InputMessage, ...]
+    history: tuple[Turn, ...]
+
+    @property
+    def size(self) -> int:
+        """Bytes it holds, counted as the UTF-8 of its texts (what grows with use)."""
+        texts = [t.text for t in self.history] + [
+            part.text for item in self.input_items for part in item.content
+        ]
+        return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+
+
+class ResponseStore:
+    """Stored Responses in this process only (lost on restart): the least recently used
+    are dropped past `max_records` or `max_bytes`."""
+
+    def __init__(self, max_records: int, max_bytes: int) -> None:
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self._items: collections.OrderedDict[str, Stored] = collections.OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, response_id: str) -> Stored | None:
+        stored = self._items.get(response_id)
+        if stored is not None:
+            self._items.move_to_end(response_id)
+        return stored
+
+    def put(self, stored: Stored) -> bool:
+        """Keep `stored` (False: it alone is larger than the store)."""
+        size = stored.size
+        if size > self.max_bytes:
+            return False
+        self.delete(stored.response.id)
+        self._items[stored.response.id] = stored
+        self._bytes += size
+        while len(self._items) > self.max_records or self._bytes > self.max_bytes:
+            _, dropped = self._items.popitem(last=False)
+            self._bytes -= dropped.size
+        return True
+
+    def delete(self, response_id: str) -> bool:
+        stored = self._items.pop(response_id, None)
+        if stored is None:
+            return False
+        self._bytes -= stored.size
+        return True
+
+
+def not_found(param: str | None = None) -> ApiError:
+    return ApiError(
+        "not_found",
+        "no stored response has this id (store was false, or it was deleted or evicted)",
+        param=param,
+        code="response_not_found",
+    )
+
+
+def _output_text(text: str) -> OutputText:
+    return OutputText("output_text", text, [], [])
+
+
+def _input_items(items: str | list[ResponsesInputItem]) -> list[InputMessage]:
+    """The request's input as stored Items (a string is one user message; ids kept or
+    made)."""
+    if isinstance(items, str):
+        return [InputMessage(_new_id("msg"), "message", "user", "completed",
+                             [InputText("input_text", items)])]  # fmt: skip
+    out = []
+    for item in items:
+        assert item.role is not None  # the codec checked both
+        assert item.content is not None
+        parts: list[InputText | OutputText]
+        if isinstance(item.content, str):
+            text = item.content
+            parts = [
+                _output_text(text) if item.role == "assistant" else InputText("input_text", text)
+            ]
+        else:
+            parts = [
+                _output_text(p.text or "") if p.type == "output_text"
+                else InputText("input_text", p.text or "")
+                for p in item.content
+            ]  # fmt: skip
+        role: Any = item.role
+        out.append(InputMessage(item.id or _new_id("msg"), "message", role, "completed", parts))
+    return out
+
+
+def _turns(items: Sequence[InputMessage]) -> list[Turn]:
+    return [Turn(item.role, "".join(p.text for p in item.content)) for item in items]
+
+
+@attrs.define
+class ResponseAnswer:
+    """One Response's answer: a body, or semantic events numbered in order. A finished
+    Response (completed or incomplete) is stored when the request asked for it."""
+
+    encoder: Encoder
+    store: ResponseStore | None  # None: store was false
+    template: ResponseObject  # the in-progress Response: every field but the outcome's
+    input_items: tuple[InputMessage, ...]
+    history: tuple[Turn, ...]  # what this request continued (its chain's), then its input
+    item_id: str = attrs.Factory(lambda: _new_id("msg"))
+    sequence: int = 0
+
+    def _sse(self, event: Any) -> bytes:
+        return self.encoder.sse(event, event.type)
+
+    def _next(self) -> int:
+        self.sequence += 1
+        return self.sequence - 1
+
+    def head(self) -> list[bytes]:
+        item = OutputMessage(self.item_id, "message", "assistant", "in_progress", [])
+        empty = _output_text("")
+        return [
+            self._sse(ResponseLifecycleEvent("response.created", self._next(), self.template)),
+            self._sse(ResponseLifecycleEvent("response.in_progress", self._next(), self.template)),
+            self._sse(OutputItemEvent("response.output_item.added", self._next(), 0, item)),
+            self._sse(ContentPartEvent("response.content_part.added", self._next(), self.item_id,
+                                       0, 0, empty)),
+        ]  # fmt: skip
+
+    def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
+        if not delta.text:
+            return []
+        event = OutputTextDeltaEvent(
+            "response.output_text.delta", self._next(), self.item_id, 0, 0, delta.text, []
+        )
+        return [self._sse(event)]
+
+    def _finished(self, outcome: Outcome) -> ResponseObject:
+        f = outcome.finish
+        u = outcome.usage
+        complete = f.reason in ("eos", "stop")
+        status: Literal["completed", "incomplete"] = "completed" if complete else "incomplete"
+        item = OutputMessage(
+            self.item_id, "message", "assistant", status, [_output_text(outcome.text)]
+        )
+        usage = ResponseUsage(
+            u.prompt_tokens,
+            InputTokensDetails(u.cached_tokens),
+            u.completion_tokens,
+            OutputTokensDetails(0),
+            u.prompt_tokens + u.completion_tokens,
+        )
+        response = attrs.evolve(
+            self.template,
+            status=status,
+            completed_at=int(time.time()),
+            output=[item],
+            usage=usage,
+            incomplete_details=None if complete else IncompleteDetails("max_output_tokens"),
+        )
+        if self.store is not None:
+            history = (*self.history, Turn("assistant", outcome.text))
+            self.store.put(Stored(response, self.input_items, history))
+        return response
+
+    def tail(self, outcome: Outcome) -> list[bytes]:
+        response = self._finished(outcome)
+        item = response.output[0]
+        text = item.content[0]
+        end: Literal["response.completed", "response.incomplete"] = (
+            "response.completed" if response.status == "completed" else "response.incomplete"
+        )
+        return [
+            self._sse(OutputTextDoneEvent(
+                "response.output_text.done", self._next(), self.item_id, 0, 0, text.text, []
+            )),
+            self._sse(ContentPartEvent(
+                "response.content_part.done", self._next(), self.item_id, 0, 0, text
+            )),
+            self._sse(OutputItemEvent("response.output_item.done", self._next(), 0, item)),
+            self._sse(ResponseLifecycleEvent(end, self._next(), response)),
+        ]  # fmt: skip
+
+    def body(self, outcome: Outcome) -> bytes:
+        return self.encoder.json(self._finished(outcome))
+
+    def failed(self, err: ApiError) -> list[bytes]:
+        """A stream that fails after it began ends with response.failed (nothing stored)."""
+        code = err.code or err.kind
+        response = attrs.evolve(
+            self.template, status="failed", error=ResponseError(code, err.message)
+        )
+        return [self._sse(ResponseLifecycleEvent("response.failed", self._next(), response))]
+
+
+class ResponsesFrontend(Frontend):
+    endpoint = "/v1/responses"
+    protocol = "openai"
+
+    def __init__(self, ctx: FrontendContext, store: ResponseStore) -> None:
+        super().__init__(ctx, OpenAIDialect())
+        self._codec = ResponsesCodec()
+        self.store = store
+
+    def _history(self, previous_id: str | None) -> tuple[Turn, ...]:
+        if previous_id is None:
+            return ()
+        stored = self.store.get(previous_id)
+        if stored is None:
+            raise not_found("previous_response_id")
+        return stored.history
+
+    async def _prompt_ids(self, instructions: str | None, turns: Sequence[Turn]) -> list[int]:
+        template = self.ctx.model.tokenizer.chat_template
+        if template is None:
+            raise ApiError("invalid_request", "this model has no chat template", param="input")
+        conv: list[dict[str, object]] = []
+        if instructions is not None:
+            conv.append({"role": "system", "content": instructions})
+        conv.extend({"role": _ROLE_FOR_TEMPLATE.get(t.role, t.role), "content": t.text}
+                    for t in turns)  # fmt: skip
+        try:
+            prompt = template.render(conv, add_generation_prompt=True)
+        except ValueError:
+            raise ApiError(
+                "invalid_request",
+                "the chat template refused this conversation (check the order of roles)",
+                param="input",
+            ) from None
+        return await self.tokens(prompt, prompt_param="input")
+
+    async def prepare(self, body: bytes, request_id: str) -> Prepared:
+        req = self._codec.parse_create(loads(body))
+        label = self.ctx.check_model(req.model)
+        items = tuple(_input_items(req.input))
+        history = (*self._history(req.previous_response_id), *_turns(items))
+        ids = await self._prompt_ids(req.instructions, history)
+        gen, grant, _warnings = self.request(
+            request_id,
+            ids,
+            requested=req.max_output_tokens,
+            param="max_output_tokens",
+            prompt_param="input",
+            sampling=SamplingRequest(temperature=req.temperature, top_p=req.top_p),
+            stop=(),
+            clamp=True,
+        )
+        store = req.store is not False
+        if store:
+            self._check_room(items, history, grant.max_new_tokens)
+        answer = ResponseAnswer(
+            self.dialect.encoder,
+            self.store if store else None,
+            self._template(req, label, gen.sampling.temperature, gen.sampling.top_p, store),
+            items,
+            history,
+        )
+        fields = {"protocol": self.protocol, "store": store,
+                  "previous_response_id": req.previous_response_id}  # fmt: skip
+        return Prepared((gen,), bool(req.stream), answer, fields, headers=clamp_headers(grant))
+
+    def _check_room(
+        self, items: Sequence[InputMessage], history: Sequence[Turn], max_new_tokens: int
+    ) -> None:
+        """Refuse at once a Response the store could not keep even alone (its texts at
+        their longest), rather than pretend it was stored."""
+        texts = [t.text for t in history] + [p.text for i in items for p in i.content]
+        size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+        most = size + 2 * max_new_tokens * self.ctx.model.tokenizer.max_token_bytes
+        if most > self.store.max_bytes:
+            raise ApiError(
+                "invalid_request",
+                f"this response could take {most} bytes to store; the store holds "
+                f"{self.store.max_bytes} (send store: false, or a smaller max_output_tokens)",
+                param="store",
+                code="response_store_capacity_exceeded",
+            )
+
+    def _template(
+        self, req: ResponsesRequest, label: str, temperature: float, top_p: float, store: bool
+    ) -> ResponseObject:
+        return ResponseObject(
+            id=_new_id("resp"),
+            object="response",
+            created_at=int(time.time()),
+            status="in_progress",
+            completed_at=None,
+            model=label,
+            output=[],
+            usage=None,
+            incomplete_details=None,
+            error=None,
+            instructions=req.instructions,
+            max_output_tokens=req.max_output_tokens,
+            metadata=dict(req.metadata or {}),
+            parallel_tool_calls=req.parallel_tool_calls is not False,
+            previous_response_id=req.previous_response_id,
+            store=store,
+            temperature=temperature,
+            top_p=top_p,
+            top_logprobs=0,
+            text=ResponseTextConfig(ResponseTextFormat("text")),
+            tool_choice="none" if req.tool_choice == "none" else "auto",
+            tools=[],
+            truncation="disabled",
+            service_tier="default",
+            background=False,
+        )
+
+    # ---- the other routes of /v1/responses -----------------------------------------------
+
+    def retrieve(self, response_id: str) -> bytes:
+        stored = self.store.get(response_id)
+        if stored is None:
+            raise not_found()
+        return self.dialect.encoder.json(stored.response)
+
+    def delete(self, response_id: str) -> bytes:
+        if not self.store.delete(response_id):
+            raise not_found()
+        return self.dialect.encoder.json(ResponseDeleted(response_id, "response.deleted", True))
+
+    def input_items(self, response_id: str, query: dict[str, str]) -> bytes:
+        """GET /v1/responses/{id}/input_items: `after` (an Item id), `limit` 1..100
+        (default 20), `order` asc or desc (default desc, as OpenAI's)."""
+        stored = self.store.get(response_id)
+        if stored is None:
+            raise not_found()
+        unknown = sorted(set(query) - {"after", "limit", "order", "include"})
+        if unknown:
+            raise ApiError(
+                "invalid_request",
+                "unknown query parameter; this route takes after, limit and order",
+                param=unknown[0] if unknown[0].isidentifier() else None,
+                code="unknown_parameter",
+            )
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise ApiError("invalid_request", "order must be asc or desc", param="order",
+                           code="invalid_value")  # fmt: skip
+        raw = query.get("limit", "20")
+        if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= INPUT_ITEMS_MAX_LIMIT:
+            raise ApiError(
+                "invalid_request",
+                f"limit must be an integer from 1 to {INPUT_ITEMS_MAX_LIMIT}",
+                param="limit",
+                code="invalid_value",
+            )
+        if query.get("include"):
+            raise ApiError("invalid_request", "include is not supported here",
+                           param="include", code="unsupported_parameter")  # fmt: skip
+        items = list(stored.input_items)
+        if order == "desc":
+            items.reverse()
+        if "after" in query:
+            ids = [i.id for i in items]
+            if query["after"] not in ids:
+                raise ApiError("invalid_request", "after names no Item of this response",
+                               param="after", code="invalid_value")  # fmt: skip
+            items = items[ids.index(query["after"]) + 1 :]
+        page = items[: int(raw)]
+        listing = InputItemList(
+            "list",
+            page,
+            page[0].id if page else None,
+            page[-1].id if page else None,
+            len(items) > len(page),
+        )
+        return self.dialect.encoder.json(listing)
+
+    async def input_tokens(self, body: bytes) -> bytes:
+        """POST /v1/responses/input_tokens: the prompt /v1/responses would build, counted."""
+        req = self._codec.parse_input_tokens(loads(body))
+        self.ctx.check_model(req.model)
+        items = _input_items(req.input) if req.input is not None else []
+        history = (*self._history(req.previous_response_id), *_turns(items))
+        if not history:
+            raise ApiError(
+                "invalid_request",
+                "input is required (or a previous_response_id to count)",
+                param="input",
+                code="missing_required_parameter",
+            )
+        ids = await self._prompt_ids(req.instructions, history)
+        return self.dialect.encoder.json(InputTokensCount("response.input_tokens", len(ids)))

@@ -1,0 +1,346 @@
+"""The OpenAI Responses contract, its core: POST /v1/responses and its token count.
+
+`input` is a string or typed Items: messages (user, assistant, system, developer) whose
+content is a string or `input_text` / `output_text` parts. Every other field of the
+reference is known by name: honoured, accepted without effect (docs/api.md says why
+each is harmless), or refused with `unsupported_parameter` naming it (tools, hosted
+tools, background jobs, reasoning on a model without a reasoning template, ...).
+Unknown fields are refused with `unknown_parameter`. Errors use OpenAI's envelope.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import cattrs
+
+from protocols._errors import ApiError
+from protocols._openai import check_metadata, refuse_known
+from protocols._schema import check_limits, schema
+from protocols._strict import InvalidType, kind_name, make_converter, register_list, structure
+
+__all__ = [
+    "InputTokensRequest",
+    "ResponsesCodec",
+    "ResponsesInputItem",
+    "ResponsesRequest",
+]
+
+_REFUSED = schema(refused=True)
+
+# Item and content-part types of the reference that this server does not take.
+_ITEM_TYPES = frozenset(
+    {"function_call", "function_call_output", "reasoning", "item_reference",
+     "file_search_call", "web_search_call", "computer_call", "computer_call_output",
+     "image_generation_call", "code_interpreter_call", "local_shell_call",
+     "local_shell_call_output", "shell_call", "shell_call_output", "apply_patch_call",
+     "apply_patch_call_output", "mcp_list_tools", "mcp_approval_request",
+     "mcp_approval_response", "mcp_call", "custom_tool_call", "custom_tool_call_output",
+     "compaction"}
+)  # fmt: skip
+_PART_TYPES = frozenset({"input_image", "input_file", "input_audio", "refusal"})
+_ROLES = ("user", "assistant", "system", "developer")
+
+
+@attrs.frozen
+class ResponsesContentPart:
+    """One part of a message's content: `input_text`, or `output_text` when an assistant
+    turn is replayed."""
+
+    type: str = attrs.field(metadata=schema(enum=["input_text", "output_text"]))
+    text: str | None = None
+    annotations: list[Any] | None = None  # of a replayed output_text: no effect
+    logprobs: list[Any] | None = None  # likewise
+    # Present only so that a part of another type is refused by its type, not by its fields.
+    image_url: Any = attrs.field(default=None, metadata=_REFUSED)
+    file_id: Any = attrs.field(default=None, metadata=_REFUSED)
+    file_data: Any = attrs.field(default=None, metadata=_REFUSED)
+    file_url: Any = attrs.field(default=None, metadata=_REFUSED)
+    filename: Any = attrs.field(default=None, metadata=_REFUSED)
+    detail: Any = attrs.field(default=None, metadata=_REFUSED)
+    input_audio: Any = attrs.field(default=None, metadata=_REFUSED)
+    refusal: Any = attrs.field(default=None, metadata=_REFUSED)
+
+
+@attrs.frozen
+class ResponsesInputItem:
+    """One input Item: a message (`type` may be left out, as the SDKs' easy form does)."""
+
+    role: str | None = attrs.field(default=None, metadata=schema(enum=list(_ROLES)))
+    content: str | list[ResponsesContentPart] | None = None
+    type: str | None = attrs.field(default=None, metadata=schema(enum=["message"]))
+    id: str | None = attrs.field(default=None, metadata=schema(minLength=1, maxLength=128))
+    status: str | None = attrs.field(
+        default=None, metadata=schema(enum=["in_progress", "completed", "incomplete"])
+    )
+    phase: Any = attrs.field(default=None, metadata=_REFUSED)
+    # Present only so that an Item of another type is refused by its type.
+    call_id: Any = attrs.field(default=None, metadata=_REFUSED)
+    name: Any = attrs.field(default=None, metadata=_REFUSED)
+    arguments: Any = attrs.field(default=None, metadata=_REFUSED)
+    output: Any = attrs.field(default=None, metadata=_REFUSED)
+    summary: Any = attrs.field(default=None, metadata=_REFUSED)
+    encrypted_content: Any = attrs.field(default=None, metadata=_REFUSED)
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content)
+
+
+@attrs.frozen
+class ResponsesTextFormat:
+    type: str = attrs.field(metadata=schema(enum=["text"]))
+    # Of the json_schema format: known, refused with it.
+    name: Any = attrs.field(default=None, metadata=_REFUSED)
+    schema: Any = attrs.field(default=None, metadata=_REFUSED)
+    strict: Any = attrs.field(default=None, metadata=_REFUSED)
+    description: Any = attrs.field(default=None, metadata=_REFUSED)
+
+
+@attrs.frozen
+class ResponsesTextConfig:
+    format: ResponsesTextFormat | None = None
+    verbosity: str | None = attrs.field(
+        default=None, metadata=schema(enum=["low", "medium", "high"])
+    )
+
+
+@attrs.frozen
+class ResponsesStreamOptions:
+    include_obfuscation: bool | None = None  # accepted; no padding field is ever added
+
+
+@attrs.frozen
+class ResponsesReasoning:
+    effort: str | None = attrs.field(
+        default=None,
+        metadata=schema(enum=["none", "minimal", "low", "medium", "high", "xhigh", "max"]),
+    )
+    summary: str | None = None
+    generate_summary: str | None = None
+
+
+_SERVICE_TIERS = ["auto", "default", "flex", "scale", "priority", "fast"]
+Input = str | list[ResponsesInputItem]
+
+
+@attrs.frozen
+class ResponsesRequest:
+    """An OpenAI Responses request (POST /v1/responses)."""
+
+    model: str
+    input: Input
+    instructions: str | None = None
+    previous_response_id: str | None = attrs.field(
+        default=None, metadata=schema(minLength=1, maxLength=128)
+    )
+    max_output_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=16))
+    temperature: float | None = attrs.field(default=None, metadata=schema(minimum=0, maximum=2))
+    top_p: float | None = attrs.field(default=None, metadata=schema(exclusiveMinimum=0, maximum=1))
+    stream: bool | None = None
+    stream_options: ResponsesStreamOptions | None = None
+    store: bool | None = attrs.field(default=None, metadata=schema(default=True))
+    metadata: dict[str, Any] | None = None
+    text: ResponsesTextConfig | None = None
+    service_tier: str | None = attrs.field(default=None, metadata=schema(enum=_SERVICE_TIERS))
+    truncation: str | None = attrs.field(default=None, metadata=schema(enum=["auto", "disabled"]))
+    parallel_tool_calls: bool | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    top_logprobs: int | None = attrs.field(default=None, metadata=schema(minimum=0, maximum=20))
+    background: bool | None = None
+    include: list[str] | None = None
+    reasoning: ResponsesReasoning | None = None
+    # Accepted without effect (docs/api.md says why each is harmless).
+    user: str | None = None
+    safety_identifier: str | None = attrs.field(default=None, metadata=schema(maxLength=64))
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = attrs.field(
+        default=None, metadata=schema(enum=["in_memory", "24h"])
+    )
+    prompt_cache_options: dict[str, Any] | None = None
+    # Known, not supported here.
+    conversation: Any = attrs.field(default=None, metadata=_REFUSED)
+    context_management: Any = attrs.field(default=None, metadata=_REFUSED)
+    prompt: Any = attrs.field(default=None, metadata=_REFUSED)
+    max_tool_calls: Any = attrs.field(default=None, metadata=_REFUSED)
+    moderation: Any = attrs.field(default=None, metadata=_REFUSED)
+    image: Any = attrs.field(default=None, metadata=_REFUSED)
+    access_programs: Any = attrs.field(default=None, metadata=_REFUSED)
+    background_options: Any = attrs.field(default=None, metadata=_REFUSED)
+
+
+@attrs.frozen
+class InputTokensRequest:
+    """A Responses token count (POST /v1/responses/input_tokens): the prompt
+    /v1/responses would build, counted without generating."""
+
+    model: str
+    input: Input | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = attrs.field(
+        default=None, metadata=schema(minLength=1, maxLength=128)
+    )
+    text: ResponsesTextConfig | None = None
+    truncation: str | None = attrs.field(default=None, metadata=schema(enum=["auto", "disabled"]))
+    parallel_tool_calls: bool | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    reasoning: ResponsesReasoning | None = None
+    conversation: Any = attrs.field(default=None, metadata=_REFUSED)
+    personality: Any = attrs.field(default=None, metadata=_REFUSED)
+
+
+def _invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError("invalid_request", message, param=param, code=code)
+
+
+def _unsupported(param: str, message: str) -> ApiError:
+    return ApiError("invalid_request", message, param=param, code="unsupported_parameter")
+
+
+class ResponsesCodec:
+    """Strict parsing for the Responses routes; one converter per app, never global."""
+
+    def __init__(self) -> None:
+        conv = make_converter()
+        register_list(conv, str)
+        register_list(conv, ResponsesContentPart)
+        register_list(conv, ResponsesInputItem)
+        register_list(conv, dict[str, Any])
+        conv.register_structure_hook_func(lambda t: t is Any, lambda v, _: v)
+
+        def content_hook(value: Any, _: type) -> str | list[ResponsesContentPart] | None:
+            if value is None or isinstance(value, str):
+                return value
+            if isinstance(value, list):
+                return conv.structure(value, list[ResponsesContentPart])
+            raise InvalidType("string or array of content parts")
+
+        def input_hook(value: Any, _: type) -> Input | None:
+            if value is None or isinstance(value, str):
+                return value
+            if isinstance(value, list):
+                return conv.structure(value, list[ResponsesInputItem])
+            raise InvalidType("string or array of Items")
+
+        def tool_choice_hook(value: Any, _: type) -> str | dict[str, Any] | None:
+            if value is None or isinstance(value, str | dict):
+                return value
+            raise InvalidType("string or object")
+
+        conv.register_structure_hook_func(
+            lambda t: t == (str | list[ResponsesContentPart] | None), content_hook
+        )
+        conv.register_structure_hook_func(lambda t: t in (Input, Input | None), input_hook)
+        conv.register_structure_hook_func(
+            lambda t: t == (str | dict[str, Any] | None), tool_choice_hook
+        )
+        self._conv: cattrs.Converter = conv
+
+    def parse_create(self, body: Any) -> ResponsesRequest:
+        req = structure(self._conv, body, ResponsesRequest)
+        refuse_known(req)
+        _check_input(req.input, required=True)
+        _check_features(req)
+        if req.top_logprobs:
+            raise _unsupported("top_logprobs", "top_logprobs is not supported here yet (only 0)")
+        if req.background:
+            raise _unsupported(
+                "background", "background responses are not supported; omit it or send false"
+            )
+        if req.include:
+            raise _unsupported(
+                "include[0]", "include is not supported here; no extra output data is produced"
+            )
+        check_metadata(req.metadata)
+        check_limits(req)
+        return req
+
+    def parse_input_tokens(self, body: Any) -> InputTokensRequest:
+        req = structure(self._conv, body, InputTokensRequest)
+        refuse_known(req)
+        _check_input(req.input, required=False)
+        _check_features(req)
+        check_limits(req)
+        return req
+
+
+def _check_features(req: ResponsesRequest | InputTokensRequest) -> None:
+    """What both routes refuse alike: tools (the model's template has none), text
+    formats other than plain text, reasoning, dropping Items to fit."""
+    if req.tools:
+        raise _unsupported(
+            "tools", "this model's chat template has no tool support; tools cannot be honoured"
+        )
+    if req.tool_choice not in (None, "auto", "none"):
+        raise _unsupported("tool_choice", "tool_choice must be auto or none: no tools are served")
+    fmt = req.text.format if req.text else None
+    if fmt is not None and fmt.type != "text":
+        raise _unsupported(
+            "text.format.type",
+            f"text.format {kind_name(fmt.type, frozenset({'json_schema', 'json_object'}))} is "
+            "not supported yet; only 'text' is",
+        )
+    if req.reasoning is not None and req.reasoning.effort not in (None, "none"):
+        raise _unsupported(
+            "reasoning.effort",
+            "this model has no reasoning template; reasoning.effort may only be none",
+        )
+    if req.reasoning is not None and (req.reasoning.summary or req.reasoning.generate_summary):
+        raise _unsupported("reasoning.summary", "reasoning summaries are not produced here")
+    if req.truncation == "auto":
+        raise _unsupported(
+            "truncation",
+            "truncation auto (dropping Items to fit) is not supported; an input that does not "
+            "fit the context is refused instead",
+        )
+
+
+def _check_input(value: Input | None, *, required: bool) -> None:
+    if value is None:
+        if required:
+            raise _invalid("input", "input is required", code="missing_required_parameter")
+        return
+    if isinstance(value, str):
+        return
+    if not value:
+        raise _invalid("input", "input must hold at least one Item")
+    seen: set[str] = set()
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        if item.type is not None and item.type != "message":
+            raise _unsupported(
+                f"{where}.type",
+                f"Items of {kind_name(item.type, _ITEM_TYPES)} are not supported; only message "
+                "Items are",
+            )
+        if item.role is None:
+            raise _invalid(f"{where}.role", f"{where} needs its role", "missing_required_parameter")
+        if item.content is None:
+            raise _invalid(
+                f"{where}.content", f"{where} needs its content", "missing_required_parameter"
+            )
+        if item.id is not None:
+            if item.id in seen:
+                raise _invalid(f"{where}.id", f"{where}.id repeats an earlier Item's id")
+            seen.add(item.id)
+        if isinstance(item.content, list):
+            for j, part in enumerate(item.content):
+                at = f"{where}.content[{j}]"
+                if part.type not in ("input_text", "output_text"):
+                    raise _unsupported(
+                        f"{at}.type",
+                        f"content parts of {kind_name(part.type, _PART_TYPES)} are not "
+                        "supported; only input_text and output_text are",
+                    )
+                if part.type == "output_text" and item.role != "assistant":
+                    raise _invalid(f"{at}.type", "output_text parts belong to assistant Items")
+                if part.text is None:
+                    raise _invalid(
+                        f"{at}.text", f"{at} needs its text", "missing_required_parameter"
+                    )
