@@ -181,6 +181,16 @@ async def test_http_equals_the_engine_in_another_process(tiny_gguf: Path, tmp_pa
     await _check(tiny_gguf, tmp_path, _cases(max_new_tokens=24, seeded=True))
 
 
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+async def test_http_equals_the_engine_for_each_family(tmp_path: Path, architecture: str) -> None:
+    """Batch invariance holds for the other architectures of the family too (biases and
+    per-head norms are per row): every third prompt, batched over HTTP."""
+    from tinymodel import write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path / f"{architecture}.gguf", architecture=architecture)
+    await _check(model, tmp_path, _cases(max_new_tokens=12, seeded=True, every=3))
+
+
 @pytest.mark.realmodel
 async def test_http_equals_the_engine_with_the_default_model(
     real_gguf: Path, tmp_path: Path

@@ -99,3 +99,41 @@ def test_invariant_batch_sizes_always_include_the_largest() -> None:
     assert sizes is not None
     assert sizes[-1] == 8
     assert sizes == sorted(set(sizes))
+
+
+@pytest.mark.parametrize(
+    ("architecture", "rope_freqs", "head_dim"),
+    [("llama", False, None), ("llama", True, None), ("qwen2", False, None),
+     ("qwen3", False, None), ("qwen3", False, 32)],
+    ids=["llama", "llama3-rope-scaling", "qwen2", "qwen3", "qwen3-wide-heads"],
+)  # fmt: skip
+def test_logits_equal_an_independent_float64_forward(
+    tmp_path: Path, architecture: str, rope_freqs: bool, head_dim: int | None
+) -> None:
+    """Each architecture of the family against tests/reference_forward.py (numpy, float64,
+    gguf's dequantizers): the engine in float32 with dense weights agrees to float32
+    rounding at every position."""
+    from reference_forward import reference_logits
+    from tinymodel import write_tiny_gguf
+
+    path = write_tiny_gguf(
+        tmp_path / f"{architecture}.gguf",
+        architecture=architecture,
+        rope_freqs=rope_freqs,
+        head_dim=head_dim,  # 32 x 4 heads = 128 > dim 64, as Qwen 3 0.6B's 128 x 16 > 1024
+    )
+    m = load_model(str(path), dtype=torch.float32, device="cpu", max_positions=64, weights="dense")
+    assert m.identity.architecture == architecture
+    tokens = torch.randint(
+        3, m.identity.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1)
+    )
+    model = m.transformer
+    with torch.inference_mode():
+        kv = KVPages.allocate(model.args, n_pages=4, page_size=8, dtype=torch.float32, device="cpu")
+        kv.zero_pages([1, 2, 3])
+        ours = model.forward(
+            tokens, torch.arange(24).view(1, -1), torch.tensor([[1, 2, 3]]), kv, last_only=False
+        )[0]
+    ref = torch.from_numpy(reference_logits(path, tokens[0].tolist()))
+    assert ref.abs().max() > 1.0  # logits that vary: a meaningful comparison
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-4, atol=1e-4)

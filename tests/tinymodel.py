@@ -65,7 +65,12 @@ def write_tiny_gguf(
     tied: bool = True,
     architecture: str = "llama",
     embed_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0,
+    rope_freqs: bool = False,
+    head_dim: int | None = None,
 ) -> Path:
+    """A random-weight model of the llama family. `architecture` qwen2 adds QKV biases,
+    qwen3 per-head query and key norms; `rope_freqs` adds Llama 3's rope-scaling
+    factors (a `rope_freqs.weight` tensor)."""
     rng = np.random.default_rng(seed)
     tokens, types, merges = vocab_and_merges()
     vocab = len(tokens)
@@ -99,7 +104,11 @@ def write_tiny_gguf(
             w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
 
     T = gguf.GGMLQuantizationType
-    head_dim = dim // n_heads
+    if head_dim is None:
+        head_dim = dim // n_heads
+    else:  # heads wider than dim / heads (Qwen 3 does this): said in the metadata
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     # Scaled so that the tied head gives logits of order 1: varied, not degenerate, output.
     emb = (rng.standard_normal((vocab, dim)) * 0.25).astype(np.float32)
     w.add_tensor("token_embd.weight", gguf.quants.quantize(emb, embed_type), raw_dtype=embed_type)
@@ -110,11 +119,22 @@ def write_tiny_gguf(
         add(p + "attn_q.weight", (n_heads * head_dim, dim), T.Q4_1)
         add(p + "attn_k.weight", (n_kv_heads * head_dim, dim), T.Q4_0)
         add(p + "attn_v.weight", (n_kv_heads * head_dim, dim), T.F16)
-        add(p + "attn_output.weight", (dim, dim), T.BF16)
+        add(p + "attn_output.weight", (dim, n_heads * head_dim), T.BF16)
         add(p + "ffn_gate.weight", (ffn, dim), T.Q8_0)
         add(p + "ffn_up.weight", (ffn, dim), T.F32)
         add(p + "ffn_down.weight", (dim, ffn), T.Q4_1)
+        if architecture == "qwen2":
+            for name, rows in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
+                bias = (rng.standard_normal(rows * head_dim) * 0.5).astype(np.float32)
+                w.add_tensor(f"{p}attn_{name}.bias", bias)
+        if architecture == "qwen3":
+            for name in ("q", "k"):
+                norm = (1.0 + rng.standard_normal(head_dim) * 0.3).astype(np.float32)
+                w.add_tensor(f"{p}attn_{name}_norm.weight", norm)
     w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
+    if rope_freqs:  # Llama 3 style: low frequencies stretched, high ones kept
+        factors = np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32)
+        w.add_tensor("rope_freqs.weight", factors)
     if not tied:
         add("output.weight", (vocab, dim), T.F16)
     w.write_header_to_file()

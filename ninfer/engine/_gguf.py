@@ -3,7 +3,9 @@
 The `gguf` package (maintained with llama.cpp) parses the container; this module
 checks that the file describes a model ninfer can run, reads its hyperparameters,
 and dequantizes the tensor blocks with torch ops (much faster than the numpy
-dequantizer). Supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1.
+dequantizer). Supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, and the
+K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (each checked bit for bit against the `gguf`
+package's reference dequantizer).
 """
 
 from __future__ import annotations
@@ -21,10 +23,20 @@ from ninfer._errors import ArtifactError
 
 __all__ = ["GGUFFile", "ModelArgs", "dequantize", "file_sha256", "open_gguf"]
 
-SUPPORTED_ARCHITECTURES = frozenset({"llama"})
-SUPPORTED_TENSOR_TYPES = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"})
+# The llama family as ninfer runs it: llama (Llama 2/3, SmolLM2; rope scaling as the
+# file's rope_freqs factors), qwen2 (QKV biases) and qwen3 (RMS norms on each query and
+# key head). Qwen rotates the halves of each head (NEOX order); llama files store Q/K
+# permuted for rotating adjacent pairs.
+SUPPORTED_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3"})
+_NEOX_ROPE = frozenset({"qwen2", "qwen3"})
+SUPPORTED_TENSOR_TYPES = frozenset(
+    {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+)
 
 _QK = 32  # elements per quantization block for Q8_0, Q4_0 and Q4_1
+_QK_K = 256  # elements per super-block of the K-quants
+# Bytes per block of each K-quant (llama.cpp's block_q*_K structs).
+_K_BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 
 
 @attrs.frozen
@@ -42,6 +54,9 @@ class ModelArgs:
     context_length: int
     rope_base: float
     norm_eps: float
+    rope_neox: bool = False  # rotate (i, i + D/2) pairs rather than adjacent (2i, 2i + 1)
+    qkv_bias: bool = False  # qwen2: biases on the Q, K and V projections
+    qk_norm: bool = False  # qwen3: an RMS norm on each query and key head before rotation
 
     @property
     def kv_dim(self) -> int:
@@ -67,15 +82,29 @@ class GGUFFile:
         return name in self.tensors
 
     def int4_blocks(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """A Q4_0/Q4_1 tensor as (q, scale, zero) with value = (q - 8) * scale + zero:
+        """A Q4_0/Q4_1/Q4_K tensor as (q, scale, zero) with value = (q - 8) * scale + zero:
         q (rows, cols) int32 in 0..15, scale and zero (rows, cols/32) float32. None for
         other tensor types."""
         t = self.tensors[name]
         kind = t.tensor_type.name
-        if kind not in ("Q4_0", "Q4_1"):
+        if kind not in ("Q4_0", "Q4_1", "Q4_K"):
             return None
         rows, cols = (int(d) for d in reversed(t.shape.tolist()))
         raw = torch.from_numpy(np.ascontiguousarray(t.data).view(np.uint8).reshape(-1).copy())
+        if kind == "Q4_K":
+            # Each 32-element sub-block is q * (d * sc) - dmin * m with q in 0..15: the
+            # int4 kernel's (q - 8) * scale + zero, exactly, with zero = 8 * scale - dmin * m.
+            kb = raw.view(-1, _K_BLOCK_BYTES["Q4_K"])
+            d, dmin = _f16_column(kb, 0), _f16_column(kb, 2)
+            sc, mn = _q4k_scale_min(kb[:, 4:16])
+            scale, offset = d * sc, dmin * mn  # (N, 8)
+            q4 = _split_nibbles(kb[:, 16:].reshape(-1, 4, 32)).reshape(-1, _QK_K)
+            groups = cols // _QK
+            return (
+                q4.to(torch.int32).reshape(rows, cols),
+                scale.reshape(rows, groups),
+                (8.0 * scale - offset).reshape(rows, groups),
+            )
         head = 2 if kind == "Q4_0" else 4
         blocks = raw.view(-1, head + _QK // 2)
         d = _f16_column(blocks, 0)
@@ -171,6 +200,9 @@ def _model_args(md: dict[str, Any], tensors: dict[str, Any]) -> ModelArgs:
         context_length=int(need("context_length")),
         rope_base=float(md.get(f"{arch}.rope.freq_base", 10000.0)),
         norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        rope_neox=arch in _NEOX_ROPE,
+        qkv_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
     )
 
 
@@ -182,6 +214,70 @@ def _f16_column(blocks: torch.Tensor, start: int) -> torch.Tensor:
 def _unpack_nibbles(qs: torch.Tensor) -> torch.Tensor:
     """(N, 16) packed bytes -> (N, 32) values 0..15: low nibbles are elements 0-15, high 16-31."""
     return torch.cat((qs & 0x0F, qs >> 4), dim=1).to(torch.float32)
+
+
+def _shifts(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.uint8)
+
+
+def _split_nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """(..., 32) packed bytes -> (..., 2, 32): low nibbles, then high nibbles."""
+    return (qs.unsqueeze(-2) >> _shifts(0, 4).view(2, 1)) & 0x0F
+
+
+def _q4k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8 six-bit scales and mins packed in a Q4_K/Q5_K block's 12 bytes, as float32
+    (N, 8) each."""
+    s = scales.reshape(-1, 3, 4)
+    d, m, m_d = s[:, 0], s[:, 1], s[:, 2]
+    sc = torch.cat([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
+    mn = torch.cat([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], dim=-1)
+    return sc.to(torch.float32), mn.to(torch.float32)
+
+
+def _dequantize_k(kind: str, raw: torch.Tensor) -> torch.Tensor:
+    """The K-quants, in the same operations and order as the `gguf` package's numpy
+    dequantizers (so the float32 results are equal bit for bit)."""
+    b = raw.view(-1, _K_BLOCK_BYTES[kind])
+    n = b.shape[0]
+    if kind == "Q2_K":
+        scales, qs = b[:, :16], b[:, 16:80]
+        d, dmin = _f16_column(b, 80), _f16_column(b, 82)
+        dl = (d * (scales & 0x0F).to(torch.float32)).reshape(n, 16, 1)
+        ml = (dmin * (scales >> 4).to(torch.float32)).reshape(n, 16, 1)
+        q = (qs.reshape(n, -1, 1, 32) >> _shifts(0, 2, 4, 6).view(1, 1, 4, 1)) & 3
+        return dl * q.reshape(n, 16, 16).to(torch.float32) - ml
+    if kind == "Q3_K":
+        hmask, qs, scales = b[:, :32], b[:, 32:96], b[:, 96:108]
+        d = _f16_column(b, 108)
+        low = (scales[:, :8].reshape(n, 1, 8) >> _shifts(0, 4).view(1, 2, 1)).reshape(n, 16)
+        high = (scales[:, 8:].reshape(n, 1, 4) >> _shifts(0, 2, 4, 6).view(1, 4, 1)).reshape(n, 16)
+        sc = (low & 0x0F) | ((high & 0x03) << 4)
+        dl = (d * (sc.to(torch.int8) - 32).to(torch.float32)).reshape(n, 16, 1)
+        ql = (qs.reshape(n, -1, 1, 32) >> _shifts(0, 2, 4, 6).view(1, 1, 4, 1)).reshape(n, 16, 16)
+        qh = (hmask.reshape(n, -1, 1, 32) >> _shifts(*range(8)).view(1, 1, 8, 1)).reshape(n, 16, 16)
+        q = (ql & 3).to(torch.int8) - (((qh & 1) ^ 1) << 2).to(torch.int8)
+        return dl * q.to(torch.float32)
+    if kind in ("Q4_K", "Q5_K"):
+        d, dmin = _f16_column(b, 0), _f16_column(b, 2)
+        sc, mn = _q4k_scale_min(b[:, 4:16])
+        scale = (d * sc).reshape(n, -1, 1)
+        offset = (dmin * mn).reshape(n, -1, 1)
+        if kind == "Q4_K":
+            q = _split_nibbles(b[:, 16:].reshape(n, 4, 32)).reshape(n, 8, 32)
+        else:
+            qh = (b[:, 16:48].reshape(n, 1, 32) >> _shifts(*range(8)).view(8, 1)) & 1
+            ql = _split_nibbles(b[:, 48:].reshape(n, 4, 32)).reshape(n, 8, 32)
+            q = ql | (qh << 4)
+        return scale * q.to(torch.float32) - offset
+    # Q6_K
+    ql, qh, scales = b[:, :128], b[:, 128:192], b[:, 192:208]
+    d = _f16_column(b, 208)
+    dl = (d * scales.contiguous().view(torch.int8).to(torch.float32)).reshape(n, 16, 1)
+    low = _split_nibbles(ql.reshape(n, 2, 64)).reshape(n, 8, 32)
+    high = (qh.reshape(n, 2, 1, 32) >> _shifts(0, 2, 4, 6).view(1, 4, 1)) & 3
+    q = (low | (high.reshape(n, 8, 32) << 4)).to(torch.int8) - 32
+    return dl * q.reshape(n, 16, 16).to(torch.float32)
 
 
 def dequantize(t: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -214,6 +310,8 @@ def dequantize(t: Any, dtype: torch.dtype) -> torch.Tensor:
         d = _f16_column(blocks, 0)
         m = _f16_column(blocks, 2)
         out = _unpack_nibbles(blocks[:, 4:]) * d + m
+    elif type_name in _K_BLOCK_BYTES:
+        out = _dequantize_k(type_name, raw)
     else:
         raise ArtifactError(f"unsupported tensor type {type_name} (tensor {t.name})")
     out = out.reshape(-1)

@@ -74,6 +74,9 @@ class Layer:
     ffn_norm: torch.Tensor  # (dim,)
     w_gate_up: Linear  # (2 * ffn, dim)
     w_down: Linear  # (dim, ffn)
+    qkv_bias: torch.Tensor | None = None  # (dim + 2 * kv_dim,): qwen2
+    q_norm: torch.Tensor | None = None  # (head_dim,): qwen3, on each query head
+    k_norm: torch.Tensor | None = None  # (head_dim,): qwen3, on each key head
 
 
 @attrs.define(eq=False)
@@ -115,16 +118,27 @@ class KVPages:
         self.v.index_fill_(1, idx, 0.0)
 
 
-def _rope_table(args: ModelArgs, length: int, device: str) -> torch.Tensor:
-    """(length, D/2) complex64 rotations for positions 0..length-1."""
+def _rope_table(
+    args: ModelArgs, length: int, device: str, factors: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(length, D/2) complex64 rotations for positions 0..length-1. `factors` (D/2,)
+    divide the frequencies: Llama 3's rope scaling, as its GGUF stores it (rope_freqs)."""
     half = args.head_dim // 2
     inv = 1.0 / (args.rope_base ** (torch.arange(0, half, dtype=torch.float64) * 2 / args.head_dim))
+    if factors is not None:
+        inv = inv / factors.to(torch.float64)
     angles = torch.outer(torch.arange(length, dtype=torch.float64), inv)
     return torch.polar(torch.ones_like(angles), angles).to(torch.complex64).to(device)
 
 
-def _apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-    """x (B, T, heads, D) rotated by rot (B, T, D/2) on adjacent pairs."""
+def _apply_rope(x: torch.Tensor, rot: torch.Tensor, *, neox: bool = False) -> torch.Tensor:
+    """x (B, T, heads, D) rotated by rot (B, T, D/2): on adjacent pairs (2i, 2i + 1), or,
+    `neox`, on the pairs (i, i + D/2)."""
+    if neox:
+        half = x.shape[-1] // 2
+        xc = torch.complex(x[..., :half].float(), x[..., half:].float())  # (B, T, h, D/2)
+        out = xc * rot.unsqueeze(2)
+        return torch.cat((out.real, out.imag), dim=-1).to(x.dtype)
     xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, T, h, D/2)
     out = torch.view_as_real(xc * rot.unsqueeze(2)).flatten(3)  # (B, T, h, D)
     return out.to(x.dtype)
@@ -222,11 +236,16 @@ class Transformer:
         for li, layer in enumerate(self.layers):
             h = F.rms_norm(x, (a.dim,), layer.attn_norm, a.norm_eps)
             qkv = layer.wqkv(h)  # (B, T, dim + 2*kv_dim)
+            if layer.qkv_bias is not None:
+                qkv = qkv + layer.qkv_bias
             q = qkv[..., :q_end].view(B, T, a.n_heads, a.head_dim)
             k = qkv[..., q_end:k_end].view(B, T, a.n_kv_heads, a.head_dim)
             v = qkv[..., k_end:].view(B, T, a.n_kv_heads, a.head_dim)
-            q = _apply_rope(q, rot)
-            k = _apply_rope(k, rot)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = F.rms_norm(q, (a.head_dim,), layer.q_norm, a.norm_eps)
+                k = F.rms_norm(k, (a.head_dim,), layer.k_norm, a.norm_eps)
+            q = _apply_rope(q, rot, neox=a.rope_neox)
+            k = _apply_rope(k, rot, neox=a.rope_neox)
             kv.k[li].index_put_((write_page, write_off), k)
             kv.v[li].index_put_((write_page, write_off), v)
             keys = kv.k[li][page_table].view(B, P * S, a.n_kv_heads, a.head_dim)
@@ -237,7 +256,7 @@ class Transformer:
                 values.transpose(1, 2),
                 mask,
             ).to(x.dtype)  # (B, H, T, D)
-            x = x + layer.wo(attn.transpose(1, 2).reshape(B, T, a.dim))
+            x = x + layer.wo(attn.transpose(1, 2).reshape(B, T, q_end))  # heads x head_dim
             h = F.rms_norm(x, (a.dim,), layer.ffn_norm, a.norm_eps)
             gate, up = layer.w_gate_up(h).chunk(2, dim=-1)  # (B, T, ffn) each
             x = x + layer.w_down(F.silu(gate) * up)
@@ -325,6 +344,10 @@ def load_transformer(
         assert (wqkv.in_features, _out(wqkv)) == (a.dim, a.n_heads * a.head_dim + 2 * a.kv_dim)
         gate_up = linear(p + "ffn_gate.weight", p + "ffn_up.weight")
         assert (gate_up.in_features, _out(gate_up)) == (a.dim, 2 * a.ffn_dim)
+        bias = None
+        if a.qkv_bias:
+            names = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
+            bias = torch.cat([norm(p + n) for n in names])
         layers.append(
             Layer(
                 attn_norm=norm(p + "attn_norm.weight"),
@@ -333,6 +356,9 @@ def load_transformer(
                 ffn_norm=norm(p + "ffn_norm.weight"),
                 w_gate_up=gate_up,
                 w_down=linear(p + "ffn_down.weight"),
+                qkv_bias=bias,
+                q_norm=norm(p + "attn_q_norm.weight") if a.qk_norm else None,
+                k_norm=norm(p + "attn_k_norm.weight") if a.qk_norm else None,
             )
         )
     embedding = w("token_embd.weight")
@@ -351,7 +377,14 @@ def load_transformer(
         layers=layers,
         norm=norm("output_norm.weight"),
         lm_head=lm_head,
-        rope=_rope_table(a, max_positions, device),
+        rope=_rope_table(
+            a,
+            max_positions,
+            device,
+            gguf.tensor("rope_freqs.weight", torch.float32).reshape(-1)
+            if gguf.has_tensor("rope_freqs.weight")
+            else None,
+        ),
         dtype=dtype,
         device=device,
     )

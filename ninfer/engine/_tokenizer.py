@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import jinja2
 import jinja2.sandbox
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from ninfer._errors import ArtifactError
 
@@ -22,11 +22,25 @@ __all__ = ["ChatTemplate", "TextTokenizer", "tokenizer_from_metadata"]
 _TOKEN_TYPE_CONTROL = 3
 _TOKEN_TYPE_USER_DEFINED = 4
 
+# The split before byte-level BPE of the Llama 3 and Qwen 2 families (llama.cpp's
+# LLAMA3 and QWEN2 pre-tokenizers; the `pre_tokenizer` regex of their tokenizer.json):
+# contractions, letters with one leading non-letter, numbers (up to three digits for
+# Llama 3, one for Qwen), punctuation runs, newlines, other whitespace.
+_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}%s"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLITS = {"llama-bpe": _SPLIT % "{1,3}", "qwen2": _SPLIT % ""}
+
 # GGUF `tokenizer.ggml.pre` values whose pre-tokenization ninfer reproduces.
-_PRE_TOKENIZERS = frozenset({"smollm", "gpt2", "default"})
+_PRE_TOKENIZERS = frozenset({"smollm", "gpt2", "default", *_SPLITS})
 
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    if pre in _SPLITS:
+        split = pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated", invert=False)
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        return pre_tokenizers.Sequence([split, byte_level])
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre == "smollm":
         # Digits are split one by one before the GPT-2 regex (as in SmolLM2's tokenizer.json).
