@@ -15,11 +15,11 @@ import cattrs
 from protocols._errors import ApiError
 from protocols._schema import check_limits, schema
 from protocols._strict import (
-    InvalidType,
     invalid_value,
     kind_name,
     make_converter,
     register_list,
+    register_text_or_list,
     structure,
 )
 
@@ -145,21 +145,10 @@ class AnthropicCodec:
     def __init__(self) -> None:
         conv = make_converter()
         register_list(conv, str)
-        register_list(conv, Block)
         register_list(conv, Message)
         register_list(conv, dict[str, Any])
         conv.register_structure_hook_func(lambda t: t is Any, lambda v, _: v)
-
-        def blocks_hook(value: Any, _: type) -> str | list[Block] | None:
-            if value is None or isinstance(value, str):
-                return value
-            if isinstance(value, list):
-                return conv.structure(value, list[Block])
-            raise InvalidType("string or array of content blocks")
-
-        conv.register_structure_hook_func(
-            lambda t: t in (str | list[Block], str | list[Block] | None), blocks_hook
-        )
+        register_text_or_list(conv, Block, "content blocks")
         self._conv: cattrs.Converter = conv
 
     def _check_conversation(

@@ -13,14 +13,16 @@ from typing import Any
 import attrs
 import cattrs
 
-from protocols._errors import ApiError
 from protocols._schema import check_limits, schema
 from protocols._strict import (
     InvalidType,
+    invalid_value,
     kind_name,
     make_converter,
     register_list,
+    register_text_or_list,
     structure,
+    unsupported,
 )
 
 __all__ = [
@@ -180,12 +182,7 @@ _PART_TYPES = frozenset({"image_url", "input_audio", "file", "refusal"})
 _FORMATS = frozenset({"json_object", "json_schema"})
 
 
-def _invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
-    return ApiError("invalid_request", message, param=param, code=code)
-
-
-def _unsupported(param: str, message: str) -> ApiError:
-    return ApiError("invalid_request", message, param=param, code="unsupported_parameter")
+_invalid, _unsupported = invalid_value, unsupported
 
 
 class OpenAICodec:
@@ -199,20 +196,6 @@ class OpenAICodec:
         register_list(conv, TextPart)
         register_list(conv, ChatMessage)
         register_list(conv, dict[str, Any])
-
-        def content_hook(value: Any, _: type) -> str | list[TextPart] | None:
-            if value is None or isinstance(value, str):
-                return value
-            if isinstance(value, list):
-                return conv.structure(value, list[TextPart])
-            raise InvalidType("string or array of content parts")
-
-        def stop_hook(value: Any, _: type) -> str | list[str] | None:
-            if value is None or isinstance(value, str):
-                return value
-            if isinstance(value, list):
-                return conv.structure(value, list[str])
-            raise InvalidType("string or array of strings")
 
         def tool_choice_hook(value: Any, _: type) -> str | dict[str, Any] | None:
             if value is None or isinstance(value, str | dict):
@@ -235,10 +218,8 @@ class OpenAICodec:
         def any_hook(value: Any, _: type) -> Any:
             return value
 
-        conv.register_structure_hook_func(
-            lambda t: t == (str | list[TextPart] | None), content_hook
-        )
-        conv.register_structure_hook_func(lambda t: t == (str | list[str] | None), stop_hook)
+        register_text_or_list(conv, TextPart, "content parts")
+        register_text_or_list(conv, str, "strings")
         conv.register_structure_hook_func(
             lambda t: t == (str | dict[str, Any] | None), tool_choice_hook
         )

@@ -15,10 +15,18 @@ from typing import Any
 import attrs
 import cattrs
 
-from protocols._errors import ApiError
 from protocols._openai import check_metadata, refuse_known
 from protocols._schema import check_limits, schema
-from protocols._strict import InvalidType, kind_name, make_converter, register_list, structure
+from protocols._strict import (
+    InvalidType,
+    invalid_value,
+    kind_name,
+    make_converter,
+    register_list,
+    register_text_or_list,
+    structure,
+    unsupported,
+)
 
 __all__ = [
     "InputTokensRequest",
@@ -195,12 +203,7 @@ class InputTokensRequest:
     personality: Any = attrs.field(default=None, metadata=_REFUSED)
 
 
-def _invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
-    return ApiError("invalid_request", message, param=param, code=code)
-
-
-def _unsupported(param: str, message: str) -> ApiError:
-    return ApiError("invalid_request", message, param=param, code="unsupported_parameter")
+_invalid, _unsupported = invalid_value, unsupported
 
 
 class ResponsesCodec:
@@ -208,35 +211,17 @@ class ResponsesCodec:
 
     def __init__(self) -> None:
         conv = make_converter()
-        register_list(conv, str)
-        register_list(conv, ResponsesContentPart)
-        register_list(conv, ResponsesInputItem)
         register_list(conv, dict[str, Any])
         conv.register_structure_hook_func(lambda t: t is Any, lambda v, _: v)
-
-        def content_hook(value: Any, _: type) -> str | list[ResponsesContentPart] | None:
-            if value is None or isinstance(value, str):
-                return value
-            if isinstance(value, list):
-                return conv.structure(value, list[ResponsesContentPart])
-            raise InvalidType("string or array of content parts")
-
-        def input_hook(value: Any, _: type) -> Input | None:
-            if value is None or isinstance(value, str):
-                return value
-            if isinstance(value, list):
-                return conv.structure(value, list[ResponsesInputItem])
-            raise InvalidType("string or array of Items")
+        register_list(conv, str)
+        register_text_or_list(conv, ResponsesContentPart, "content parts")
+        register_text_or_list(conv, ResponsesInputItem, "Items")
 
         def tool_choice_hook(value: Any, _: type) -> str | dict[str, Any] | None:
             if value is None or isinstance(value, str | dict):
                 return value
             raise InvalidType("string or object")
 
-        conv.register_structure_hook_func(
-            lambda t: t == (str | list[ResponsesContentPart] | None), content_hook
-        )
-        conv.register_structure_hook_func(lambda t: t in (Input, Input | None), input_hook)
         conv.register_structure_hook_func(
             lambda t: t == (str | dict[str, Any] | None), tool_choice_hook
         )

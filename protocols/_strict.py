@@ -33,8 +33,10 @@ __all__ = [
     "invalid_value",
     "make_converter",
     "register_list",
+    "register_text_or_list",
     "structure",
     "to_api_error",
+    "unsupported",
 ]
 
 T = TypeVar("T")
@@ -241,6 +243,28 @@ def structure(conv: cattrs.Converter, value: Any, cls: type[T]) -> T:
         raise to_api_error(exc, value) from None
 
 
-def invalid_value(param: str, message: str) -> ApiError:
+def register_text_or_list(conv: cattrs.Converter, item: Any, what: str) -> None:
+    """Structure `str | list[item]` (optional or not): a string as is, an array as
+    list[item] (registered strictly), anything else refused as "string or array of
+    `what`". The protocols' content, stop and input fields take this shape."""
+    register_list(conv, item)
+    union = str | list[item]
+
+    def hook(value: Any, _: type) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, list):
+            return conv.structure(value, list[item])
+        raise InvalidType(f"string or array of {what}")
+
+    conv.register_structure_hook_func(lambda t: t in (union, union | None), hook)
+
+
+def invalid_value(param: str, message: str, code: str = "invalid_value") -> ApiError:
     """A well-typed value that is not allowed: invalid_request naming the parameter."""
-    return ApiError("invalid_request", message, param=param, code="invalid_value")
+    return ApiError("invalid_request", message, param=param, code=code)
+
+
+def unsupported(param: str, message: str) -> ApiError:
+    """A field of the reference this server knows and cannot honour, refused by name."""
+    return ApiError("invalid_request", message, param=param, code="unsupported_parameter")

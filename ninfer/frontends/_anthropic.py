@@ -21,7 +21,6 @@ from protocols import (
     AnthropicDialect,
     AnthropicMessage,
     AnthropicUsage,
-    ApiError,
     ContentBlockDelta,
     ContentBlockStart,
     ContentBlockStop,
@@ -138,19 +137,11 @@ class MessagesFrontend(Frontend):
         self._codec = AnthropicCodec()
 
     def _render(self, system: str | None, messages: list[AnthropicMessage]) -> str:
-        template = self.ctx.model.tokenizer.chat_template
-        if template is None:
-            raise ApiError("invalid_request", "this model has no chat template", param="messages")
         conv: list[dict[str, object]] = []
         if system is not None:
             conv.append({"role": "system", "content": system})
         conv.extend({"role": m.role, "content": m.text()} for m in messages)
-        try:
-            return template.render(conv, add_generation_prompt=True)
-        except ValueError:
-            raise ApiError(
-                "invalid_request", "the chat template refused this conversation", param="messages"
-            ) from None
+        return self.render_chat(conv, param="messages")
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = self._codec.parse_messages(loads(body))

@@ -52,6 +52,7 @@ def clamp_headers(grant: Grant) -> tuple[tuple[bytes, bytes], ...]:
 
 
 Tokenize = Callable[[str], Awaitable[list[int]]]
+_ROLE_FOR_TEMPLATE = {"developer": "system"}  # ChatML templates know system, not developer
 
 
 @attrs.frozen
@@ -205,6 +206,24 @@ class Frontend(abc.ABC):
                 code="context_length_exceeded",
             )
         return await self.ctx.tokenize(text)
+
+    def render_chat(self, conversation: list[dict[str, object]], *, param: str) -> str:
+        """The model's chat template over a conversation of {role, content} turns, ready
+        for the assistant's reply (`developer` rendered as `system`: ChatML templates know
+        no other); a refusal naming `param` when there is no template or it refuses."""
+        template = self.ctx.model.tokenizer.chat_template
+        if template is None:
+            raise ApiError("invalid_request", "this model has no chat template", param=param)
+        turns = [{**t, "role": _ROLE_FOR_TEMPLATE.get(str(t["role"]), t["role"])}
+                 for t in conversation]  # fmt: skip
+        try:
+            return template.render(turns, add_generation_prompt=True)
+        except ValueError:
+            raise ApiError(
+                "invalid_request",
+                "the chat template refused this conversation (check the order of roles)",
+                param=param,
+            ) from None
 
     def check_fits(self, requests: Sequence[GenerationRequest], *, param: str) -> None:
         """Refuse requests decoded together whose reserved pages the pool cannot hold at

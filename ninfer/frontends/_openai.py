@@ -58,7 +58,6 @@ FINISH: dict[str, FinishReason] = {
     "context": "length",
     "capacity": "length",
 }
-_ROLE_FOR_TEMPLATE = {"developer": "system"}  # ChatML templates know system, not developer
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -420,18 +419,10 @@ class ChatFrontend(_OpenAIFrontend):
             )
         req = self._codec.parse_chat(loads(body), supports_tools=template.supports_tools)
         self.ctx.check_model(req.model)
-        messages = [
-            {"role": _ROLE_FOR_TEMPLATE.get(m.role, m.role), "content": m.text()}
-            for m in req.messages
+        conversation: list[dict[str, object]] = [
+            {"role": m.role, "content": m.text()} for m in req.messages
         ]
-        try:
-            prompt = template.render(messages, add_generation_prompt=True)
-        except ValueError:
-            raise ApiError(
-                "invalid_request",
-                "the chat template refused this conversation (check the order of roles)",
-                param="messages",
-            ) from None
+        prompt = self.render_chat(conversation, param="messages")
         ids = await self.tokens(prompt, prompt_param="messages")
         requested: int | None = req.max_tokens
         param = "max_tokens"

@@ -59,7 +59,6 @@ from protocols import (
 
 __all__ = ["ResponseStore", "ResponsesFrontend"]
 
-_ROLE_FOR_TEMPLATE = {"developer": "system"}  # ChatML templates know system, not developer
 INPUT_ITEMS_MAX_LIMIT = 100
 
 
@@ -292,23 +291,11 @@ class ResponsesFrontend(Frontend):
         return stored.history
 
     async def _prompt_ids(self, instructions: str | None, turns: Sequence[Turn]) -> list[int]:
-        template = self.ctx.model.tokenizer.chat_template
-        if template is None:
-            raise ApiError("invalid_request", "this model has no chat template", param="input")
         conv: list[dict[str, object]] = []
         if instructions is not None:
             conv.append({"role": "system", "content": instructions})
-        conv.extend({"role": _ROLE_FOR_TEMPLATE.get(t.role, t.role), "content": t.text}
-                    for t in turns)  # fmt: skip
-        try:
-            prompt = template.render(conv, add_generation_prompt=True)
-        except ValueError:
-            raise ApiError(
-                "invalid_request",
-                "the chat template refused this conversation (check the order of roles)",
-                param="input",
-            ) from None
-        return await self.tokens(prompt, prompt_param="input")
+        conv.extend({"role": t.role, "content": t.text} for t in turns)
+        return await self.tokens(self.render_chat(conv, param="input"), prompt_param="input")
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = self._codec.parse_create(loads(body))
