@@ -3,7 +3,7 @@
 The `gguf` package (maintained with llama.cpp) parses the container; this module
 checks that the file describes a model ninfer can run, reads its hyperparameters,
 and dequantizes the tensor blocks with torch ops (much faster than the numpy
-dequantizer). Supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, and the
+dequantizer). Supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the
 K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (each checked bit for bit against the `gguf`
 package's reference dequantizer).
 """
@@ -30,8 +30,9 @@ __all__ = ["GGUFFile", "ModelArgs", "dequantize", "file_sha256", "open_gguf"]
 SUPPORTED_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3"})
 _NEOX_ROPE = frozenset({"qwen2", "qwen3"})
 SUPPORTED_TENSOR_TYPES = frozenset(
-    {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
-)
+    {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+)  # fmt: skip
 
 _QK = 32  # elements per quantization block for Q8_0, Q4_0 and Q4_1
 _QK_K = 256  # elements per super-block of the K-quants
@@ -310,6 +311,18 @@ def dequantize(t: Any, dtype: torch.dtype) -> torch.Tensor:
         d = _f16_column(blocks, 0)
         m = _f16_column(blocks, 2)
         out = _unpack_nibbles(blocks[:, 4:]) * d + m
+    elif type_name in ("Q5_0", "Q5_1"):
+        head = 2 if type_name == "Q5_0" else 4  # f16 scale (and f16 min for Q5_1)
+        blocks = raw.view(-1, head + 4 + _QK // 2)  # then 32 high bits, 16 packed bytes
+        d = _f16_column(blocks, 0)
+        high_bits = blocks[:, head : head + 4].contiguous().view(torch.int32)  # little-endian
+        qh = ((high_bits >> torch.arange(32, dtype=torch.int32)) & 1).to(torch.uint8)
+        ql = _split_nibbles(blocks[:, head + 4 :]).reshape(-1, _QK)
+        q = ql | (qh << 4)
+        if type_name == "Q5_0":
+            out = d * (q.to(torch.int8) - 16).to(torch.float32)
+        else:
+            out = d * q.to(torch.float32) + _f16_column(blocks, 2)
     elif type_name in _K_BLOCK_BYTES:
         out = _dequantize_k(type_name, raw)
     else:
