@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -434,34 +433,14 @@ class App:
         self, scope: HTTPScope, exchange: Exchange, life: Lifecycle
     ) -> None:
         responses = self.lifespan.ready().responses
-        query = scope["query_string"].decode("latin-1")
-        try:
-            pairs = urllib.parse.parse_qs(query, strict_parsing=bool(query), max_num_fields=16)
-        except ValueError:
-            raise ApiError("invalid_request", "the query string cannot be read",
-                           code="invalid_value") from None  # fmt: skip
-        if any(len(v) > 1 for v in pairs.values()):
-            raise ApiError("invalid_request", "a query parameter is given twice",
-                           code="invalid_value")  # fmt: skip
-        params = {k: v[0] for k, v in pairs.items()}
-        await self._ok(exchange, life, responses.input_items(self._response_id(scope), params))
+        listing = responses.input_items(self._response_id(scope), scope["query_string"])
+        await self._ok(exchange, life, listing)
 
     async def _response_cancel(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        self.lifespan.ready()
-        raise ApiError(
-            "bad_request",
-            "responses are not run in the background here, so there is nothing to cancel; "
-            "close the connection to cancel a response being generated",
-            code="background_not_supported",
-        )
+        self.lifespan.ready().responses.cancel()
 
     async def _compact(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        self.lifespan.ready()
-        raise ApiError(
-            "bad_request",
-            "conversation compaction is not supported by this server",
-            code="compaction_not_supported",
-        )
+        self.lifespan.ready().responses.compact()
 
 
 def create_app(config: ServerConfig | None = None, **kwargs: Any) -> App:

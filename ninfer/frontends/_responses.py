@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import time
+import urllib.parse
 import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -139,6 +140,20 @@ def not_found(param: str | None = None) -> ApiError:
         param=param,
         code="response_not_found",
     )
+
+
+def _query(raw: bytes) -> dict[str, str]:
+    """A query string's parameters, each given once at most."""
+    text = raw.decode("latin-1")
+    try:
+        pairs = urllib.parse.parse_qs(text, strict_parsing=bool(text), max_num_fields=16)
+    except ValueError:
+        raise ApiError(
+            "invalid_request", "the query string cannot be read", code="invalid_value"
+        ) from None
+    if any(len(v) > 1 for v in pairs.values()):
+        raise ApiError("invalid_request", "a query parameter is given twice", code="invalid_value")
+    return {k: v[0] for k, v in pairs.items()}
 
 
 def _output_text(text: str) -> OutputText:
@@ -388,12 +403,13 @@ class ResponsesFrontend(Frontend):
             raise not_found()
         return self.dialect.encoder.json(ResponseDeleted(response_id, "response.deleted", True))
 
-    def input_items(self, response_id: str, query: dict[str, str]) -> bytes:
+    def input_items(self, response_id: str, query_string: bytes) -> bytes:
         """GET /v1/responses/{id}/input_items: `after` (an Item id), `limit` 1..100
         (default 20), `order` asc or desc (default desc, as OpenAI's)."""
         stored = self.store.get(response_id)
         if stored is None:
             raise not_found()
+        query = _query(query_string)
         unknown = sorted(set(query) - {"after", "limit", "order", "include"})
         if unknown:
             raise ApiError(
@@ -435,6 +451,23 @@ class ResponsesFrontend(Frontend):
             len(items) > len(page),
         )
         return self.dialect.encoder.json(listing)
+
+    def cancel(self) -> None:
+        """POST /v1/responses/{id}/cancel: always refused."""
+        raise ApiError(
+            "bad_request",
+            "responses are not run in the background here, so there is nothing to cancel; "
+            "close the connection to cancel a response being generated",
+            code="background_not_supported",
+        )
+
+    def compact(self) -> None:
+        """POST /v1/responses/compact: always refused."""
+        raise ApiError(
+            "bad_request",
+            "conversation compaction is not supported by this server",
+            code="compaction_not_supported",
+        )
 
     async def input_tokens(self, body: bytes) -> bytes:
         """POST /v1/responses/input_tokens: the prompt /v1/responses would build, counted."""
