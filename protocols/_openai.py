@@ -317,11 +317,13 @@ class OpenAICodec:
         return req
 
 
-def refuse_known(req: Any) -> None:
-    """Refuse, by name, the first field of the reference this server cannot honour."""
+def refuse_known(req: Any, where: str = "") -> None:
+    """Refuse, by name (under `where`, for a nested object), the first field of the
+    reference this server cannot honour."""
     for field in attrs.fields(type(req)):
         if field.metadata.get("schema", {}).get("refused") and getattr(req, field.name) is not None:
-            raise _unsupported(field.name, f"{field.name} is not supported by this server")
+            name = f"{where}.{field.name}" if where else field.name
+            raise _unsupported(name, f"{name} is not supported by this server")
 
 
 def _check_range(name: str, value: int | None, low: int, high: int) -> None:

@@ -304,6 +304,7 @@ def _check_input(value: Input | None, *, required: bool) -> None:
                 f"Items of {kind_name(item.type, _ITEM_TYPES)} are not supported; only message "
                 "Items are",
             )
+        refuse_known(item, where)  # a field of another Item type on a message
         if item.role is None:
             raise _invalid(f"{where}.role", f"{where} needs its role", "missing_required_parameter")
         if item.content is None:
@@ -323,6 +324,7 @@ def _check_input(value: Input | None, *, required: bool) -> None:
                         f"content parts of {kind_name(part.type, _PART_TYPES)} are not "
                         "supported; only input_text and output_text are",
                     )
+                refuse_known(part, at)
                 if part.type == "output_text" and item.role != "assistant":
                     raise _invalid(f"{at}.type", "output_text parts belong to assistant Items")
                 if part.text is None:

@@ -179,6 +179,11 @@ async def test_stream_events_in_order(tiny_gguf: Path, tmp_path: Path) -> None:
                     {"role": "user", "content": "b", "id": "m1"}]}, "input[1].id",
          "invalid_value"),
         ({"input": []}, "input", "invalid_value"),
+        ({"input": [{"role": "user", "content": "a", "call_id": "c1"}]}, "input[0].call_id",
+         "unsupported_parameter"),
+        ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "a",
+                                                   "file_id": "f"}]}]},
+         "input[0].content[0].file_id", "unsupported_parameter"),
         ({"previous_response_id": "resp_unknown"}, "previous_response_id", "response_not_found"),
     ],
 )  # fmt: skip
