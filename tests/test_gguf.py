@@ -173,3 +173,43 @@ def _byte_alphabet() -> list[str]:
     from tinymodel import _bytes_to_unicode
 
     return _bytes_to_unicode()
+
+
+def _same_as_gguf_reader(path: Path) -> None:
+    from ninfer.engine._gguf_reader import read_gguf
+
+    metadata, tensors = read_gguf(str(path))
+    reader = gguf.GGUFReader(str(path))
+    assert metadata == {k: f.contents() for k, f in reader.fields.items()
+                        if not k.startswith("GGUF.")}  # fmt: skip
+    assert len(tensors) == len(reader.tensors)
+    for ours, ref in zip(tensors, reader.tensors, strict=True):
+        assert (ours.name, ours.tensor_type, ours.n_elements) == (
+            ref.name, ref.tensor_type, ref.n_elements)  # fmt: skip
+        assert ours.shape.tolist() == ref.shape.tolist()
+        assert (ours.data.shape, ours.data.dtype) == (ref.data.shape, ref.data.dtype)
+        np.testing.assert_array_equal(ours.data.view(np.uint8), np.asarray(ref.data).view(np.uint8))
+
+
+def test_the_container_reader_agrees_with_gguf_reader(tmp_path: Path) -> None:
+    """ninfer's one-pass reader gives what the `gguf` package's reader gives: every
+    metadata value, every tensor's name, type, shape and bytes (tiny files of each
+    architecture, tied and untied, with every tensor type the writer makes)."""
+    for arch in ("llama", "qwen2", "qwen3"):
+        _same_as_gguf_reader(write_tiny_gguf(tmp_path / f"{arch}.gguf", architecture=arch))
+    _same_as_gguf_reader(write_tiny_gguf(tmp_path / "untied.gguf", tied=False, rope_freqs=True))
+    _same_as_gguf_reader(write_k_quant(tmp_path / "k.gguf", "Q6_K", rows=2, cols=256))
+
+
+@pytest.mark.realmodel
+def test_the_container_reader_agrees_on_the_default_model(real_gguf: Path) -> None:
+    _same_as_gguf_reader(real_gguf)
+
+
+def test_a_file_that_is_not_gguf_is_refused_by_the_reader(tmp_path: Path) -> None:
+    from ninfer.engine._gguf_reader import read_gguf
+
+    path = tmp_path / "x.gguf"
+    path.write_bytes(b"GGML" + b"\0" * 64)
+    with pytest.raises(ValueError, match="no GGUF magic"):
+        read_gguf(str(path))

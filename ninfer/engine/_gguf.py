@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -128,36 +127,27 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
-def _iter_metadata(reader: Any) -> Iterator[tuple[str, Any]]:
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        yield key, field.contents()
-
-
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     """Parse a GGUF file, refusing what ninfer cannot run with an error that names it."""
-    from gguf import GGUFReader  # imported here: it pulls numpy-heavy modules
+    from ninfer.engine._gguf_reader import read_gguf
 
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ArtifactError(f"model file not found: {path}")
     try:
-        # Copy-on-write map: the arrays are writable for torch, the file is never written.
-        reader = GGUFReader(path, "c")
-    except Exception as exc:  # the reader raises ValueError, struct.error, IndexError...
+        metadata, table = read_gguf(path)
+    except Exception as exc:  # ValueError, struct.error, IndexError... on a bad file
         raise ArtifactError(
             f"not a readable GGUF file ({type(exc).__name__}: {exc}); is it truncated or corrupted?"
         ) from exc
-    metadata = dict(_iter_metadata(reader))
     arch = metadata.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ArtifactError(
             f"unsupported model architecture {arch!r}; ninfer runs: "
             + ", ".join(sorted(SUPPORTED_ARCHITECTURES))
         )
-    tensors = {t.name: t for t in reader.tensors}
-    for t in reader.tensors:
+    tensors = {t.name: t for t in table}
+    for t in table:
         type_name = t.tensor_type.name
         if type_name not in SUPPORTED_TENSOR_TYPES:
             raise ArtifactError(
