@@ -201,11 +201,6 @@ def test_the_container_reader_agrees_with_gguf_reader(tmp_path: Path) -> None:
     _same_as_gguf_reader(write_k_quant(tmp_path / "k.gguf", "Q6_K", rows=2, cols=256))
 
 
-@pytest.mark.realmodel
-def test_the_container_reader_agrees_on_the_default_model(real_gguf: Path) -> None:
-    _same_as_gguf_reader(real_gguf)
-
-
 def test_a_file_that_is_not_gguf_is_refused_by_the_reader(tmp_path: Path) -> None:
     from ninfer.engine._gguf_reader import read_gguf
 
