@@ -126,6 +126,7 @@ def _serve(args: argparse.Namespace) -> int:
     ]
     hconfig.graceful_timeout = config.graceful_timeout_s
     hconfig.accesslog = None
+    hconfig.errorlog = None  # no stdlib logger of Hypercorn's own: the class below prints
     hconfig.logger_class = _hypercorn_console(console)
     exit_code = 0
     # Past the graceful timeout, a request whose write is stuck on a client that stopped
