@@ -92,13 +92,9 @@ class GGUFFile:
         rows, cols = (int(d) for d in reversed(t.shape.tolist()))
         raw = torch.from_numpy(np.ascontiguousarray(t.data).view(np.uint8).reshape(-1).copy())
         if kind == "Q4_K":
-            # Each 32-element sub-block is q * (d * sc) - dmin * m with q in 0..15: the
-            # int4 kernel's (q - 8) * scale + zero, exactly, with zero = 8 * scale - dmin * m.
-            kb = raw.view(-1, _K_BLOCK_BYTES["Q4_K"])
-            d, dmin = _f16_column(kb, 0), _f16_column(kb, 2)
-            sc, mn = _q4k_scale_min(kb[:, 4:16])
-            scale, offset = d * sc, dmin * mn  # (N, 8)
-            q4 = _split_nibbles(kb[:, 16:].reshape(-1, 4, 32)).reshape(-1, _QK_K)
+            # Each 32-element sub-block is q * scale - offset with q in 0..15: the int4
+            # kernel's (q - 8) * scale + zero, exactly, with zero = 8 * scale - offset.
+            q4, scale, offset = _q4k_parts(raw.view(-1, _K_BLOCK_BYTES["Q4_K"]))
             groups = cols // _QK
             return (
                 q4.to(torch.int32).reshape(rows, cols),
@@ -226,6 +222,15 @@ def _q4k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc.to(torch.float32), mn.to(torch.float32)
 
 
+def _q4k_parts(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_K block's 4-bit values (N, 8, 32) and each 32-value sub-block's scale and
+    offset (N, 8): a value is q * scale - offset."""
+    d, dmin = _f16_column(b, 0), _f16_column(b, 2)
+    sc, mn = _q4k_scale_min(b[:, 4:16])
+    q = _split_nibbles(b[:, 16:].reshape(-1, 4, 32)).reshape(-1, 8, 32)
+    return q, d * sc, dmin * mn
+
+
 def _dequantize_k(kind: str, raw: torch.Tensor) -> torch.Tensor:
     """The K-quants, in the same operations and order as the `gguf` package's numpy
     dequantizers (so the float32 results are equal bit for bit)."""
@@ -249,18 +254,16 @@ def _dequantize_k(kind: str, raw: torch.Tensor) -> torch.Tensor:
         qh = (hmask.reshape(n, -1, 1, 32) >> _shifts(*range(8)).view(1, 1, 8, 1)).reshape(n, 16, 16)
         q = (ql & 3).to(torch.int8) - (((qh & 1) ^ 1) << 2).to(torch.int8)
         return dl * q.to(torch.float32)
-    if kind in ("Q4_K", "Q5_K"):
+    if kind == "Q4_K":
+        q, scale, offset = _q4k_parts(b)
+        return scale.unsqueeze(-1) * q.to(torch.float32) - offset.unsqueeze(-1)
+    if kind == "Q5_K":
         d, dmin = _f16_column(b, 0), _f16_column(b, 2)
         sc, mn = _q4k_scale_min(b[:, 4:16])
-        scale = (d * sc).reshape(n, -1, 1)
-        offset = (dmin * mn).reshape(n, -1, 1)
-        if kind == "Q4_K":
-            q = _split_nibbles(b[:, 16:].reshape(n, 4, 32)).reshape(n, 8, 32)
-        else:
-            qh = (b[:, 16:48].reshape(n, 1, 32) >> _shifts(*range(8)).view(8, 1)) & 1
-            ql = _split_nibbles(b[:, 48:].reshape(n, 4, 32)).reshape(n, 8, 32)
-            q = ql | (qh << 4)
-        return scale * q.to(torch.float32) - offset
+        qh = (b[:, 16:48].reshape(n, 1, 32) >> _shifts(*range(8)).view(8, 1)) & 1
+        ql = _split_nibbles(b[:, 48:].reshape(n, 4, 32)).reshape(n, 8, 32)
+        q = ql | (qh << 4)
+        return (d * sc).unsqueeze(-1) * q.to(torch.float32) - (dmin * mn).unsqueeze(-1)
     # Q6_K
     ql, qh, scales = b[:, :128], b[:, 128:192], b[:, 192:208]
     d = _f16_column(b, 208)

@@ -75,6 +75,13 @@ class Turn:
     text: str
 
 
+def text_bytes(history: Sequence[Turn], items: Sequence[InputMessage]) -> int:
+    """What a stored Response holds, counted as the UTF-8 bytes of its texts (what grows
+    with use): its history's turns and its input Items' parts."""
+    texts = [t.text for t in history] + [p.text for item in items for p in item.content]
+    return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+
+
 @attrs.frozen
 class Stored:
     """A stored Response: what GET returns, its input Items, and the conversation a
@@ -83,14 +90,10 @@ class Stored:
     response: ResponseObject
     input_items: tuple[InputMessage, ...]
     history: tuple[Turn, ...]
-
-    @property
-    def size(self) -> int:
-        """Bytes it holds, counted as the UTF-8 of its texts (what grows with use)."""
-        texts = [t.text for t in self.history] + [
-            part.text for item in self.input_items for part in item.content
-        ]
-        return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    # Counted once, when stored (the store adds and subtracts it as records come and go).
+    size: int = attrs.field(
+        default=attrs.Factory(lambda s: text_bytes(s.history, s.input_items), takes_self=True)
+    )
 
 
 class ResponseStore:
@@ -347,9 +350,10 @@ class ResponsesFrontend(Frontend):
     ) -> None:
         """Refuse at once a Response the store could not keep even alone (its texts at
         their longest), rather than pretend it was stored."""
-        texts = [t.text for t in history] + [p.text for i in items for p in i.content]
-        size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
-        most = size + 2 * max_new_tokens * self.ctx.model.tokenizer.max_token_bytes
+        most = (
+            text_bytes(history, items)
+            + 2 * max_new_tokens * self.ctx.model.tokenizer.max_token_bytes
+        )
         if most > self.store.max_bytes:
             raise ApiError(
                 "invalid_request",
