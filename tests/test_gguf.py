@@ -13,6 +13,7 @@ from tinymodel import write_tiny_gguf
 from ninfer._errors import ArtifactError
 from ninfer.engine._gguf import dequantize, file_sha256, open_gguf
 from ninfer.engine._loader import load_model
+from ninfer.engine._tokenizer import TextTokenizer, tokenizer_from_metadata
 
 
 def test_identity_of_tiny_model(tiny_gguf: Path) -> None:
@@ -138,9 +139,29 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_untied_output_head_is_used(tmp_path: Path) -> None:
+    from ninfer.engine._model import Dense
+
     path = write_tiny_gguf(tmp_path / "untied.gguf", tied=False)
-    m = load_model(str(path), dtype=torch.float32, device="cpu", max_positions=64)
-    assert m.transformer.lm_head is not m.transformer.embedding
+    output = open_gguf(path).tensor("output.weight", torch.float32)
+    for weights in ("dense", "int4"):
+        m = load_model(str(path), dtype=torch.float32, device="cpu", max_positions=64,
+                       weights=weights)  # fmt: skip
+        head = m.transformer.lm_head
+        assert isinstance(head, Dense)
+        assert torch.equal(head.weight, output)
+
+
+def test_the_embedding_is_decoded_row_by_row_to_the_table_values(tmp_path: Path) -> None:
+    """The token embedding stays in the file's blocks; rows decoded on demand equal the
+    dequantized table's rows exactly, for each block type a file may use."""
+    for qtype in (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1,
+                  gguf.GGMLQuantizationType.F16):  # fmt: skip
+        path = write_tiny_gguf(tmp_path / f"{qtype.name}.gguf", embed_type=qtype)
+        table = open_gguf(path).tensor("token_embd.weight", torch.float32)
+        m = load_model(str(path), dtype=torch.float32, device="cpu", max_positions=64)
+        tokens = torch.tensor([[5, 0, 200], [7, 7, table.shape[0] - 1]])
+        assert torch.equal(m.transformer.embedding(tokens), table[tokens])
+        assert torch.equal(m.transformer.embedding.table(torch.float32, "cpu", chunk=7), table)
 
 
 @pytest.mark.parametrize(
@@ -166,6 +187,61 @@ def test_the_family_pre_tokenizers_split_as_published(
     got = [bytes(byte_level[c] for c in piece).decode()
            for piece, _ in _pre_tokenizer(pre).pre_tokenize_str(text)]  # fmt: skip
     assert got == pieces
+
+
+def _spm(tokens: list[str], scores: list[float], **extra: object) -> TextTokenizer:
+    types = [6 if t.startswith("<0x") else 3 if t.startswith("<") else 1 for t in tokens]
+    return tokenizer_from_metadata({
+        "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types, "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, **extra,
+    })  # fmt: skip
+
+
+def test_sentencepiece_merges_the_best_scored_pair_first() -> None:
+    """llama.cpp's SPM tokenizer merges, again and again, the adjacent pair whose merged
+    piece has the highest score: "abc" is a + bc when bc outscores ab, ab + c otherwise."""
+    base = ["<unk>", "<s>", "</s>", "a", "b", "c", "ab", "bc"]
+    for ab, bc, pieces in ((-10.0, -5.0, ["a", "bc"]), (-5.0, -10.0, ["ab", "c"])):
+        tok = _spm(
+            base,
+            [0.0, 0.0, 0.0, -1.0, -2.0, -3.0, ab, bc],
+            **{"tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_space_prefix": False},
+        )
+        assert [base[i] for i in tok.encode("abc")] == pieces
+
+
+def test_sentencepiece_vocabulary_of_a_gemma_file(tmp_path: Path) -> None:
+    """Gemma's kind: spaces as U+2581, no space prefix, BOS first (once), a character no
+    piece covers spelled as its UTF-8 bytes; decoding and the streamed bytes give the
+    text back."""
+    from ninfer.engine._gguf_reader import read_gguf
+
+    path = write_tiny_gguf(tmp_path / "g.gguf", architecture="gemma3")
+    md, _ = read_gguf(str(path))
+    tokens = md["tokenizer.ggml.tokens"]
+    tok = tokenizer_from_metadata(md)
+    text = "the capital of France is Paris\nété"
+    ids = tok.encode(text)
+    assert [tokens[i] for i in ids] == [
+        "<bos>", "t", "h", "e", "▁capital", "▁of", "▁France", "▁is", "▁Paris", "\n",
+        "<0xC3>", "<0xA9>", "t", "<0xC3>", "<0xA9>",
+    ]  # fmt: skip
+    assert tok.decode(ids) == text
+    assert b"".join(tok.token_bytes(i) for i in ids[1:]) == text.encode()
+    assert tok.encode("<bos>the")[:2] == [2, tokens.index("t")]  # a template's BOS: not twice
+    assert tok.count(text) == len(ids)
+    assert {tokens[i] for i in tok.eos_ids} == {"<eos>", "<end_of_turn>"}
+
+
+def test_sentencepiece_with_a_space_prefix() -> None:
+    """Llama 2's kind: a space is put before the text (so its first word is a word
+    piece) and taken off again when decoding."""
+    tokens = ["<unk>", "<s>", "</s>", "▁", "h", "i", "▁h", "▁hi"]
+    tok = _spm(tokens, [0.0, 0.0, 0.0, -1, -2, -3, -4, -5])  # the defaults: prefix, BOS
+    ids = tok.encode("hi hi")
+    assert [tokens[i] for i in ids] == ["<s>", "▁hi", "▁hi"]
+    assert tok.decode(ids) == "hi hi"
 
 
 def _byte_alphabet() -> list[str]:
@@ -195,7 +271,7 @@ def test_the_container_reader_agrees_with_gguf_reader(tmp_path: Path) -> None:
     """ninfer's one-pass reader gives what the `gguf` package's reader gives: every
     metadata value, every tensor's name, type, shape and bytes (tiny files of each
     architecture, tied and untied, with every tensor type the writer makes)."""
-    for arch in ("llama", "qwen2", "qwen3"):
+    for arch in ("llama", "qwen2", "qwen3", "gemma3"):
         _same_as_gguf_reader(write_tiny_gguf(tmp_path / f"{arch}.gguf", architecture=arch))
     _same_as_gguf_reader(write_tiny_gguf(tmp_path / "untied.gguf", tied=False, rope_freqs=True))
     _same_as_gguf_reader(write_k_quant(tmp_path / "k.gguf", "Q6_K", rows=2, cols=256))

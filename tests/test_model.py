@@ -104,15 +104,16 @@ def test_invariant_batch_sizes_always_include_the_largest() -> None:
 @pytest.mark.parametrize(
     ("architecture", "rope_freqs", "head_dim"),
     [("llama", False, None), ("llama", True, None), ("qwen2", False, None),
-     ("qwen3", False, None), ("qwen3", False, 32)],
-    ids=["llama", "llama3-rope-scaling", "qwen2", "qwen3", "qwen3-wide-heads"],
+     ("qwen3", False, None), ("qwen3", False, 32), ("gemma3", False, None)],
+    ids=["llama", "llama3-rope-scaling", "qwen2", "qwen3", "qwen3-wide-heads", "gemma3"],
 )  # fmt: skip
 def test_logits_equal_an_independent_float64_forward(
     tmp_path: Path, architecture: str, rope_freqs: bool, head_dim: int | None
 ) -> None:
     """Each architecture of the family against tests/reference_forward.py (numpy, float64,
     gguf's dequantizers): the engine in float32 with dense weights agrees to float32
-    rounding at every position."""
+    rounding at every position. Gemma 3 with six layers (five sliding-window layers of 8
+    keys, one global) over 24 positions: the window and both rope bases are exercised."""
     from reference_forward import reference_logits
     from tinymodel import write_tiny_gguf
 
@@ -121,6 +122,7 @@ def test_logits_equal_an_independent_float64_forward(
         architecture=architecture,
         rope_freqs=rope_freqs,
         head_dim=head_dim,  # 32 x 4 heads = 128 > dim 64, as Qwen 3 0.6B's 128 x 16 > 1024
+        n_layers=6 if architecture == "gemma3" else 2,
     )
     m = load_model(str(path), dtype=torch.float32, device="cpu", max_positions=64, weights="dense")
     assert m.identity.architecture == architecture
@@ -137,3 +139,42 @@ def test_logits_equal_an_independent_float64_forward(
     ref = torch.from_numpy(reference_logits(path, tokens[0].tolist()))
     assert ref.abs().max() > 1.0  # logits that vary: a meaningful comparison
     torch.testing.assert_close(ours.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_narrowing_keeps_the_layers_dense_matrices_in_bfloat16(tiny_gguf: Path) -> None:
+    """What the engine does when float32 matmuls would pad most decode steps: every
+    float32 matrix of the layers becomes its bfloat16 rounding (the int4 ones and the
+    head untouched), and the maps measured beforehand are those matrices."""
+    from ninfer.engine._model import Dense, Int4
+
+    m = load_model(str(tiny_gguf), dtype=torch.float32, device="cpu", max_positions=64)
+    model = m.transformer
+    assert model.narrowable
+    before = [(layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down) for layer in model.layers]
+    preview = model.row_maps(narrowed=True)[:4]
+    head = model.lm_head
+    model.narrow_dense()
+    assert not model.narrowable
+    assert model.lm_head is head
+    for layer, old in zip(model.layers, before, strict=True):
+        new = (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
+        for a, b in zip(old, new, strict=True):
+            if isinstance(a, Int4):
+                assert b is a
+            else:
+                assert isinstance(a, Dense)
+                assert isinstance(b, Dense)
+                assert b.weight.dtype == torch.bfloat16
+                assert torch.equal(b.weight, a.weight.to(torch.bfloat16))
+    first = model.layers[0]
+    for p, b in zip(preview, (first.wqkv, first.wo, first.w_gate_up, first.w_down), strict=True):
+        assert type(p) is type(b)
+        if isinstance(p, Dense) and isinstance(b, Dense):
+            assert torch.equal(p.weight, b.weight)
+    tokens = torch.tensor([[5, 9, 11]])
+    with torch.inference_mode():
+        kv = KVPages.allocate(model.args, n_pages=1, page_size=8, dtype=torch.float32, device="cpu")
+        kv.zero_pages([1])
+        logits = model.forward(tokens, torch.arange(3).view(1, -1), torch.tensor([[1]]), kv,
+                               last_only=True)  # fmt: skip
+    assert torch.isfinite(logits).all()

@@ -1,4 +1,5 @@
-"""Write a tiny random-weight llama GGUF (byte-level BPE vocab, ChatML template).
+"""Write a tiny random-weight llama GGUF (byte-level BPE vocab, ChatML template), or a
+Gemma 3 one (SentencePiece vocab with byte fallback, Gemma's chat template).
 
 Used by most tests: it goes through exactly the loading path of a real model,
 with every supported tensor type represented, and runs in milliseconds.
@@ -18,7 +19,55 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# Gemma 3's published chat template (google/gemma-3-*-it, tokenizer_config.json).
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    '    {%- set first_user_prefix = "" -%}\n'
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    '        {{ raise_exception("Conversation roles must alternate '
+    'user/assistant/user/assistant/...") }}\n'
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    '        {%- set role = "model" -%}\n'
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    '        {{ raise_exception("Invalid content type") }}\n'
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\n'}}\n"
+    "{%- endif -%}\n"
+)
+
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Gemma's first ids (pad 0, eos 1, bos 2, unk 3), then its turn markers.
+SPM_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+SPM_WORDS = ["▁the", "▁capital", "▁of", "▁France", "▁is", "▁Paris", "ing", "▁and", "\n"]
 WORDS = ["the", "and", "ing", "ion", "Ġthe", "Ġa", "Ġof", "er", "in", "Ġto", "Ġis", "ĠParis"]
 
 
@@ -52,6 +101,24 @@ def vocab_and_merges() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
+def sentencepiece_vocab() -> tuple[list[str], list[int], list[float]]:
+    """Gemma-style pieces: control tokens, the 256 byte tokens, the characters of
+    SPM_WORDS and every prefix of each word, scored so that longer pieces merge later."""
+    tokens = list(SPM_SPECIAL) + [f"<0x{b:02X}>" for b in range(256)]
+    types = [3] * len(SPM_SPECIAL) + [6] * 256
+    scores = [0.0] * len(tokens)
+    pieces: list[str] = []
+    for word in SPM_WORDS:
+        pieces += [ch for ch in word if ch not in pieces]
+    for word in SPM_WORDS:
+        pieces += [word[:n] for n in range(2, len(word) + 1) if word[:n] not in pieces]
+    for i, piece in enumerate(pieces):
+        tokens.append(piece)
+        types.append(1)
+        scores.append(-float(i))
+    return tokens, types, scores
+
+
 def write_tiny_gguf(
     path: Path,
     *,
@@ -67,12 +134,19 @@ def write_tiny_gguf(
     embed_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0,
     rope_freqs: bool = False,
     head_dim: int | None = None,
+    sliding_window: int = 8,
 ) -> Path:
     """A random-weight model of the llama family. `architecture` qwen2 adds QKV biases,
     qwen3 per-head query and key norms; `rope_freqs` adds Llama 3's rope-scaling
-    factors (a `rope_freqs.weight` tensor)."""
+    factors (a `rope_freqs.weight` tensor). gemma3 adds norms after attention and the
+    feed-forward, QK-norms and a SentencePiece vocabulary; with 6 or more layers
+    (`n_layers`) both its sliding-window (`sliding_window` keys) and global layers."""
     rng = np.random.default_rng(seed)
-    tokens, types, merges = vocab_and_merges()
+    gemma = architecture == "gemma3"
+    if gemma:
+        tokens, types, scores = sentencepiece_vocab()
+    else:
+        tokens, types, merges = vocab_and_merges()
     vocab = len(tokens)
     w = gguf.GGUFWriter(str(path), architecture)
     w.add_name("tiny-test-llama")
@@ -82,17 +156,28 @@ def write_tiny_gguf(
     w.add_feed_forward_length(ffn)
     w.add_head_count(n_heads)
     w.add_head_count_kv(n_kv_heads)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(1_000_000.0 if gemma else 10000.0)  # gemma3: its global layers'
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_chat_template(CHATML)
+    if gemma:
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_scores(scores)
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(1)
+        w.add_add_bos_token(True)
+        w.add_add_space_prefix(False)
+        w.add_chat_template(GEMMA3_TEMPLATE)
+        w.add_sliding_window(sliding_window)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("smollm")
+        w.add_token_merges(merges)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_chat_template(CHATML)
 
     def add(name: str, shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType) -> None:
         data = (rng.standard_normal(shape) * 2.0 / np.sqrt(shape[-1])).astype(np.float32)
@@ -127,7 +212,11 @@ def write_tiny_gguf(
             for name, rows in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 bias = (rng.standard_normal(rows * head_dim) * 0.5).astype(np.float32)
                 w.add_tensor(f"{p}attn_{name}.bias", bias)
-        if architecture == "qwen3":
+        if gemma:  # the converter's +1 is in the file: weights around 1
+            for name in ("post_attention_norm", "post_ffw_norm"):
+                norm = (1.0 + rng.standard_normal(dim) * 0.3).astype(np.float32)
+                w.add_tensor(f"{p}{name}.weight", norm)
+        if architecture in ("qwen3", "gemma3"):
             for name in ("q", "k"):
                 norm = (1.0 + rng.standard_normal(head_dim) * 0.3).astype(np.float32)
                 w.add_tensor(f"{p}attn_{name}_norm.weight", norm)

@@ -284,9 +284,19 @@ class Engine:
         )
         self._pool = PagePool(n_pages=n_pages, page_size=cfg.page_size)
         self.model = loaded
-        sizes = invariant_batch_sizes(
-            loaded.transformer.row_maps(), max_rows=cfg.max_batch, device=cfg.device
-        )
+        model = loaded.transformer
+        sizes = invariant_batch_sizes(model.row_maps(), max_rows=cfg.max_batch, device=cfg.device)
+        # Narrowing rounds those matrices' inputs and weights to bfloat16, and oneDNN's
+        # bfloat16 matmuls give a row a result that depends on how many rows a prefill
+        # chunk has: only worth it when float32 would pad most decode steps.
+        if model.narrowable and len(sizes or ()) * 2 < cfg.max_batch:
+            narrow = invariant_batch_sizes(
+                model.row_maps(narrowed=True), max_rows=cfg.max_batch, device=cfg.device
+            )
+            if narrow is not None and len(narrow) > len(sizes or ()):
+                model.narrow_dense()
+                self._log.info("dense_weights_narrowed", dtype="bfloat16", batch_sizes=narrow)
+                sizes = narrow
         self._batch_sizes = sizes or list(range(1, cfg.max_batch + 1))
         # bfloat16 is never promised: batched rows were seen to drift from the same rows
         # alone on this CPU even with every linear shape measured invariant.

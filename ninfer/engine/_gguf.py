@@ -20,14 +20,20 @@ import torch
 
 from ninfer._errors import ArtifactError
 
-__all__ = ["GGUFFile", "ModelArgs", "dequantize", "file_sha256", "open_gguf"]
+__all__ = ["GGUFFile", "ModelArgs", "decode_blocks", "dequantize", "file_sha256", "open_gguf"]
 
 # The llama family as ninfer runs it: llama (Llama 2/3, SmolLM2; rope scaling as the
 # file's rope_freqs factors), qwen2 (QKV biases) and qwen3 (RMS norms on each query and
 # key head). Qwen rotates the halves of each head (NEOX order); llama files store Q/K
 # permuted for rotating adjacent pairs.
-SUPPORTED_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3"})
-_NEOX_ROPE = frozenset({"qwen2", "qwen3"})
+SUPPORTED_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3", "gemma3"})
+_NEOX_ROPE = frozenset({"qwen2", "qwen3", "gemma3"})
+# Gemma 3 (llama.cpp's reading of it; the GGUF converter has already added the +1 of
+# Gemma's RMSNorm to every norm weight): embeddings scaled by sqrt(dim), a norm after
+# attention and after the feed-forward as well as before, GELU (tanh) gating, QK-norm,
+# and five sliding-window layers (rope base 10,000) for each global one (the file's base).
+_GEMMA3_SWA_PATTERN = 6
+_GEMMA3_LOCAL_ROPE_BASE = 10000.0
 SUPPORTED_TENSOR_TYPES = frozenset(
     {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
      "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
@@ -56,7 +62,23 @@ class ModelArgs:
     norm_eps: float
     rope_neox: bool = False  # rotate (i, i + D/2) pairs rather than adjacent (2i, 2i + 1)
     qkv_bias: bool = False  # qwen2: biases on the Q, K and V projections
-    qk_norm: bool = False  # qwen3: an RMS norm on each query and key head before rotation
+    qk_norm: bool = False  # qwen3, gemma3: an RMS norm on each query and key head before rotation
+    # gemma3 (defaults: the llama family's plain block)
+    embed_scale: float = 1.0  # embeddings multiplied by this (sqrt(dim) for Gemma)
+    post_norms: bool = False  # RMS norms on the attention and feed-forward outputs too
+    gelu: bool = False  # the gate through GELU (tanh approximation) instead of SiLU
+    attn_scale: float | None = None  # query scaling; None: head_dim ** -0.5
+    rope_scale: float = 1.0  # linear rope scaling of the global layers: positions / this
+    sliding_window: int = 0  # keys a local layer sees (0: every layer is global)
+    swa_pattern: int = 0  # layer i is local iff i % swa_pattern < swa_pattern - 1
+    local_rope_base: float = 10000.0  # the rope base of local layers
+    attn_softcap: float = 0.0  # scores -> c * tanh(scores / c) when > 0
+    final_softcap: float = 0.0  # logits -> c * tanh(logits / c) when > 0
+
+    def is_local(self, layer: int) -> bool:
+        """Whether `layer` attends to a sliding window rather than the whole row."""
+        p = self.swa_pattern
+        return self.sliding_window > 0 and p > 0 and layer % p < p - 1
 
     @property
     def kv_dim(self) -> int:
@@ -77,6 +99,14 @@ class GGUFFile:
         if name not in self.tensors:
             raise ArtifactError(f"GGUF file has no tensor {name!r}")
         return dequantize(self.tensors[name], dtype)
+
+    def rows(self, name: str) -> tuple[str, torch.Tensor]:
+        """A matrix as it is stored: its type name and its bytes, (rows, bytes per row)
+        uint8; a row is whole blocks, so `decode_blocks` reads any gathered rows."""
+        t = self.tensors[name]
+        rows = int(np.prod([int(d) for d in t.shape.tolist()[1:]]))
+        data = np.ascontiguousarray(t.data).view(np.uint8).reshape(rows, -1).copy()
+        return t.tensor_type.name, torch.from_numpy(data)
 
     def has_tensor(self, name: str) -> bool:
         return name in self.tensors
@@ -175,6 +205,28 @@ def _model_args(md: dict[str, Any], tensors: dict[str, Any]) -> ModelArgs:
         raise ArtifactError("GGUF metadata gives no vocabulary size")
     if "token_embd.weight" not in tensors:
         raise ArtifactError("GGUF file has no token_embd.weight tensor")
+    gemma: dict[str, Any] = {}
+    if arch == "gemma3":
+        n_layers = int(need("block_count"))
+        scaling = md.get(f"{arch}.rope.scaling.type")
+        if scaling not in (None, "none", "linear"):
+            raise ArtifactError(f"unsupported rope scaling {scaling!r} for {arch}")
+        gemma = {
+            "embed_scale": float(dim) ** 0.5,
+            "post_norms": True,
+            "gelu": True,
+            # llama.cpp: Gemma 3 27B (62 layers) scales queries by its dim / heads.
+            "attn_scale": (dim / n_heads) ** -0.5 if n_layers == 62 else head_dim**-0.5,
+            "rope_scale": float(md.get(f"{arch}.rope.scaling.factor", 1.0))
+            if scaling == "linear"
+            else 1.0,
+            "sliding_window": int(md.get(f"{arch}.attention.sliding_window", 0)),
+            "swa_pattern": _GEMMA3_SWA_PATTERN,
+            "local_rope_base": _GEMMA3_LOCAL_ROPE_BASE,
+        }
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if md.get(f"{arch}.{key}"):
+            gemma[key.split("_")[0] + "_softcap"] = float(md[f"{arch}.{key}"])
     return ModelArgs(
         architecture=arch,
         n_layers=int(need("block_count")),
@@ -190,6 +242,7 @@ def _model_args(md: dict[str, Any], tensors: dict[str, Any]) -> ModelArgs:
         rope_neox=arch in _NEOX_ROPE,
         qkv_bias="blk.0.attn_q.bias" in tensors,
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        **gemma,
     )
 
 
@@ -284,6 +337,18 @@ def dequantize(t: Any, dtype: torch.dtype) -> torch.Tensor:
     if not data.flags.writeable:  # a read-only map: torch wants writable memory
         data = data.copy()
     raw = torch.from_numpy(data.view(np.uint8).reshape(-1))
+    out = decode_blocks(type_name, raw, t.name).reshape(-1)
+    if out.numel() != n:
+        raise ArtifactError(
+            f"tensor {t.name} holds {out.numel()} values, expected {n}: file truncated?"
+        )
+    # Always a private copy: never a view of the read-only memory map.
+    return out.reshape(shape).to(dtype, copy=True).contiguous()
+
+
+def decode_blocks(type_name: str, raw: torch.Tensor, name: str = "?") -> torch.Tensor:
+    """The values of whole blocks of `type_name` held in the bytes `raw` (uint8), in
+    their stored order (a view of `raw` for the float types)."""
     if type_name == "F32":
         out = raw.view(torch.float32)
     elif type_name == "F16":
@@ -319,11 +384,5 @@ def dequantize(t: Any, dtype: torch.dtype) -> torch.Tensor:
     elif type_name in _K_BLOCK_BYTES:
         out = _dequantize_k(type_name, raw)
     else:
-        raise ArtifactError(f"unsupported tensor type {type_name} (tensor {t.name})")
-    out = out.reshape(-1)
-    if out.numel() != n:
-        raise ArtifactError(
-            f"tensor {t.name} holds {out.numel()} values, expected {n}: file truncated?"
-        )
-    # Always a private copy: never a view of the read-only memory map.
-    return out.reshape(shape).to(dtype, copy=True).contiguous()
+        raise ArtifactError(f"unsupported tensor type {type_name} (tensor {name})")
+    return out

@@ -20,9 +20,12 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from ninfer.engine._gguf import GGUFFile, ModelArgs
+from ninfer.engine._gguf import GGUFFile, ModelArgs, decode_blocks
 
-__all__ = ["WEIGHT_MODES", "Dense", "Int4", "KVPages", "Linear", "Transformer", "load_transformer"]
+__all__ = [
+    "WEIGHT_MODES", "Dense", "Embedding", "Int4", "KVPages", "Linear", "Transformer",
+    "load_transformer",
+]  # fmt: skip
 
 WEIGHT_MODES = ("int4", "dense")
 _GROUP = 32  # the GGUF's Q4 block: one scale (and min) per 32 weights
@@ -66,6 +69,33 @@ class Int4:
 Linear = Dense | Int4
 
 
+class Embedding:
+    """The token embedding kept as the file stores it (e.g. Q8_0: 262,144 x 640 for
+    Gemma 3 is 178 MB stored, 671 MB in float32); the rows a step needs are decoded
+    when it needs them, to exactly the values a dequantized table would hold."""
+
+    def __init__(self, kind: str, rows: torch.Tensor, dim: int, dtype: torch.dtype) -> None:
+        self.kind = kind
+        self.rows = rows  # (vocab, bytes per row) uint8, in host memory on every device
+        self.dim = dim
+        self.dtype = dtype
+        self.shape = (int(rows.shape[0]), dim)
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        raw = self.rows.index_select(0, tokens.reshape(-1).cpu())
+        values = decode_blocks(self.kind, raw.reshape(-1)).to(tokens.device, self.dtype)
+        return values.reshape(*tokens.shape, self.dim)
+
+    def table(self, dtype: torch.dtype, device: str, chunk: int = 8192) -> torch.Tensor:
+        """The whole (vocab, dim) table in `dtype` (a tied output head), decoded a chunk
+        of rows at a time: never the whole table in float32 at once."""
+        out = torch.empty(self.shape, dtype=dtype, device=device)
+        for start in range(0, self.shape[0], chunk):
+            raw = self.rows[start : start + chunk].reshape(-1)
+            out[start : start + chunk] = decode_blocks(self.kind, raw).view(-1, self.dim)
+        return out
+
+
 @attrs.define(eq=False)
 class Layer:
     attn_norm: torch.Tensor  # (dim,)
@@ -77,6 +107,9 @@ class Layer:
     qkv_bias: torch.Tensor | None = None  # (dim + 2 * kv_dim,): qwen2
     q_norm: torch.Tensor | None = None  # (head_dim,): qwen3, on each query head
     k_norm: torch.Tensor | None = None  # (head_dim,): qwen3, on each key head
+    post_attn_norm: torch.Tensor | None = None  # (dim,): gemma3, on the attention output
+    post_ffn_norm: torch.Tensor | None = None  # (dim,): gemma3, on the feed-forward output
+    local: bool = False  # attends to a sliding window of keys (gemma3's local layers)
 
 
 @attrs.define(eq=False)
@@ -119,12 +152,21 @@ class KVPages:
 
 
 def _rope_table(
-    args: ModelArgs, length: int, device: str, factors: torch.Tensor | None = None
+    args: ModelArgs,
+    length: int,
+    device: str,
+    factors: torch.Tensor | None = None,
+    *,
+    base: float | None = None,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """(length, D/2) complex64 rotations for positions 0..length-1. `factors` (D/2,)
-    divide the frequencies: Llama 3's rope scaling, as its GGUF stores it (rope_freqs)."""
+    divide the frequencies: Llama 3's rope scaling, as its GGUF stores it (rope_freqs);
+    `scale` divides every position (linear scaling); `base` replaces the model's."""
     half = args.head_dim // 2
-    inv = 1.0 / (args.rope_base ** (torch.arange(0, half, dtype=torch.float64) * 2 / args.head_dim))
+    theta = args.rope_base if base is None else base
+    inv = 1.0 / (theta ** (torch.arange(0, half, dtype=torch.float64) * 2 / args.head_dim))
+    inv = inv / scale
     if factors is not None:
         inv = inv / factors.to(torch.float64)
     angles = torch.outer(torch.arange(length, dtype=torch.float64), inv)
@@ -145,7 +187,13 @@ def _apply_rope(x: torch.Tensor, rot: torch.Tensor, *, neox: bool = False) -> to
 
 
 def _attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    scale: float | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Grouped-query attention in float32 with plain matmuls and softmax.
 
@@ -154,6 +202,7 @@ def _attention(
     kernel: that kernel computes a row differently depending on how many rows share
     the batch (and is slow in bfloat16); these ops treat each row alone, and masked
     padding keys contribute exact zeros, so a row's result is the same in any batch.
+    Scores are scaled by `scale` (default D ** -0.5), then soft-capped when `softcap`.
     """
     B, H, T, D = q.shape
     G, K = keys.shape[1], keys.shape[2]
@@ -166,7 +215,9 @@ def _attention(
     qg = q.float().reshape(B * G, per_group * T, D).contiguous()  # a kv group's heads
     kt = keys.float().transpose(-1, -2).reshape(B * G, D, K).contiguous()
     vg = values.float().reshape(B * G, K, D).contiguous()
-    scores = torch.bmm(qg, kt) * (D**-0.5)  # (B*G, hT, K)
+    scores = torch.bmm(qg, kt) * (D**-0.5 if scale is None else scale)  # (B*G, hT, K)
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.view(B, G, per_group, T, K).masked_fill(
         ~mask.view(B, 1, 1, T, K), float("-inf")
     )
@@ -177,13 +228,15 @@ def _attention(
 @attrs.define(eq=False)
 class Transformer:
     args: ModelArgs
-    embedding: torch.Tensor  # (vocab, dim)
+    embedding: Embedding  # (vocab, dim)
     layers: list[Layer]
     norm: torch.Tensor  # (dim,)
-    lm_head: Linear  # (vocab, dim), the embedding itself when tied
+    lm_head: Linear  # (vocab, dim), the embedding's values when tied
     rope: torch.Tensor  # (max_positions, D/2) complex64
     dtype: torch.dtype
     device: str
+    rope_local: torch.Tensor | None = None  # the local layers' rotations when they differ
+    packed: bool = False  # --weights int4: matmuls may take bfloat16 inputs
 
     def forward(
         self,
@@ -206,7 +259,9 @@ class Transformer:
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits of final hidden states (..., dim) -> (..., V)."""
         x = F.rms_norm(x, (self.args.dim,), self.norm, self.args.norm_eps)
-        return self.lm_head(x).float()
+        logits = self.lm_head(x).float()
+        cap = self.args.final_softcap
+        return torch.tanh(logits / cap) * cap if cap > 0 else logits
 
     def hidden(
         self,
@@ -223,14 +278,24 @@ class Transformer:
         assert positions.shape == (B, T)
         assert int(positions.max()) < P * S, "positions beyond the row's pages"
         rot = self.rope[positions]  # (B, T, D/2)
+        rot_local = rot if self.rope_local is None else self.rope_local[positions]
         # Which page slot each new position writes: (B, T) page ids and offsets.
         write_page = torch.gather(page_table, 1, positions // S)
         write_off = positions % S
         # Key index j of a row is visible to query t iff j <= positions[t].
         key_pos = torch.arange(P * S, device=self.device)
         mask = key_pos.view(1, 1, 1, -1) <= positions.view(B, 1, T, 1)  # (B, 1, T, P*S)
+        # A local layer's query sees the keys less than a window behind it.
+        window = a.sliding_window
+        mask_local = (
+            mask & (key_pos.view(1, 1, 1, -1) > positions.view(B, 1, T, 1) - window)
+            if window > 0
+            else mask
+        )
 
-        x = F.embedding(tokens, self.embedding)  # (B, T, dim)
+        x = self.embedding(tokens)  # (B, T, dim)
+        if a.embed_scale != 1.0:
+            x = x * a.embed_scale
         q_end = a.n_heads * a.head_dim
         k_end = q_end + a.kv_dim
         for li, layer in enumerate(self.layers):
@@ -244,8 +309,9 @@ class Transformer:
             if layer.q_norm is not None and layer.k_norm is not None:
                 q = F.rms_norm(q, (a.head_dim,), layer.q_norm, a.norm_eps)
                 k = F.rms_norm(k, (a.head_dim,), layer.k_norm, a.norm_eps)
-            q = _apply_rope(q, rot, neox=a.rope_neox)
-            k = _apply_rope(k, rot, neox=a.rope_neox)
+            r = rot_local if layer.local else rot
+            q = _apply_rope(q, r, neox=a.rope_neox)
+            k = _apply_rope(k, r, neox=a.rope_neox)
             kv.k[li].index_put_((write_page, write_off), k)
             kv.v[li].index_put_((write_page, write_off), v)
             keys = kv.k[li][page_table].view(B, P * S, a.n_kv_heads, a.head_dim)
@@ -254,26 +320,62 @@ class Transformer:
                 q.transpose(1, 2),  # (B, H, T, D)
                 keys.transpose(1, 2),  # (B, G, P*S, D)
                 values.transpose(1, 2),
-                mask,
+                mask_local if layer.local else mask,
+                scale=a.attn_scale,
+                softcap=a.attn_softcap,
             ).to(x.dtype)  # (B, H, T, D)
-            x = x + layer.wo(attn.transpose(1, 2).reshape(B, T, q_end))  # heads x head_dim
+            out = layer.wo(attn.transpose(1, 2).reshape(B, T, q_end))  # heads x head_dim
+            if layer.post_attn_norm is not None:
+                out = F.rms_norm(out, (a.dim,), layer.post_attn_norm, a.norm_eps)
+            x = x + out
             h = F.rms_norm(x, (a.dim,), layer.ffn_norm, a.norm_eps)
             gate, up = layer.w_gate_up(h).chunk(2, dim=-1)  # (B, T, ffn) each
-            x = x + layer.w_down(F.silu(gate) * up)
+            act = F.gelu(gate, approximate="tanh") if a.gelu else F.silu(gate)
+            out = layer.w_down(act * up)
+            if layer.post_ffn_norm is not None:
+                out = F.rms_norm(out, (a.dim,), layer.post_ffn_norm, a.norm_eps)
+            x = x + out
         return x
 
-    def row_maps(self) -> list[Linear | AttentionRows]:
+    def row_maps(self, *, narrowed: bool = False) -> list[Linear | AttentionRows]:
         """One of each weight shape and kind, and attention with the model's head shapes:
-        what batch invariance is measured on."""
+        what batch invariance is measured on (`narrowed`: as `narrow_dense` would make
+        the layers' matrices)."""
         layer = self.layers[0]
+        maps = [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
+        if narrowed:
+            maps = [_narrowed(m) for m in maps]
         return [
-            layer.wqkv,
-            layer.wo,
-            layer.w_gate_up,
-            layer.w_down,
+            *maps,
             self.lm_head,
             *(AttentionRows(self.args, keys, self.device) for keys in (16, 48, 272)),
         ]
+
+    @property
+    def narrowable(self) -> bool:
+        """Whether packed mode left float32 matrices in the layers (types the int4 kernel
+        cannot hold: Q5_0, Q8_0, Q6_K...)."""
+        return self.packed and any(
+            isinstance(m, Dense) and m.weight.dtype == torch.float32
+            for layer in self.layers
+            for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
+        )
+
+    def narrow_dense(self) -> None:
+        """Keep the layers' float32 matrices in bfloat16, as the tied head is: the same
+        rounding of their inputs as the int4 matmuls, half the bytes. The engine does
+        this when float32 matmuls would batch invariantly at less than half the batch
+        sizes (on this CPU, Gemma 3 270M's float32 shapes agree only in batches of 16,
+        so every decode step would be padded to 16 rows)."""
+        for layer in self.layers:
+            layer.wqkv, layer.wo = _narrowed(layer.wqkv), _narrowed(layer.wo)
+            layer.w_gate_up, layer.w_down = _narrowed(layer.w_gate_up), _narrowed(layer.w_down)
+
+
+def _narrowed(m: Linear) -> Linear:
+    if isinstance(m, Dense) and m.weight.dtype == torch.float32:
+        return Dense(m.weight.to(torch.bfloat16))
+    return m
 
 
 class AttentionRows:
@@ -314,9 +416,12 @@ def load_transformer(
     weights: str = "int4",
 ) -> Transformer:
     """Build the model from a GGUF file: fuse QKV and gate/up, tie the head. With
-    weights="int4" (CPU only), Q4_0/Q4_1 matrices stay in their 4-bit blocks and run
-    through the int4 kernel; every other tensor is dequantized to `dtype`."""
+    weights="int4" (CPU only), Q4_0/Q4_1/Q4_K matrices stay in their 4-bit blocks and run
+    through the int4 kernel; every other tensor is dequantized to `dtype`. The rotary
+    tables cover `max_positions`, never more than the model's context (no request goes
+    beyond it: a table of 2^20 positions was 256 MB for SmolLM2, 2 GB for Gemma 3)."""
     a = gguf.args
+    max_positions = min(max_positions, a.context_length)
     if weights not in WEIGHT_MODES:
         raise ValueError(f"weights must be one of {WEIGHT_MODES}")
     use_int4 = weights == "int4" and device == "cpu"
@@ -359,34 +464,40 @@ def load_transformer(
                 qkv_bias=bias,
                 q_norm=norm(p + "attn_q_norm.weight") if a.qk_norm else None,
                 k_norm=norm(p + "attn_k_norm.weight") if a.qk_norm else None,
+                post_attn_norm=norm(p + "post_attention_norm.weight") if a.post_norms else None,
+                post_ffn_norm=norm(p + "post_ffw_norm.weight") if a.post_norms else None,
+                local=a.is_local(i),
             )
         )
-    embedding = w("token_embd.weight")
+    kind, rows = gguf.rows("token_embd.weight")
+    embedding = Embedding(kind, rows, a.dim, dtype)
     assert embedding.shape == (a.vocab_size, a.dim), embedding.shape
     if gguf.has_tensor("output.weight"):
         lm_head = linear("output.weight")
     elif use_int4:
         # With the int4 kernel the matmuls already take bfloat16 inputs; the tied head,
         # the largest matrix read every step, does too (half the bytes of float32).
-        lm_head = Dense(embedding.to(torch.bfloat16))
+        lm_head = Dense(embedding.table(torch.bfloat16, device))
     else:
-        lm_head = Dense(embedding)
+        lm_head = Dense(embedding.table(dtype, device))
+    rope_freqs = (
+        gguf.tensor("rope_freqs.weight", torch.float32).reshape(-1)
+        if gguf.has_tensor("rope_freqs.weight")
+        else None
+    )
     return Transformer(
         args=a,
         embedding=embedding,
         layers=layers,
         norm=norm("output_norm.weight"),
         lm_head=lm_head,
-        rope=_rope_table(
-            a,
-            max_positions,
-            device,
-            gguf.tensor("rope_freqs.weight", torch.float32).reshape(-1)
-            if gguf.has_tensor("rope_freqs.weight")
-            else None,
-        ),
+        rope=_rope_table(a, max_positions, device, rope_freqs, scale=a.rope_scale),
+        rope_local=_rope_table(a, max_positions, device, base=a.local_rope_base)
+        if a.sliding_window > 0
+        else None,
         dtype=dtype,
         device=device,
+        packed=use_int4,
     )
 
 

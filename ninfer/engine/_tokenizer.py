@@ -1,7 +1,13 @@
 """The tokenizer and chat template, built from the GGUF file's own metadata.
 
-The vocabulary and merges become a `tokenizers` byte-level BPE model; control
-tokens (GGUF token type 3) become special added tokens, each a single id. The
+Two kinds of GGUF vocabulary, each as a `tokenizers` BPE model:
+- `gpt2` (SmolLM2, Llama 3, Qwen): byte-level BPE from the file's merges, split first
+  by the family's pre-tokenizer.
+- `llama` (SentencePiece: Gemma, Llama 2): spaces written as U+2581, pieces merged
+  pair by pair, the pair whose merged piece scores highest first (llama.cpp's SPM
+  tokenizer), which is BPE with merges ranked by the file's scores; a character no
+  piece covers becomes its UTF-8 bytes (`<0xXX>` byte tokens).
+Control tokens (GGUF token type 3) become special added tokens, each a single id. The
 chat template is the GGUF's Jinja source, rendered in Jinja2's immutable sandbox.
 """
 
@@ -13,14 +19,25 @@ from typing import Any
 import attrs
 import jinja2
 import jinja2.sandbox
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+)
 
 from ninfer._errors import ArtifactError
 
 __all__ = ["ChatTemplate", "TextTokenizer", "tokenizer_from_metadata"]
 
+_TOKEN_TYPE_NORMAL = 1
 _TOKEN_TYPE_CONTROL = 3
 _TOKEN_TYPE_USER_DEFINED = 4
+_TOKEN_TYPE_BYTE = 6
+_SPACE = "\u2581"  # SentencePiece's visible space
 
 # The split before byte-level BPE of the Llama 3 and Qwen 2 families (llama.cpp's
 # LLAMA3 and QWEN2 pre-tokenizers; the `pre_tokenizer` regex of their tokenizer.json):
@@ -113,43 +130,40 @@ class TextTokenizer:
     max_token_bytes: int = 1 << 16
     # Each token's bytes (a byte-level token may hold part of a UTF-8 character).
     spellings: tuple[bytes, ...] = ()
+    # Whether a prompt starts with the BOS token (the file's tokenizer.ggml.add_bos_token;
+    # added once: a chat template that writes it already is not given a second).
+    add_bos: bool = False
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.spellings[token_id]
 
     def encode(self, text: str) -> list[int]:
+        """A prompt's ids, with the BOS token first when the model wants one."""
         if len(text) > _LONG_TEXT:  # encode_batch lets other threads run more often
-            return list(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+            ids = list(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
+        else:
+            ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids.insert(0, self.bos_id)
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     def count(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return len(self.encode(text))
 
 
-def tokenizer_from_metadata(md: Mapping[str, Any]) -> TextTokenizer:
-    """Build the tokenizer of a GGUF file; an unsupported kind is an error that names it."""
-    kind = md.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ArtifactError(
-            f"unsupported tokenizer type {kind!r}; ninfer reads byte-level BPE ('gpt2')"
-        )
+def _byte_level_model(md: Mapping[str, Any], vocab: dict[str, int]) -> Tokenizer:
+    """GPT-2-style byte-level BPE from the file's merges and pre-tokenizer name."""
     pre = str(md.get("tokenizer.ggml.pre", "default"))
     if pre not in _PRE_TOKENIZERS:
         raise ArtifactError(
             f"unsupported pre-tokenizer {pre!r}; ninfer reads: "
             + ", ".join(sorted(_PRE_TOKENIZERS))
         )
-    tokens: list[str] = list(md.get("tokenizer.ggml.tokens") or [])
-    merges_raw: list[str] = list(md.get("tokenizer.ggml.merges") or [])
-    if not tokens:
-        raise ArtifactError("GGUF metadata has no tokenizer.ggml.tokens")
-    types: list[int] = list(md.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-    vocab = {tok: i for i, tok in enumerate(tokens)}
     merges: list[tuple[str, str]] = []
-    for m in merges_raw:
+    for m in md.get("tokenizer.ggml.merges") or []:
         left, sep, right = m.partition(" ")
         if not sep:
             raise ArtifactError(f"malformed BPE merge in GGUF metadata: {m!r}")
@@ -157,6 +171,82 @@ def tokenizer_from_metadata(md: Mapping[str, Any]) -> TextTokenizer:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _score_merges(
+    tokens: list[str], types: list[int], scores: list[float]
+) -> list[tuple[str, str]]:
+    """SentencePiece's merge order as BPE merges: every split of a mergeable piece into two
+    pieces of the vocabulary, ranked by the merged piece's score (highest first), then
+    by the vocabulary order of the merged piece and of its halves."""
+    mergeable = {
+        t: i
+        for i, t in enumerate(tokens)
+        if types[i] in (_TOKEN_TYPE_NORMAL, _TOKEN_TYPE_USER_DEFINED)
+    }
+    ranked: list[tuple[float, int, int, int, str, str]] = []
+    for piece, i in mergeable.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            li, ri = mergeable.get(left), mergeable.get(right)
+            if li is not None and ri is not None:
+                ranked.append((-scores[i], i, li, ri, left, right))
+    ranked.sort()
+    return [(left, right) for *_, left, right in ranked]
+
+
+def _sentencepiece_model(
+    md: Mapping[str, Any], vocab: dict[str, int], tokens: list[str], types: list[int]
+) -> Tokenizer:
+    """A SentencePiece vocabulary (llama.cpp's SPM) as BPE ranked by scores, bytes as
+    the fallback; a leading space added when the file says so (Llama 2 does, Gemma not)."""
+    scores = [float(x) for x in md.get("tokenizer.ggml.scores") or []]
+    if len(scores) != len(tokens):
+        raise ArtifactError("GGUF metadata has no score for each SentencePiece token")
+    tok = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=_score_merges(tokens, types, scores),
+            byte_fallback=True,
+            fuse_unk=False,
+        )
+    )
+    prefix = bool(md.get("tokenizer.ggml.add_space_prefix", True))
+    steps: list[normalizers.Normalizer] = [normalizers.Prepend(_SPACE)] if prefix else []
+    tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", _SPACE)])
+    undo: list[decoders.Decoder] = [decoders.Strip(" ", 1, 0)] if prefix else []
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(), *undo]
+    )
+    return tok
+
+
+def _spm_spelling(token: str, kind: int) -> bytes:
+    if kind == _TOKEN_TYPE_BYTE and len(token) == 6 and token.startswith("<0x"):
+        return bytes([int(token[3:5], 16)])
+    if kind == _TOKEN_TYPE_CONTROL:
+        return token.encode("utf-8")
+    return token.replace(_SPACE, " ").encode("utf-8")
+
+
+def tokenizer_from_metadata(md: Mapping[str, Any]) -> TextTokenizer:
+    """Build the tokenizer of a GGUF file; an unsupported kind is an error that names it."""
+    kind = md.get("tokenizer.ggml.model")
+    if kind not in ("gpt2", "llama"):
+        raise ArtifactError(
+            f"unsupported tokenizer type {kind!r}; ninfer reads byte-level BPE ('gpt2') "
+            "and SentencePiece ('llama')"
+        )
+    tokens: list[str] = list(md.get("tokenizer.ggml.tokens") or [])
+    if not tokens:
+        raise ArtifactError("GGUF metadata has no tokenizer.ggml.tokens")
+    types: list[int] = list(md.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    if kind == "gpt2":
+        tok = _byte_level_model(md, vocab)
+    else:
+        tok = _sentencepiece_model(md, vocab, tokens, types)
     special = [
         AddedToken(tokens[i], special=True, normalized=False)
         for i, t in enumerate(types)
@@ -179,7 +269,8 @@ def tokenizer_from_metadata(md: Mapping[str, Any]) -> TextTokenizer:
         eos_ids.add(int(eot))
     # ChatML models keep writing a new fake turn after <|im_end|>; <|endoftext|> ends
     # a document. Both end generation when present as control tokens.
-    for name in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>"):
+    # Gemma ends a turn with <end_of_turn>.
+    for name in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>"):
         i = vocab.get(name)
         if i is not None and types[i] == _TOKEN_TYPE_CONTROL:
             eos_ids.add(i)
@@ -200,11 +291,23 @@ def tokenizer_from_metadata(md: Mapping[str, Any]) -> TextTokenizer:
         bos_id=int(bos) if bos is not None else None,
         chat_template=template,
         vocab_size=len(tokens),
-        # byte-level tokens spell each byte as one (2-byte) character: an overestimate
+        # byte-level tokens spell each byte as one (2-byte) character, SentencePiece a
+        # space as one 3-byte character: an overestimate
         max_token_bytes=max(len(t.encode("utf-8")) for t in tokens),
         spellings=tuple(
-            t.encode("utf-8") if types[i] == _TOKEN_TYPE_CONTROL else _byte_level(t)
+            _spm_spelling(t, types[i])
+            if kind == "llama"
+            else t.encode("utf-8")
+            if types[i] == _TOKEN_TYPE_CONTROL
+            else _byte_level(t)
             for i, t in enumerate(tokens)
+        ),
+        # llama.cpp's defaults: SentencePiece vocabularies and Llama 3's start with BOS.
+        add_bos=bool(
+            md.get(
+                "tokenizer.ggml.add_bos_token",
+                kind == "llama" or md.get("tokenizer.ggml.pre") == "llama-bpe",
+            )
         ),
     )
 
