@@ -13,11 +13,14 @@ chat template is the GGUF's Jinja source, rendered in Jinja2's immutable sandbox
 
 from __future__ import annotations
 
+import datetime
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 import jinja2
+import jinja2.ext
 import jinja2.sandbox
 from tokenizers import (
     AddedToken,
@@ -65,9 +68,33 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     return byte_level
 
 
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """JSON as the templates expect it (transformers' `tojson`): not HTML-escaped, as
+    Jinja's own filter would, and keeping non-ASCII text as it is."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    """Today's date for the templates that print it (Llama 3.x: "26 Jul 2024")."""
+    return datetime.datetime.now().strftime(fmt)
+
+
 @attrs.frozen
 class ChatTemplate:
-    """A Jinja chat template compiled in a sandbox."""
+    """A Jinja chat template compiled in a sandbox, in the environment the published
+    templates are written for (transformers' `apply_chat_template`): an undefined name
+    or key is empty rather than an error (Qwen's template asks `if tools`, Llama 3's
+    for `date_string`, and every template reads `message.tool_calls` of messages that
+    have none), `{% break %}`/`{% continue %}`, `raise_exception`, `strftime_now` and a
+    `tojson` that does not HTML-escape."""
 
     source: str
     _template: jinja2.Template = attrs.field(alias="template")
@@ -77,13 +104,15 @@ class ChatTemplate:
     @classmethod
     def from_source(cls, source: str, *, bos_token: str, eos_token: str) -> ChatTemplate:
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
         )
 
         def raise_exception(message: str) -> None:
             raise jinja2.TemplateError(message)
 
         env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        env.filters["tojson"] = _tojson
         try:
             template = env.from_string(source)
         except jinja2.TemplateError as exc:
@@ -105,6 +134,7 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                tools=None,  # no tool is offered to a template (tools wait for issue 16)
             )
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template error: {exc}") from exc

@@ -1,0 +1,85 @@
+"""The chat templates GGUF files carry, rendered as transformers renders them: Qwen 2.5's
+(undefined `tools`, `message.tool_calls` of plain messages, `loop` lookbacks), Gemma 3's
+(system text folded into the first user turn, `trim`, the alternation check), and the
+environment's filters and globals; still inside Jinja's sandbox."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+from server import serve
+from tinymodel import GEMMA3_TEMPLATE, write_tiny_gguf
+
+from ninfer.engine._tokenizer import ChatTemplate
+
+# Qwen 2.5 Instruct's published template (tokenizer_config.json), as its GGUF files carry it.
+QWEN25 = (Path(__file__).parent / "qwen25_chat_template.jinja").read_text()
+
+
+def _template(source: str, bos: str = "") -> ChatTemplate:
+    return ChatTemplate.from_source(source, bos_token=bos, eos_token="")
+
+
+def test_qwen25_renders_with_its_default_system_prompt() -> None:
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+             {"role": "user", "content": "Bye"}]  # fmt: skip
+    assert _template(QWEN25).render(turns) == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        "Hello<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"
+    )
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert _template(QWEN25).render(system, add_generation_prompt=False) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    )
+
+
+def test_gemma3_folds_the_system_text_into_the_first_turn() -> None:
+    t = _template(GEMMA3_TEMPLATE, bos="<bos>")
+    turns = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": " Hi \n"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Bye"},
+    ]
+    assert t.render(turns) == (
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+        "<start_of_turn>model\nHello<end_of_turn>\n"
+        "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+    )
+    with pytest.raises(ValueError, match="roles must alternate"):
+        t.render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+
+
+def test_tojson_keeps_text_as_it_is_and_the_sandbox_holds() -> None:
+    t = _template("{{ messages[0] | tojson }}")
+    message = {"role": "user", "content": "<b>&'é"}
+    assert json.loads(t.render([message])) == message
+    assert "<b>&'é" in t.render([message])  # not \\u003c... as Jinja's own filter writes
+    date = _template("{{ strftime_now('%Y') }}").render([])
+    assert date.isdigit()
+    escape = _template("{{ ''.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ValueError, match="chat template error"):
+        escape.render([])
+
+
+async def test_a_template_refusal_is_a_400_naming_messages(tmp_path: Path) -> None:
+    """Gemma's template refuses two user turns in a row: the client gets a 400 that names
+    `messages` (not a 500); a conversation it accepts is answered."""
+    model = write_tiny_gguf(tmp_path / "g.gguf", architecture="gemma3")
+    with trio.fail_after(120):
+        async with serve(model, tmp_path) as server, server.client() as client:
+            name = (await client.get("/v1/models")).json()["data"][0]["id"]
+            twice = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+            bad = {"model": name, "max_tokens": 2, "messages": twice}
+            r = await client.post("/v1/chat/completions", json=bad)
+            assert r.status_code == 400
+            assert r.json()["error"]["param"] == "messages"
+            good = {**bad, "messages": [{"role": "system", "content": "s"},
+                                        {"role": "user", "content": "the capital"}]}  # fmt: skip
+            r = await client.post("/v1/chat/completions", json=good)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["prompt_tokens"] > 5
