@@ -378,6 +378,11 @@ def _bench(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    for r in rows:
+        if r["failed"]:
+            why = ", ".join(f"{n} x {error}" for error, n in r["errors"].items())
+            print(f"ninfer bench: {r['failed']} requests failed at {r['mode']} {r['load']:g}: "
+                  f"{why}", file=sys.stderr)  # fmt: skip
     return 1 if any(r["failed"] for r in rows) else 0
 
 

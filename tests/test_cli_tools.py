@@ -32,7 +32,15 @@ async def test_probe_and_bench_commands(tiny_gguf: Path, tmp_path: Path) -> None
             "bench", srv.url, "--api-key", "cli-key", "--clients", "2", "--duration-s", "0.5",
             "--max-tokens", "4", "--warmup-s", "0", "--json", str(out),
         )  # fmt: skip
-        assert bench.returncode == 0, bench.stderr.decode()[-2000:]
+        assert bench.returncode == 0, bench.stderr.decode()[-2000:] + bench.stdout.decode()
+        assert b"requests failed" not in bench.stderr
+        wrong = await _ninfer(
+            "bench", srv.url, "--api-key", "wrong", "--model", "any", "--clients", "1",
+            "--duration-s", "0.2", "--max-tokens", "4", "--warmup-s", "0",
+        )  # fmt: skip
+        assert wrong.returncode == 1
+        assert b"requests failed at closed 1: " in wrong.stderr
+        assert b" x HTTP 401" in wrong.stderr
     assert b"tok/s" in bench.stdout
     # stderr is a pipe here: one progress line per level, no carriage returns
     assert b"\r" not in bench.stderr
