@@ -1,0 +1,178 @@
+"""Grammar engines for constrained decoding, measured on ninfer's own vocabularies.
+
+    .venv/bin/python benchmarks/grammar.py [--model smollm2-135m-instruct] [--model gemma3-270m]
+
+For each engine that is installed (llguidance, xgrammar) and each model's vocabulary
+(the token bytes ninfer streams, its EOS ids): the time to build the engine's
+tokenizer, to compile a typical tool schema, and, over a valid answer tokenized by
+ninfer, the time to compute one row's token mask and advance it, at batch 1 and at
+batch 8 (eight rows in the same state, masks filled one after another as the engine
+thread would), plus the time to apply a bitmask to a batch of float32 logits in torch.
+Not part of the test suite; the figures are in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ninfer._artifacts import cache_dir, resolve_model
+from ninfer.engine._gguf_reader import read_gguf
+from ninfer.engine._tokenizer import TextTokenizer, tokenizer_from_metadata
+
+# A get_weather-style tool's arguments, as agent frameworks send them (strict mode).
+TOOL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "location": {"type": "string", "description": "City and country"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "include": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+        "details": {
+            "type": "object",
+            "properties": {"hourly": {"type": "boolean"}, "lang": {"type": "string"}},
+            "required": ["hourly", "lang"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["location", "unit", "days", "include", "details"],
+    "additionalProperties": False,
+}
+ANSWER = json.dumps({
+    "location": "Paris, France", "unit": "celsius", "days": 3,
+    "include": ["wind", "humidity"], "details": {"hourly": False, "lang": "fr"},
+})  # fmt: skip
+
+
+def _ms(f: Callable[[], object], repeat: int = 1) -> float:
+    t = time.perf_counter()
+    for _ in range(repeat):
+        f()
+    return (time.perf_counter() - t) / repeat * 1e3
+
+
+class _Vocab:
+    """What a grammar engine needs of ninfer's tokenizer."""
+
+    def __init__(self, tok: TextTokenizer) -> None:
+        self.tok = tok
+        self.tokens = [tok.token_bytes(i) for i in range(tok.vocab_size)]
+        self.eos_token_id = min(tok.eos_ids)
+        self.bos_token_id = tok.bos_id
+        self.special_token_ids = sorted(tok.eos_ids)
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        s = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        ids = self.tok.encode(s)
+        return ids[1:] if self.tok.bos_id is not None and ids[:1] == [self.tok.bos_id] else ids
+
+
+def bench_llguidance(vocab: _Vocab, answer: list[int]) -> dict[str, float]:
+    import llguidance
+    import llguidance.torch as lltorch
+
+    out: dict[str, float] = {}
+    t = time.perf_counter()
+    lltok = llguidance.LLTokenizer(
+        llguidance.TokenizerWrapper(vocab), n_vocab=len(vocab.tokens),
+        eos_token=sorted(vocab.tok.eos_ids),
+    )  # fmt: skip
+    out["tokenizer_ms"] = (time.perf_counter() - t) * 1e3
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(TOOL_SCHEMA)
+    out["compile_ms"] = _ms(lambda: llguidance.LLMatcher(lltok, grammar), 5)
+    for batch in (1, 8):
+        matchers = [llguidance.LLMatcher(lltok, grammar) for _ in range(batch)]
+        mask = lltorch.allocate_token_bitmask(batch, len(vocab.tokens))
+        per_step = []
+        for token in answer:
+            t = time.perf_counter()
+            for i, m in enumerate(matchers):
+                lltorch.fill_next_token_bitmask(m, mask, i)
+                assert m.consume_token(token), m.get_error()
+            per_step.append((time.perf_counter() - t) * 1e3)
+        assert all(not m.is_error() for m in matchers)
+        out[f"step_ms_b{batch}_median"] = statistics.median(per_step)
+        out[f"step_ms_b{batch}_max"] = max(per_step)
+    return out
+
+
+def bench_xgrammar(vocab: _Vocab, answer: list[int]) -> dict[str, float]:
+    import xgrammar
+
+    out: dict[str, float] = {}
+    t = time.perf_counter()
+    info = xgrammar.TokenizerInfo(
+        vocab.tokens, vocab_type=xgrammar.VocabType.RAW, vocab_size=len(vocab.tokens),
+        stop_token_ids=sorted(vocab.tok.eos_ids),
+    )  # fmt: skip
+    compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
+    out["tokenizer_ms"] = (time.perf_counter() - t) * 1e3
+    schema = json.dumps(TOOL_SCHEMA)
+    out["compile_ms"] = _ms(lambda: compiler.compile_json_schema(schema), 3)
+    compiled = compiler.compile_json_schema(schema)
+    for batch in (1, 8):
+        matchers = [xgrammar.GrammarMatcher(compiled) for _ in range(batch)]
+        mask = xgrammar.allocate_token_bitmask(batch, len(vocab.tokens))
+        per_step = []
+        for token in answer:
+            t = time.perf_counter()
+            for i, m in enumerate(matchers):
+                m.fill_next_token_bitmask(mask, i)
+                assert m.accept_token(token)
+            per_step.append((time.perf_counter() - t) * 1e3)
+        out[f"step_ms_b{batch}_median"] = statistics.median(per_step)
+        out[f"step_ms_b{batch}_max"] = max(per_step)
+    return out
+
+
+def bench_apply(vocab_size: int) -> dict[str, float]:
+    """Masking a batch of float32 logits with a packed bitmask, in torch (engine-side)."""
+    out = {}
+    bits = torch.arange(32, dtype=torch.int32)
+    for batch in (1, 8):
+        logits = torch.randn(batch, vocab_size)
+        words = (vocab_size + 31) // 32
+        mask = torch.randint(-(2**31), 2**31 - 1, (batch, words), dtype=torch.int32)
+
+        def apply(mask: torch.Tensor = mask, logits: torch.Tensor = logits) -> None:
+            rows = mask.shape[0]
+            allowed = ((mask.unsqueeze(-1) >> bits) & 1).bool().view(rows, -1)[:, :vocab_size]
+            logits.masked_fill_(~allowed, float("-inf"))
+
+        out[f"apply_ms_b{batch}"] = _ms(apply, 20)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", action="append", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    for name in args.model or ["smollm2-135m-instruct", "gemma3-270m"]:
+        md, _ = read_gguf(str(resolve_model(name, cache_dir(None, os.environ))))
+        vocab = _Vocab(tokenizer_from_metadata(md))
+        answer = [*vocab(ANSWER), min(vocab.tok.eos_ids)]
+        print(f"\n{name}: vocabulary {len(vocab.tokens)}, answer {len(answer)} tokens")
+        for engine, bench in (("llguidance", bench_llguidance), ("xgrammar", bench_xgrammar)):
+            try:
+                figures = bench(vocab, answer)
+            except ImportError as exc:
+                print(f"  {engine}: not installed ({exc})")
+                continue
+            print(f"  {engine}: " + ", ".join(f"{k} {v:.2f}" for k, v in figures.items()))
+        print(
+            "  torch: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in bench_apply(len(vocab.tokens)).items())
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
