@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -256,12 +257,25 @@ def _probe(args: argparse.Namespace) -> int:
         headers = {"authorization": f"Bearer {key}"} if key else {}
         async with httpx.AsyncClient(base_url=base, timeout=args.timeout) as client:
             listing = await client.get("/v1/models", headers=headers)
-        if listing.status_code != 200:
-            hint = " (is --api-key needed?)" if listing.status_code == 401 else ""
-            raise RuntimeError(f"GET /v1/models answered {listing.status_code}{hint}")
-        model = listing.json()["data"][0]["id"]
+            if listing.status_code != 200:
+                hint = " (is --api-key needed?)" if listing.status_code == 401 else ""
+                raise RuntimeError(f"GET /v1/models answered {listing.status_code}{hint}")
+            model = listing.json()["data"][0]["id"]
+            # A base model without a chat template refuses every chat with this code.
+            hello = [{"role": "user", "content": "hi"}]
+            tried = await client.post(
+                "/v1/chat/completions",
+                json={"model": model, "max_tokens": 1, "messages": hello},
+                headers=headers,
+            )
+        no_template = tried.status_code == 400 and (
+            (tried.json().get("error") or {}).get("code") == "no_chat_template"
+        )
         env = ProbeEnv(
-            model=model, max_request_bytes=int(args.max_request_mib * (1 << 20)), api_key=key
+            model=model,
+            max_request_bytes=int(args.max_request_mib * (1 << 20)),
+            api_key=key,
+            chat=not no_template,
         )
         return await run_probes(
             base,
@@ -293,10 +307,11 @@ def _probe(args: argparse.Namespace) -> int:
             for r in results
         ]
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
-    skipped = len(results) - len(sent)
+    why = Counter(r.skipped for r in results if r.skipped is not None)
+    skipped = "; ".join(f"{n} skipped: {reason}" for reason, n in why.items())
     print(
         f"{len(sent) - len(failed)} of {len(sent)} probes passed"
-        + (f" ({skipped} skipped: the deployment has no API key)" if skipped else ""),
+        + (f" ({skipped})" if skipped else ""),
         file=sys.stderr,
     )
     return 1 if failed else 0
@@ -516,7 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
         "check each answer: the documented status, error type and parameter; no 5xx, no "
         "reset; the protocol's error envelope with a request id; a bounded body that echoes "
         "nothing of the input. Exit status 1 when any probe fails. Probes that need an API "
-        "key to refuse are skipped when none is given.",
+        "key to refuse are skipped when none is given, and those that need a rendered chat "
+        "when the model has no chat template (a base model).",
     )
     probe.add_argument("url", nargs="?", help="the server, e.g. http://127.0.0.1:8080")
     probe.add_argument(

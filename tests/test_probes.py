@@ -50,6 +50,28 @@ async def test_probes_skip_what_needs_a_key_when_there_is_none(
     assert all(r.probe.status == 401 for r in skipped)
 
 
+async def test_probes_on_a_model_without_a_chat_template(tmp_path: Path) -> None:
+    """A base model (Gemma 3 270M ships no template): `ninfer probe` finds out from the
+    chat route's error code and skips what needs a rendered chat; every other chat
+    probe still gets its documented answer, because the body is checked whole (model
+    name, fields, n, logit_bias) before the missing template is reported."""
+    import sys
+
+    import trio
+    from tinymodel import write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path / "base.gguf", chat_template=False)
+    async with serve(model, tmp_path, api_key="probe-key") as srv:
+        done = await trio.run_process(
+            [sys.executable, "-m", "ninfer", "probe", srv.url, "--api-key", "probe-key"],
+            capture_stdout=True, capture_stderr=True, check=False,
+        )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 0, err[-3000:]
+    assert "skipped: the model has no chat template" in err
+    assert "FAIL" not in err
+
+
 @pytest.mark.realmodel
 async def test_probes_against_the_default_model(real_gguf: Path, tmp_path: Path) -> None:
     async with serve(real_gguf, tmp_path, api_key="probe-key") as srv:

@@ -135,6 +135,7 @@ def write_tiny_gguf(
     rope_freqs: bool = False,
     head_dim: int | None = None,
     sliding_window: int = 8,
+    chat_template: bool = True,
 ) -> Path:
     """A random-weight model of the llama family. `architecture` qwen2 adds QKV biases,
     qwen3 per-head query and key norms; `rope_freqs` adds Llama 3's rope-scaling
@@ -169,7 +170,8 @@ def write_tiny_gguf(
         w.add_eos_token_id(1)
         w.add_add_bos_token(True)
         w.add_add_space_prefix(False)
-        w.add_chat_template(GEMMA3_TEMPLATE)
+        if chat_template:
+            w.add_chat_template(GEMMA3_TEMPLATE)
         w.add_sliding_window(sliding_window)
     else:
         w.add_tokenizer_model("gpt2")
@@ -177,7 +179,8 @@ def write_tiny_gguf(
         w.add_token_merges(merges)
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
-        w.add_chat_template(CHATML)
+        if chat_template:  # without: a base model, as Gemma 3 270M is
+            w.add_chat_template(CHATML)
 
     def add(name: str, shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType) -> None:
         data = (rng.standard_normal(shape) * 2.0 / np.sqrt(shape[-1])).astype(np.float32)

@@ -52,6 +52,9 @@ def clamp_headers(grant: Grant) -> tuple[tuple[bytes, bytes], ...]:
 
 
 Tokenize = Callable[[str], Awaitable[list[int]]]
+# The error code of a chat request to a model whose file has no chat template (a base
+# model such as Gemma 3 270M): `ninfer probe` reads it to skip what needs a chat.
+NO_CHAT_TEMPLATE = "no_chat_template"
 _ROLE_FOR_TEMPLATE = {"developer": "system"}  # ChatML templates know system, not developer
 
 
@@ -213,7 +216,13 @@ class Frontend(abc.ABC):
         no other); a refusal naming `param` when there is no template or it refuses."""
         template = self.ctx.model.tokenizer.chat_template
         if template is None:
-            raise ApiError("invalid_request", "this model has no chat template", param=param)
+            raise ApiError(
+                "invalid_request",
+                "this model has no chat template (its GGUF file carries none): send a plain "
+                "prompt to /v1/completions or /v1/generate",
+                param=param,
+                code=NO_CHAT_TEMPLATE,
+            )
         turns = [{**t, "role": _ROLE_FOR_TEMPLATE.get(str(t["role"]), t["role"])}
                  for t in conversation]  # fmt: skip
         try:

@@ -340,16 +340,7 @@ class _OpenAIFrontend(Frontend):
         """The engine requests of every choice (n per prompt, in OpenAI's index order),
         the prompt each continues, and the clamp header."""
         n = req.n or 1
-        limit = self.ctx.config.max_concurrency
-        if n * len(prompts) > limit:
-            raise ApiError(
-                "invalid_request",
-                f"{n * len(prompts)} sequences were asked for (n times the prompts); this "
-                f"server decodes at most {limit} at once (--max-concurrency)",
-                param="n" if n > 1 else prompt_param,
-                code="invalid_value",
-            )
-        sampling = _sampling(req, self.ctx.model.identity.vocab_size)
+        sampling = self._checked_sampling(req, len(prompts), prompt_param=prompt_param)
         requests: list[GenerationRequest] = []
         groups: list[int] = []
         clamped: list[Grant] = []
@@ -375,6 +366,23 @@ class _OpenAIFrontend(Frontend):
         self.check_fits(requests, param="n" if n > 1 else prompt_param)
         headers = clamp_headers(min(clamped, key=lambda g: g.max_new_tokens)) if clamped else ()
         return tuple(requests), tuple(groups), headers
+
+    def _checked_sampling(
+        self, req: ChatRequest | CompletionRequest, prompts: int, *, prompt_param: str
+    ) -> SamplingRequest:
+        """The checks of `n` and the sampling fields that need no prompt (a chat's are
+        made before its template is rendered), and the sampling they ask for."""
+        n = req.n or 1
+        limit = self.ctx.config.max_concurrency
+        if n * prompts > limit:
+            raise ApiError(
+                "invalid_request",
+                f"{n * prompts} sequences were asked for (n times the prompts); this "
+                f"server decodes at most {limit} at once (--max-concurrency)",
+                param="n" if n > 1 else prompt_param,
+                code="invalid_value",
+            )
+        return _sampling(req, self.ctx.model.identity.vocab_size)
 
     def _prepared(
         self,
@@ -411,14 +419,10 @@ class ChatFrontend(_OpenAIFrontend):
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         template = self.ctx.model.tokenizer.chat_template
-        if template is None:
-            raise ApiError(
-                "invalid_request",
-                "this model has no chat template; use /v1/completions",
-                param="messages",
-            )
-        req = self._codec.parse_chat(loads(body), supports_tools=template.supports_tools)
-        self.ctx.check_model(req.model)
+        tools = template is not None and template.supports_tools
+        req = self._codec.parse_chat(loads(body), supports_tools=tools)
+        self.ctx.check_model(req.model)  # the body is checked whole before the template
+        self._checked_sampling(req, 1, prompt_param="messages")
         conversation: list[dict[str, object]] = [
             {"role": m.role, "content": m.text()} for m in req.messages
         ]

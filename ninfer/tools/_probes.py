@@ -67,6 +67,7 @@ class ProbeEnv:
     model: str  # a served model id (from GET /v1/models)
     max_request_bytes: int = 4 << 20
     api_key: str | None = None
+    chat: bool = True  # the model has a chat template (a base model may have none)
 
 
 Body = bytes | Callable[[ProbeEnv], bytes]
@@ -547,11 +548,26 @@ async def run_probes(
 
         async with trio.open_nursery() as nursery:
             for result in results:
-                if result.probe.status == 401 and env.api_key is None:
-                    result.skipped = "the deployment has no API key"
-                    continue
-                nursery.start_soon(one, result)
+                result.skipped = _skip(result.probe, env)
+                if result.skipped is None:
+                    nursery.start_soon(one, result)
     return results
+
+
+# Routes that render the model's chat template.
+_CHAT_ROUTES = frozenset({"chat", "messages", "count_tokens", "responses"})
+
+
+def _skip(probe: Probe, env: ProbeEnv) -> str | None:
+    """Why a probe cannot be judged on this deployment, or None."""
+    if probe.status == 401 and env.api_key is None:
+        return "the deployment has no API key"
+    # Without a chat template a chat request that passes every check is refused when it
+    # is rendered: what needs the rendered prompt cannot be probed.
+    chat = probe.route in _CHAT_ROUTES or (probe.path or "").startswith("/v1/responses")
+    if not env.chat and chat and (probe.status == 200 or probe.kind == "context_length_exceeded"):
+        return "the model has no chat template"
+    return None
 
 
 def _headers(probe: Probe, env: ProbeEnv) -> dict[str, str]:
