@@ -8,6 +8,7 @@ refused with code `unknown_parameter`. Errors use OpenAI's envelope:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attrs
@@ -70,8 +71,11 @@ class StreamOptions:
 
 @attrs.frozen
 class ResponseFormat:
+    """text, json_object (any JSON object) or json_schema (the output matches the
+    schema: {name, description?, schema?, strict?}), enforced while decoding."""
+
     type: str
-    json_schema: dict[str, Any] | None = attrs.field(default=None, metadata=schema(refused=True))
+    json_schema: dict[str, Any] | None = None
 
 
 # Fields of the OpenAI references that this server knows and cannot honour: parsed only
@@ -183,6 +187,40 @@ _FORMATS = frozenset({"json_object", "json_schema"})
 
 
 _invalid, _unsupported = invalid_value, unsupported
+_SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_JSON_SCHEMA_KEYS = {"name": str, "description": str, "schema": dict, "strict": bool}
+
+
+def _check_response_format(fmt: ResponseFormat) -> None:
+    """OpenAI's response_format: its type, and json_schema's own fields (the schema
+    itself is compiled by the server, which names what it cannot enforce)."""
+    if fmt.type not in ("text", *_FORMATS):
+        raise _invalid(
+            "response_format.type",
+            f"response_format {kind_name(fmt.type, _FORMATS)} is not a type; "
+            "one of 'text', 'json_object', 'json_schema'",
+        )
+    if fmt.type != "json_schema":
+        if fmt.json_schema is not None:
+            raise _invalid("response_format.json_schema", "json_schema goes with type json_schema")
+        return
+    spec = fmt.json_schema
+    if spec is None:
+        raise _invalid("response_format.json_schema", "type json_schema needs json_schema")
+    for key, value in spec.items():
+        where = f"response_format.json_schema.{key}" if _SCHEMA_NAME.match(key) else (
+            "response_format.json_schema")  # fmt: skip
+        kind = _JSON_SCHEMA_KEYS.get(key)
+        if kind is None:
+            raise _invalid(where, "unknown field of json_schema", code="unknown_parameter")
+        if value is not None and not isinstance(value, kind):
+            raise _invalid(where, f"must be of type {kind.__name__}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
+        raise _invalid(
+            "response_format.json_schema.name",
+            "json_schema.name is required: 1 to 64 of a-z, A-Z, 0-9, _ and -",
+        )
 
 
 class OpenAICodec:
@@ -280,16 +318,8 @@ class OpenAICodec:
         if req.top_logprobs is not None and not req.logprobs:
             raise _invalid("top_logprobs", "top_logprobs needs logprobs set to true")
         _check_range("top_logprobs", req.top_logprobs, 0, 20)
-        if req.response_format is not None and req.response_format.type != "text":
-            raise _unsupported(
-                "response_format.type",
-                f"response_format {kind_name(req.response_format.type, _FORMATS)} is not "
-                "supported yet; only 'text' is",
-            )
-        if req.response_format is not None and req.response_format.json_schema is not None:
-            raise _unsupported(
-                "response_format.json_schema", "response_format.json_schema is not supported yet"
-            )
+        if req.response_format is not None:
+            _check_response_format(req.response_format)
         for i, modality in enumerate(req.modalities or ()):
             if modality != "text":
                 raise _unsupported(f"modalities[{i}]", "only the text modality is supported")

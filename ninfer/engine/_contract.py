@@ -64,6 +64,9 @@ class SamplingParams:
     # (token id, bias) pairs added to the row's logits before anything else (OpenAI's
     # logit_bias; -100 bans a token, +100 all but forces it).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # An llguidance grammar (its JSON form) the output must match, token by token: a
+    # structured output's JSON schema, compiled by the frontend.
+    grammar: str | None = None
 
     @property
     def greedy(self) -> bool:

@@ -17,6 +17,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import structlog
@@ -39,6 +40,7 @@ from ninfer.engine._contract import (
     TokenLogprob,
     Usage,
 )
+from ninfer.engine._grammar import Constraint, GrammarVocabulary, grammar_tokenizer
 from ninfer.engine._invariance import invariant_batch_sizes
 from ninfer.engine._kvpool import PagePool, page_keys, pages_for
 from ninfer.engine._loader import LoadedModel
@@ -128,6 +130,7 @@ class Engine:
         self._waiting: deque[_Active] = deque()
         self._decoding: list[_Active] = []
         self._by_id: dict[int, _Active] = {}
+        self._lltokenizer: Any = None  # llguidance's token table, on first use
         self._events: list[tuple[RequestHandle, Event]] = []
         self._steps = 0
         self._decode_steps = 0
@@ -376,6 +379,30 @@ class Engine:
         self._by_id[handle.id] = active
         with self._stats_lock:
             self._waiting.append(active)
+        if request.sampling.grammar is not None:
+            try:
+                active.sampler.constraint = Constraint(
+                    self._grammar_tokenizer(), request.sampling.grammar, self._vocab_size
+                )
+            except Exception:
+                self._fail(active, "grammar")
+
+    @property
+    def _vocab_size(self) -> int:
+        assert self.model is not None
+        return self.model.identity.vocab_size
+
+    def _grammar_tokenizer(self) -> Any:
+        """llguidance's table of this model's tokens, built on first use."""
+        if self._lltokenizer is None:
+            assert self.model is not None
+            tok = self.model.tokenizer
+            vocab = GrammarVocabulary(
+                [tok.token_bytes(i) for i in range(tok.vocab_size)],
+                sorted(tok.eos_ids), tok.bos_id, tok.encode,
+            )  # fmt: skip
+            self._lltokenizer = grammar_tokenizer(vocab, self._vocab_size)
+        return self._lltokenizer
 
     def _step(self) -> None:
         # Prefill chunks up to --prefill-chunk tokens in all, across as many waiting
@@ -561,8 +588,8 @@ class Engine:
             if scored is not None:
                 a.pending_lps.append(scored)
             a.text.push(token)
-            if a.text.stopped_at is not None:
-                self._finish(a, "stop")
+            if a.text.stopped_at is not None or a.sampler.grammar_done:
+                self._finish(a, "stop")  # a stop string, or the grammar is complete
             elif a.generated >= req.max_new_tokens:
                 self._finish(a, "length")
             elif a.position + 1 > self.max_context:

@@ -15,6 +15,7 @@ import attrs
 import torch
 
 from ninfer.engine._contract import SamplingParams, TokenLogprob
+from ninfer.engine._grammar import Constraint
 
 __all__ = ["RowSampler", "logprobs_of", "sample_rows"]
 
@@ -32,9 +33,12 @@ class RowSampler:
     generator: torch.Generator | None
     counts: torch.Tensor | None  # (V,) float32 counts of output tokens, when penalized
     bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids, values) of logit_bias
+    constraint: Constraint | None = None  # the request's grammar, when it has one
 
     @classmethod
-    def create(cls, params: SamplingParams, vocab_size: int) -> RowSampler:
+    def create(
+        cls, params: SamplingParams, vocab_size: int, constraint: Constraint | None = None
+    ) -> RowSampler:
         seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED)
         gen = None
         if not params.greedy:
@@ -45,20 +49,36 @@ class RowSampler:
         if params.logit_bias:
             ids, values = zip(*params.logit_bias, strict=True)
             bias = (torch.tensor(ids), torch.tensor(values, dtype=torch.float32))
-        return cls(params=params, seed=seed, generator=gen, counts=counts, bias=bias)
+        return cls(
+            params=params, seed=seed, generator=gen, counts=counts, bias=bias, constraint=constraint
+        )
 
     @property
     def plain_greedy(self) -> bool:
         """Argmax of the logits as they come (rows like this share one batched argmax)."""
-        return self.params.greedy and self.counts is None and self.bias is None
+        return (
+            self.params.greedy
+            and self.counts is None
+            and self.bias is None
+            and self.constraint is None
+        )
 
     def observe(self, token: int) -> None:
         if self.counts is not None:
             self.counts[token] += 1.0
+        if self.constraint is not None:
+            self.constraint.advance(token)
+
+    @property
+    def grammar_done(self) -> bool:
+        """The request's grammar is complete and allows no further token."""
+        return self.constraint is not None and self.constraint.done
 
     def pick(self, logits: torch.Tensor) -> int:
         """Choose one token from a (V,) float32 logits row."""
         p = self.params
+        if self.constraint is not None:  # first: a bias or penalty cannot revive a token
+            logits = self.constraint.apply(logits)
         if self.bias is not None:
             logits = logits.index_add(0, self.bias[0], self.bias[1])
         if self.counts is not None:

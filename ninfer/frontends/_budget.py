@@ -25,6 +25,7 @@ class SamplingRequest:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: str | None = None  # a structured output's compiled schema
 
 
 def resolve_sampling(req: SamplingRequest, cfg: ServerConfig) -> tuple[SamplingParams, list[str]]:
@@ -55,6 +56,7 @@ def resolve_sampling(req: SamplingRequest, cfg: ServerConfig) -> tuple[SamplingP
         frequency_penalty=req.frequency_penalty or 0.0,
         seed=seed,
         logit_bias=req.logit_bias,
+        grammar=req.grammar,
     )
     return params, warnings
 

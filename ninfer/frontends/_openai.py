@@ -19,6 +19,7 @@ from ninfer.frontends._base import (
     clamp_headers,
 )
 from ninfer.frontends._budget import Grant, SamplingRequest
+from ninfer.frontends._structured import ANY_JSON_OBJECT, json_schema_grammar
 from protocols import (
     ApiError,
     AssistantMessage,
@@ -298,6 +299,19 @@ class CompletionAnswer:
         )
 
 
+def _grammar(req: ChatRequest | CompletionRequest) -> str | None:
+    """A chat's response_format as the grammar its output must match (None: free text)."""
+    fmt = getattr(req, "response_format", None)
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return json_schema_grammar(ANY_JSON_OBJECT, param="response_format")
+    assert fmt.json_schema is not None  # checked by the codec
+    schema = fmt.json_schema.get("schema")
+    where = "response_format.json_schema.schema"
+    return json_schema_grammar(schema if schema is not None else ANY_JSON_OBJECT, param=where)
+
+
 def _sampling(req: ChatRequest | CompletionRequest, vocab_size: int) -> SamplingRequest:
     return SamplingRequest(
         temperature=req.temperature,
@@ -308,6 +322,7 @@ def _sampling(req: ChatRequest | CompletionRequest, vocab_size: int) -> Sampling
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
         logit_bias=logit_bias_pairs(req.logit_bias, vocab_size),
+        grammar=_grammar(req),
     )
 
 

@@ -328,9 +328,19 @@ def _rows() -> Iterator[Probe]:
                 "invalid_request", "reasoning_effort")  # fmt: skip
     yield Probe("chat: metadata value a number", "chat", _with("chat", metadata={"k": 5}), 422,
                 "invalid_request", "metadata")  # fmt: skip
-    yield Probe("chat: json response format", "chat",
-                _with("chat", response_format={"type": "json_object"}), 422, "invalid_request",
+    yield Probe("chat: response format of no type", "chat",
+                _with("chat", response_format={"type": "xml"}), 422, "invalid_request",
                 "response_format.type")  # fmt: skip
+    yield Probe("chat: json_schema without a name", "chat",
+                _with("chat", response_format={"type": "json_schema",
+                                               "json_schema": {"schema": {"type": "object"}}}),
+                422, "invalid_request", "response_format.json_schema.name")  # fmt: skip
+    yield Probe("chat: json_schema the engine cannot enforce", "chat",
+                _with("chat", response_format={"type": "json_schema", "json_schema": {
+                    "name": "s", "schema": {"type": "array", "uniqueItems": True}}}),
+                422, "invalid_request", "response_format.json_schema.schema")  # fmt: skip
+    yield Probe("chat: json object served", "chat",
+                _with("chat", response_format={"type": "json_object"}), 200, None)  # fmt: skip
     yield Probe("chat: image part", "chat",
                 _with("chat", messages=[{"role": "user", "content": [
                     {"type": "image_url", "image_url": {"url": "http://x/" + CANARY}}]}]),

@@ -1,0 +1,165 @@
+"""Structured outputs (OpenAI `response_format`): the output matches the schema by
+construction, for any model. Most of this runs on the tiny random-weight model: a model
+that knows nothing still writes schema-valid JSON, because every step's logits are
+masked by the grammar (llguidance) before sampling."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import openai
+import pydantic
+import pytest
+import trio
+from server import serve
+
+
+class Forecast(pydantic.BaseModel):
+    """Bounded fields: the answer must end, whatever the weights."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    unit: Literal["celsius", "fahrenheit"]
+    days: int = pydantic.Field(ge=1, le=14)
+    windy: bool
+    city: str = pydantic.Field(max_length=6)
+
+
+async def test_sampled_outputs_of_a_random_model_match_the_schema(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """openai's `chat.completions.parse` with a pydantic model (strict json_schema), sampled
+    at temperature 1 with eight seeds: every answer ends by itself (`stop`) and parses
+    into the model; the usage counts the tokens."""
+    with trio.fail_after(120):
+        async with serve(tiny_gguf, tmp_path) as srv:
+            client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+            name = (await client.models.list()).data[0].id
+            for seed in range(8):
+                r = await client.chat.completions.parse(
+                    model=name, messages=[{"role": "user", "content": "the weather"}],
+                    response_format=Forecast, max_tokens=200, temperature=1.0, seed=seed,
+                )  # fmt: skip
+                choice = r.choices[0]
+                assert choice.finish_reason == "stop", choice.message.content
+                assert isinstance(choice.message.parsed, Forecast)
+                assert r.usage is not None
+                assert r.usage.completion_tokens > 5
+
+
+async def test_json_object_and_streaming(tiny_gguf: Path, tmp_path: Path) -> None:
+    """json_object gives a JSON object (compact: no free whitespace to wander in); a
+    streamed answer's deltas join into the same text as the whole answer."""
+    schema = {"name": "f", "strict": True, "schema": Forecast.model_json_schema()}
+    with trio.fail_after(120):
+        async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
+            name = (await http.get("/v1/models")).json()["data"][0]["id"]
+            body = {"model": name, "messages": [{"role": "user", "content": "x"}],
+                    "max_tokens": 120, "temperature": 0}  # fmt: skip
+            any_object = {**body, "response_format": {"type": "json_object"}}
+            r = await http.post("/v1/chat/completions", json=any_object)
+            assert r.status_code == 200, r.text
+            text = r.json()["choices"][0]["message"]["content"]
+            assert text.startswith("{")
+            if r.json()["choices"][0]["finish_reason"] == "stop":
+                assert isinstance(json.loads(text), dict)
+            fmt = {"type": "json_schema", "json_schema": schema}
+            whole = await http.post("/v1/chat/completions", json={**body, "response_format": fmt})
+            assert whole.status_code == 200, whole.text
+            expected = whole.json()["choices"][0]["message"]["content"]
+            Forecast.model_validate_json(expected)
+            parts = []
+            streamed = {**body, "response_format": fmt, "stream": True}
+            async with http.stream("POST", "/v1/chat/completions", json=streamed) as s:
+                async for line in s.aiter_lines():
+                    if line.startswith("data: {"):
+                        delta = json.loads(line[6:])["choices"][0]["delta"]
+                        parts.append(delta.get("content") or "")
+            assert "".join(parts) == expected
+
+
+async def test_a_constrained_row_is_the_same_alone_and_batched(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """The mask is applied to the request's own row: a seeded constrained request gets the
+    same answer alone and decoded together with seven others (constrained or not)."""
+    fmt = {"type": "json_schema",
+           "json_schema": {"name": "f", "schema": Forecast.model_json_schema()}}  # fmt: skip
+    with trio.fail_after(120):
+        async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
+            name = (await http.get("/v1/models")).json()["data"][0]["id"]
+
+            def body(seed: int, constrained: bool) -> dict[str, object]:
+                b: dict[str, object] = {
+                    "model": name, "messages": [{"role": "user", "content": "weather"}],
+                    "max_tokens": 60, "temperature": 1.0, "seed": seed,
+                }  # fmt: skip
+                return {**b, "response_format": fmt} if constrained else b
+
+            alone = await http.post("/v1/chat/completions", json=body(7, True))
+            answers: dict[int, str] = {}
+
+            async def one(i: int) -> None:
+                r = await http.post(
+                    "/v1/chat/completions", json=body(7 if i == 0 else i, i % 2 == 0)
+                )
+                answers[i] = r.json()["choices"][0]["message"]["content"]
+
+            async with trio.open_nursery() as n:
+                for i in range(8):
+                    n.start_soon(one, i)
+    assert answers[0] == alone.json()["choices"][0]["message"]["content"]
+    for i in range(0, 8, 2):
+        if answers[i].endswith("}"):
+            Forecast.model_validate_json(answers[i])
+
+
+@pytest.mark.parametrize(
+    ("fmt", "param", "words"),
+    [
+        ({"type": "xml"}, "response_format.type", "not a type"),
+        ({"type": "json_schema"}, "response_format.json_schema", "needs json_schema"),
+        ({"type": "json_schema", "json_schema": {"schema": {}}},
+         "response_format.json_schema.name", "name is required"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "schemas": {}}},
+         "response_format.json_schema.schemas", "unknown field"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "schema": {
+            "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}},
+         "response_format.json_schema.schema", "cannot be enforced: not"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "frobnicate"}}},
+         "response_format.json_schema.schema", "not a JSON Schema that can be enforced"),
+    ],
+    ids=["no-type", "no-json-schema", "no-name", "unknown-field", "unsupported", "invalid"],
+)  # fmt: skip
+async def test_formats_that_cannot_be_honoured_are_refused_by_name(
+    tiny_gguf: Path, tmp_path: Path, fmt: dict[str, object], param: str, words: str
+) -> None:
+    with trio.fail_after(60):
+        async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
+            name = (await http.get("/v1/models")).json()["data"][0]["id"]
+            r = await http.post("/v1/chat/completions", json={
+                "model": name, "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 4, "response_format": fmt})  # fmt: skip
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == param
+    assert words in error["message"]
+    assert "frobnicate" not in r.text  # the client's text is not echoed
+
+
+@pytest.mark.realmodel
+async def test_the_default_model_answers_in_the_schema(real_gguf: Path, tmp_path: Path) -> None:
+    """SmolLM2 through the SDK's parse: a greedy answer that is right as well as valid."""
+    with trio.fail_after(300):
+        async with serve(real_gguf, tmp_path) as srv:
+            client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+            name = (await client.models.list()).data[0].id
+            r = await client.chat.completions.parse(
+                model=name, response_format=Forecast, max_tokens=80, temperature=0,
+                messages=[{"role": "user",
+                           "content": "Weather in Paris for 3 days in celsius, as JSON."}],
+            )  # fmt: skip
+    parsed = r.choices[0].message.parsed
+    assert parsed is not None
+    assert (parsed.unit, parsed.days) == ("celsius", 3)
