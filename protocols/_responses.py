@@ -556,7 +556,13 @@ class ResponseError:
 
 @attrs.frozen
 class ResponseTextFormat:
-    type: Literal["text"]
+    """The format the Response was asked for, echoed (json_schema: with its fields)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
 
 
 @attrs.frozen

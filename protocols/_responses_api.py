@@ -10,6 +10,7 @@ Unknown fields are refused with `unknown_parameter`. Errors use OpenAI's envelop
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attrs
@@ -101,12 +102,14 @@ class ResponsesInputItem:
 
 @attrs.frozen
 class ResponsesTextFormat:
-    type: str = attrs.field(metadata=schema(enum=["text"]))
-    # Of the json_schema format: known, refused with it.
-    name: Any = attrs.field(default=None, metadata=_REFUSED)
-    schema: Any = attrs.field(default=None, metadata=_REFUSED)
-    strict: Any = attrs.field(default=None, metadata=_REFUSED)
-    description: Any = attrs.field(default=None, metadata=_REFUSED)
+    """text, json_object, or json_schema (flat: name, schema, strict, description),
+    enforced while decoding."""
+
+    type: str = attrs.field(metadata=schema(enum=["text", "json_object", "json_schema"]))
+    name: str | None = attrs.field(default=None, metadata=schema(pattern="^[A-Za-z0-9_-]{1,64}$"))
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
 
 
 @attrs.frozen
@@ -255,6 +258,29 @@ class ResponsesCodec:
         return req
 
 
+def _check_text_format(fmt: ResponsesTextFormat) -> None:
+    if fmt.type not in ("text", "json_object", "json_schema"):
+        raise invalid_value(
+            "text.format.type",
+            f"text.format {kind_name(fmt.type, _TEXT_FORMATS)} is not a type; one of 'text', "
+            "'json_object', 'json_schema'",
+        )
+    schema_fields = (fmt.name, fmt.schema, fmt.strict, fmt.description)
+    if fmt.type != "json_schema" and any(f is not None for f in schema_fields):
+        raise invalid_value(
+            "text.format", "name, schema, strict and description go with json_schema"
+        )
+    if fmt.type == "json_schema" and (fmt.name is None or not _FORMAT_NAME.match(fmt.name)):
+        raise invalid_value(
+            "text.format.name",
+            "a json_schema format needs a name: 1 to 64 of a-z, A-Z, 0-9, _ and -",
+        )
+
+
+_TEXT_FORMATS = frozenset({"text", "json_object", "json_schema"})
+_FORMAT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
 def _check_features(req: ResponsesRequest | InputTokensRequest) -> None:
     """What both routes refuse alike: tools (the model's template has none), text
     formats other than plain text, reasoning, dropping Items to fit."""
@@ -265,12 +291,8 @@ def _check_features(req: ResponsesRequest | InputTokensRequest) -> None:
     if req.tool_choice not in (None, "auto", "none"):
         raise _unsupported("tool_choice", "tool_choice must be auto or none: no tools are served")
     fmt = req.text.format if req.text else None
-    if fmt is not None and fmt.type != "text":
-        raise _unsupported(
-            "text.format.type",
-            f"text.format {kind_name(fmt.type, frozenset({'json_schema', 'json_object'}))} is "
-            "not supported yet; only 'text' is",
-        )
+    if fmt is not None:
+        _check_text_format(fmt)
     if req.reasoning is not None and req.reasoning.effort not in (None, "none"):
         raise _unsupported(
             "reasoning.effort",

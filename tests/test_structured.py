@@ -115,6 +115,35 @@ async def test_a_constrained_row_is_the_same_alone_and_batched(
             Forecast.model_validate_json(answers[i])
 
 
+async def test_the_responses_api_text_format(tiny_gguf: Path, tmp_path: Path) -> None:
+    """openai's `responses.parse` with a pydantic model (text.format json_schema): the
+    output parses, the Response echoes the format; json_object gives an object; a
+    format without a name is refused naming text.format.name."""
+    with trio.fail_after(120):
+        async with serve(tiny_gguf, tmp_path) as srv:
+            client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+            name = (await client.models.list()).data[0].id
+            r = await client.responses.parse(
+                model=name, input="the weather", text_format=Forecast, max_output_tokens=200,
+                temperature=1.0,
+            )  # fmt: skip
+            assert r.status == "completed"
+            assert isinstance(r.output_parsed, Forecast)
+            assert r.text.format is not None
+            assert r.text.format.type == "json_schema"
+            plain = await client.responses.create(
+                model=name, input="x", max_output_tokens=120, temperature=0,
+                text={"format": {"type": "json_object"}},
+            )  # fmt: skip
+            assert plain.output_text.startswith("{")
+            with pytest.raises(openai.BadRequestError) as e:
+                await client.responses.create(
+                    model=name, input="x", max_output_tokens=16,
+                    text={"format": {"type": "json_schema", "schema": {"type": "object"}}},  # type: ignore[typeddict-item]
+                )  # fmt: skip
+            assert e.value.param == "text.format.name"
+
+
 @pytest.mark.parametrize(
     ("fmt", "param", "words"),
     [

@@ -28,6 +28,7 @@ from ninfer.frontends._base import (
     clamp_headers,
 )
 from ninfer.frontends._budget import SamplingRequest
+from ninfer.frontends._structured import ANY_JSON_OBJECT, json_schema_grammar
 from protocols import (
     ApiError,
     ContentPartEvent,
@@ -327,7 +328,9 @@ class ResponsesFrontend(Frontend):
             requested=req.max_output_tokens,
             param="max_output_tokens",
             prompt_param="input",
-            sampling=SamplingRequest(temperature=req.temperature, top_p=req.top_p),
+            sampling=SamplingRequest(
+                temperature=req.temperature, top_p=req.top_p, grammar=_grammar(req)
+            ),
             stop=(),
             clamp=True,
         )
@@ -386,7 +389,7 @@ class ResponsesFrontend(Frontend):
             temperature=temperature,
             top_p=top_p,
             top_logprobs=0,
-            text=ResponseTextConfig(ResponseTextFormat("text")),
+            text=ResponseTextConfig(_echoed_format(req)),
             tool_choice="none" if req.tool_choice == "none" else "auto",
             tools=[],
             truncation="disabled",
@@ -488,3 +491,28 @@ class ResponsesFrontend(Frontend):
             )
         ids = await self._prompt_ids(req.instructions, history)
         return self.dialect.encoder.json(InputTokensCount("response.input_tokens", len(ids)))
+
+
+def _grammar(req: ResponsesRequest) -> str | None:
+    """The grammar of `text.format` (None: free text), as the chat route's response_format."""
+    fmt = req.text.format if req.text else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object" or fmt.schema is None:
+        return json_schema_grammar(ANY_JSON_OBJECT, param="text.format")
+    return json_schema_grammar(fmt.schema, param="text.format.schema")
+
+
+def _echoed_format(req: ResponsesRequest) -> ResponseTextFormat:
+    fmt = req.text.format if req.text else None
+    if fmt is None or fmt.type == "text":
+        return ResponseTextFormat("text")
+    if fmt.type == "json_object":
+        return ResponseTextFormat("json_object")
+    return ResponseTextFormat(
+        "json_schema",
+        name=fmt.name,
+        schema=fmt.schema if fmt.schema is not None else ANY_JSON_OBJECT,
+        strict=fmt.strict,
+        description=fmt.description,
+    )

@@ -396,6 +396,9 @@ def _rows() -> Iterator[Probe]:
                 "messages")  # fmt: skip
     yield Probe("count_tokens: served", "count_tokens", _with("count_tokens"), 200, None)
     # OpenAI Responses specifics.
+    yield Probe("responses: json_schema format without a name", "responses",
+                _with("responses", text={"format": {"type": "json_schema", "schema": {}}}),
+                422, "invalid_request", "text.format.name")  # fmt: skip
     yield Probe("responses: Item of an unknown type", "responses",
                 _with("responses", input=[{"type": CANARY, "role": "user", "content": "hi"}]),
                 422, "invalid_request", "input[0].type")  # fmt: skip
