@@ -364,6 +364,7 @@ def _bench(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             warmup_s=args.warmup_s,
             api_key=args.api_key or os.environ.get("NINFER_API_KEY"),
+            json_object=args.json_object,
         )
         results = trio.run(run_bench, cfg)
     except ValueError as exc:
@@ -618,6 +619,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=64,
         help="output tokens per request (default: 64)",
+    )
+    bench.add_argument(
+        "--json-object",
+        action="store_true",
+        help="chat route: ask for response_format json_object (answers constrained by the "
+        "grammar; they may end before --max-tokens when the object is complete)",
     )
     bench.add_argument(
         "--warmup-s",

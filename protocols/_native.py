@@ -57,6 +57,9 @@ class GenerateRequest:
     )
     stream: bool = False
     ignore_eos: bool = False
+    # A JSON schema the output must match, enforced while decoding (as OpenAI's
+    # response_format json_schema; `{}` or `{"type": "object"}`: any object).
+    json_schema: dict[str, Any] | None = None
 
 
 class NativeCodec:

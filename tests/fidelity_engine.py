@@ -26,6 +26,7 @@ from ninfer.engine import (
 )
 from ninfer.engine._engine import Engine
 from ninfer.engine._loader import load_model
+from ninfer.frontends._structured import json_schema_grammar
 
 HANG_GUARD_S = 300
 
@@ -69,8 +70,12 @@ def main() -> None:
     out = []
     for i, case in enumerate(cases):
         ids = tuple(tok.encode(case["prompt"]))
+        schema = case.get("json_schema")
         sampling = SamplingParams(
-            temperature=case["temperature"], top_p=case.get("top_p", 1.0), seed=case.get("seed")
+            temperature=case["temperature"],
+            top_p=case.get("top_p", 1.0),
+            seed=case.get("seed"),
+            grammar=None if schema is None else json_schema_grammar(schema, param="json_schema"),
         )
         handle = engine.submit(
             GenerationRequest(

@@ -27,7 +27,8 @@ class Server:
     log_path: Path
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, timeout=60.0, **kwargs)
+        kwargs.setdefault("timeout", 60.0)
+        return httpx.AsyncClient(base_url=self.url, **kwargs)
 
     def log_records(self) -> list[dict[str, Any]]:
         import orjson

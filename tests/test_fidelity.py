@@ -44,6 +44,15 @@ PROMPTS = [
 MODEL_NAME = "fidelity"
 
 
+# A structured output's schema for the constrained cases (bounded: answers can end).
+STRUCTURED = {
+    "type": "object",
+    "properties": {"unit": {"enum": ["celsius", "fahrenheit"]},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+    "required": ["unit", "days"], "additionalProperties": False,
+}  # fmt: skip
+
+
 def _cases(max_new_tokens: int, seeded: bool, every: int = 1) -> list[dict[str, Any]]:
     cases: list[dict[str, Any]] = []
     for i, prompt in enumerate(PROMPTS):
@@ -60,6 +69,11 @@ def _cases(max_new_tokens: int, seeded: bool, every: int = 1) -> list[dict[str, 
         # (docs/engine.md, "Batch invariance"), which tokens do not show and logprobs do.
         cases.append({"prompt": "Scored: " + prompt, "max_new_tokens": max_new_tokens,
                       "temperature": 0.0, "logprobs": 3})  # fmt: skip
+        # Constrained rows (structured outputs): the grammar masks the row's own logits,
+        # sampled and greedy, batched with the unconstrained ones.
+        cases.append({"prompt": "JSON: " + prompt, "max_new_tokens": max_new_tokens,
+                      "temperature": 0.9 if i % 2 else 0.0, "seed": 2000 + i,
+                      "json_schema": STRUCTURED})  # fmt: skip
     return cases
 
 
@@ -79,7 +93,8 @@ async def _completion(c: httpx.AsyncClient, case: dict[str, Any]) -> dict[str, A
 async def _over_http(srv: Any, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """All cases at once (the server batches them); half streamed, half not."""
     results: list[dict[str, Any]] = [{} for _ in cases]
-    async with srv.client(limits=httpx.Limits(max_connections=64)) as c:
+    # A hang guard sized for a slow machine: all cases wait on one engine together.
+    async with srv.client(limits=httpx.Limits(max_connections=64), timeout=600.0) as c:
 
         async def one(i: int, case: dict[str, Any]) -> None:
             if "logprobs" in case:

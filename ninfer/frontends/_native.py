@@ -9,6 +9,7 @@ import attrs
 from ninfer.engine import TokenDelta
 from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
 from ninfer.frontends._budget import SamplingRequest
+from ninfer.frontends._structured import json_schema_grammar
 from protocols import (
     Encoder,
     GenerateResponse,
@@ -97,6 +98,9 @@ class NativeFrontend(Frontend):
                 top_k=req.top_k,
                 min_p=req.min_p,
                 seed=req.seed,
+                grammar=None
+                if req.json_schema is None
+                else json_schema_grammar(req.json_schema, param="json_schema"),
             ),
             stop=tuple(req.stop or ()),
             ignore_eos=req.ignore_eos,

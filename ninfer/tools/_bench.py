@@ -56,6 +56,7 @@ class BenchConfig:
     api_key: str | None = None
     max_in_flight: int = 256  # open loop
     seed: int = 0
+    json_object: bool = False  # chat answers constrained to a JSON object (structured output)
 
 
 @attrs.define
@@ -147,7 +148,7 @@ class _Client:
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-        return "/v1/chat/completions", {
+        body: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": self.cfg.max_tokens,
@@ -155,6 +156,9 @@ class _Client:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if self.cfg.json_object:
+            body["response_format"] = {"type": "json_object"}
+        return "/v1/chat/completions", body
 
     async def one(self) -> Sample:
         import httpx
