@@ -222,6 +222,7 @@ class Lifespan:
             names=self.served_names,
             tokenize=self.tokenize,
             created=self.created,
+            compile_schema=self.compile_schema,
         )
         messages = MessagesFrontend(ctx)
         store = ResponseStore(
@@ -312,6 +313,15 @@ class Lifespan:
         if self.log.failure is not None:
             health["error"] = redact_paths(self.log.failure)
         return health
+
+    async def compile_schema(self, schema: dict[str, Any], param: str) -> str:
+        """A structured output's grammar, compiled on a worker thread (two at once, as
+        long texts are tokenized): a large schema takes llguidance hundreds of ms."""
+        from ninfer.frontends._structured import json_schema_grammar
+
+        return await trio.to_thread.run_sync(
+            lambda: json_schema_grammar(schema, param=param), limiter=self._tokenize_limiter
+        )
 
     async def tokenize(self, text: str) -> list[int]:
         assert self.serving is not None

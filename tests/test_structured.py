@@ -192,3 +192,39 @@ async def test_the_default_model_answers_in_the_schema(real_gguf: Path, tmp_path
     parsed = r.choices[0].message.parsed
     assert parsed is not None
     assert (parsed.unit, parsed.days) == ("celsius", 3)
+
+
+async def test_schemas_compile_off_the_event_loop(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large schema takes llguidance hundreds of milliseconds (1.5 MB: ~0.3 s here): it
+    is compiled on a worker thread, never on the thread that serves every connection."""
+    import threading
+
+    from ninfer.frontends import _structured
+
+    seen: list[str] = []
+    real = _structured.json_schema_grammar
+
+    def spy(schema: dict[str, object], *, param: str) -> str:
+        seen.append(threading.current_thread().name)
+        return real(schema, param=param)
+
+    monkeypatch.setattr(_structured, "json_schema_grammar", spy)
+    with trio.fail_after(60):
+        async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
+            loop_thread = threading.current_thread().name
+            name = (await http.get("/v1/models")).json()["data"][0]["id"]
+            for route, body in (
+                ("/v1/chat/completions", {"model": name, "max_tokens": 4,
+                 "messages": [{"role": "user", "content": "x"}],
+                 "response_format": {"type": "json_object"}}),
+                ("/v1/responses", {"model": name, "input": "x", "max_output_tokens": 16,
+                 "text": {"format": {"type": "json_object"}}}),
+                ("/v1/generate", {"prompt": "x", "max_new_tokens": 4,
+                 "json_schema": {"type": "object"}}),
+            ):  # fmt: skip
+                r = await http.post(route, json=body)
+                assert r.status_code == 200, r.text
+    assert len(seen) == 3
+    assert loop_thread not in seen

@@ -9,7 +9,6 @@ import attrs
 from ninfer.engine import TokenDelta
 from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
 from ninfer.frontends._budget import SamplingRequest
-from ninfer.frontends._structured import json_schema_grammar
 from protocols import (
     Encoder,
     GenerateResponse,
@@ -100,7 +99,7 @@ class NativeFrontend(Frontend):
                 seed=req.seed,
                 grammar=None
                 if req.json_schema is None
-                else json_schema_grammar(req.json_schema, param="json_schema"),
+                else await self.ctx.compile_schema(req.json_schema, "json_schema"),
             ),
             stop=tuple(req.stop or ()),
             ignore_eos=req.ignore_eos,

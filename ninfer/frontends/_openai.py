@@ -19,7 +19,7 @@ from ninfer.frontends._base import (
     clamp_headers,
 )
 from ninfer.frontends._budget import Grant, SamplingRequest
-from ninfer.frontends._structured import ANY_JSON_OBJECT, json_schema_grammar
+from ninfer.frontends._structured import ANY_JSON_OBJECT
 from protocols import (
     ApiError,
     AssistantMessage,
@@ -299,20 +299,9 @@ class CompletionAnswer:
         )
 
 
-def _grammar(req: ChatRequest | CompletionRequest) -> str | None:
-    """A chat's response_format as the grammar its output must match (None: free text)."""
-    fmt = getattr(req, "response_format", None)
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        return json_schema_grammar(ANY_JSON_OBJECT, param="response_format")
-    assert fmt.json_schema is not None  # checked by the codec
-    schema = fmt.json_schema.get("schema")
-    where = "response_format.json_schema.schema"
-    return json_schema_grammar(schema if schema is not None else ANY_JSON_OBJECT, param=where)
-
-
-def _sampling(req: ChatRequest | CompletionRequest, vocab_size: int) -> SamplingRequest:
+def _sampling(
+    req: ChatRequest | CompletionRequest, vocab_size: int, grammar: str | None = None
+) -> SamplingRequest:
     return SamplingRequest(
         temperature=req.temperature,
         top_p=req.top_p,
@@ -322,7 +311,7 @@ def _sampling(req: ChatRequest | CompletionRequest, vocab_size: int) -> Sampling
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
         logit_bias=logit_bias_pairs(req.logit_bias, vocab_size),
-        grammar=_grammar(req),
+        grammar=grammar,
     )
 
 
@@ -351,11 +340,14 @@ class _OpenAIFrontend(Frontend):
         prompt_param: str,
         logprobs: int | None,
         prompt_logprobs: int | None = None,
+        sampling: SamplingRequest | None = None,
     ) -> tuple[tuple[GenerationRequest, ...], tuple[int, ...], tuple[tuple[bytes, bytes], ...]]:
         """The engine requests of every choice (n per prompt, in OpenAI's index order),
-        the prompt each continues, and the clamp header."""
+        the prompt each continues, and the clamp header (`sampling`: as checked before,
+        so that a schema is compiled once)."""
         n = req.n or 1
-        sampling = self._checked_sampling(req, len(prompts), prompt_param=prompt_param)
+        if sampling is None:
+            sampling = self._checked_sampling(req, len(prompts), prompt_param=prompt_param)
         requests: list[GenerationRequest] = []
         groups: list[int] = []
         clamped: list[Grant] = []
@@ -383,7 +375,12 @@ class _OpenAIFrontend(Frontend):
         return tuple(requests), tuple(groups), headers
 
     def _checked_sampling(
-        self, req: ChatRequest | CompletionRequest, prompts: int, *, prompt_param: str
+        self,
+        req: ChatRequest | CompletionRequest,
+        prompts: int,
+        *,
+        prompt_param: str,
+        grammar: str | None = None,
     ) -> SamplingRequest:
         """The checks of `n` and the sampling fields that need no prompt (a chat's are
         made before its template is rendered), and the sampling they ask for."""
@@ -397,7 +394,7 @@ class _OpenAIFrontend(Frontend):
                 param="n" if n > 1 else prompt_param,
                 code="invalid_value",
             )
-        return _sampling(req, self.ctx.model.identity.vocab_size)
+        return _sampling(req, self.ctx.model.identity.vocab_size, grammar)
 
     def _prepared(
         self,
@@ -432,12 +429,26 @@ def _sibling(gen: GenerationRequest, k: int) -> GenerationRequest:
 class ChatFrontend(_OpenAIFrontend):
     endpoint = "/v1/chat/completions"
 
+    async def _grammar(self, req: ChatRequest) -> str | None:
+        """response_format as the grammar the output must match (None: free text)."""
+        fmt = req.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return await self.ctx.compile_schema(ANY_JSON_OBJECT, "response_format")
+        assert fmt.json_schema is not None  # checked by the codec
+        schema = fmt.json_schema.get("schema")
+        return await self.ctx.compile_schema(
+            schema if schema is not None else ANY_JSON_OBJECT, "response_format.json_schema.schema"
+        )
+
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         template = self.ctx.model.tokenizer.chat_template
         tools = template is not None and template.supports_tools
         req = self._codec.parse_chat(loads(body), supports_tools=tools)
         self.ctx.check_model(req.model)  # the body is checked whole before the template
-        self._checked_sampling(req, 1, prompt_param="messages")
+        grammar = await self._grammar(req)
+        sampling = self._checked_sampling(req, 1, prompt_param="messages", grammar=grammar)
         conversation: list[dict[str, object]] = [
             {"role": m.role, "content": m.text()} for m in req.messages
         ]
@@ -456,6 +467,7 @@ class ChatFrontend(_OpenAIFrontend):
             param=param,
             prompt_param="messages",
             logprobs=logprobs,
+            sampling=sampling,
         )
         answer = ChatAnswer(
             self.dialect.encoder,

@@ -28,7 +28,7 @@ from ninfer.frontends._base import (
     clamp_headers,
 )
 from ninfer.frontends._budget import SamplingRequest
-from ninfer.frontends._structured import ANY_JSON_OBJECT, json_schema_grammar
+from ninfer.frontends._structured import ANY_JSON_OBJECT
 from protocols import (
     ApiError,
     ContentPartEvent,
@@ -316,6 +316,15 @@ class ResponsesFrontend(Frontend):
         conv.extend({"role": t.role, "content": t.text} for t in turns)
         return await self.tokens(self.render_chat(conv, param="input"), prompt_param="input")
 
+    async def _grammar(self, req: ResponsesRequest) -> str | None:
+        """`text.format` as a grammar (None: free text), as chat's response_format."""
+        fmt = req.text.format if req.text else None
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object" or fmt.schema is None:
+            return await self.ctx.compile_schema(ANY_JSON_OBJECT, "text.format")
+        return await self.ctx.compile_schema(fmt.schema, "text.format.schema")
+
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = self._codec.parse_create(loads(body))
         label = self.ctx.check_model(req.model)
@@ -329,7 +338,7 @@ class ResponsesFrontend(Frontend):
             param="max_output_tokens",
             prompt_param="input",
             sampling=SamplingRequest(
-                temperature=req.temperature, top_p=req.top_p, grammar=_grammar(req)
+                temperature=req.temperature, top_p=req.top_p, grammar=await self._grammar(req)
             ),
             stop=(),
             clamp=True,
@@ -491,16 +500,6 @@ class ResponsesFrontend(Frontend):
             )
         ids = await self._prompt_ids(req.instructions, history)
         return self.dialect.encoder.json(InputTokensCount("response.input_tokens", len(ids)))
-
-
-def _grammar(req: ResponsesRequest) -> str | None:
-    """The grammar of `text.format` (None: free text), as the chat route's response_format."""
-    fmt = req.text.format if req.text else None
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object" or fmt.schema is None:
-        return json_schema_grammar(ANY_JSON_OBJECT, param="text.format")
-    return json_schema_grammar(fmt.schema, param="text.format.schema")
 
 
 def _echoed_format(req: ResponsesRequest) -> ResponseTextFormat:
