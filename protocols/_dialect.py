@@ -44,9 +44,25 @@ class Encoder:
         return dumps(self._conv.unstructure(answer))
 
     def sse(self, answer: Any, event: str | None = None) -> bytes:
-        """One SSE frame: an optional `event:` line and one `data:` line."""
+        """One SSE frame: an optional `event:` line and one `data:` line. Characters that
+        JSON may carry raw but that Python's `str.splitlines` takes for line ends (NEL,
+        U+2028, U+2029: httpx's `aiter_lines` splits on them) are written as \\u escapes,
+        so a generated text can never cut a client's line in two."""
         head = f"event: {event}\n".encode() if event else b""
-        return head + b"data: " + self.json(answer) + b"\n\n"
+        return head + b"data: " + _escape_line_ends(self.json(answer)) + b"\n\n"
+
+
+# In valid UTF-8 these byte sequences are always these characters (C2 and E2 lead a
+# character), and in JSON they only occur inside strings, where the escape is equal.
+_LINE_ENDS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"),
+              (b"\xe2\x80\xa9", b"\\u2029"))  # fmt: skip
+
+
+def _escape_line_ends(data: bytes) -> bytes:
+    for raw, escaped in _LINE_ENDS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return data
 
 
 class Dialect:

@@ -27,3 +27,25 @@ def test_malformed_json_is_said_as_it_is(body: bytes, reason: str) -> None:
     assert e.value.kind == "malformed_json"
     assert reason in e.value.message
     assert "oops" not in e.value.message
+
+
+def test_sse_frames_escape_what_splitlines_takes_for_a_line_end() -> None:
+    """A generated text may hold NEL, U+2028 or U+2029, which JSON allows raw; httpx's
+    `aiter_lines` (Python's splitlines) would cut the data line there and the client
+    would read broken JSON (a bench run failed so on the random model). Each frame is
+    one line, and decodes to the same value."""
+    import attrs
+    import orjson
+
+    from protocols._dialect import Encoder
+
+    @attrs.frozen
+    class Chunk:
+        text: str
+
+    text = "a\u0085b\u2028c\u2029d é 日 \U0001f916"
+    frame = Encoder().sse(Chunk(text), event="token")
+    lines = frame.decode().splitlines()
+    assert lines[:2] == ["event: token", lines[1]]
+    assert len([ln for ln in lines if ln]) == 2
+    assert orjson.loads(lines[1].removeprefix("data: ")) == {"text": text}

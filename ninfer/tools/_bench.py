@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -177,7 +177,7 @@ class _Client:
                     await r.aread()
                     return sample
                 complete = False  # the stream's own end: [DONE], or the native `done` event
-                async for line in r.aiter_lines():
+                async for line in _sse_lines(r):
                     if line in ("data: [DONE]", "event: done"):
                         complete = True
                     if line.startswith("event: error") or line.startswith('data: {"error"'):
@@ -203,6 +203,19 @@ class _Client:
         sample.total = time.perf_counter() - start
         sample.tokens = usage if usage is not None else chunks
         return sample
+
+
+async def _sse_lines(response: Any) -> AsyncIterator[str]:
+    """A stream's lines, split at line feeds only: httpx's `aiter_lines` also splits at
+    characters a generated text may hold raw inside its JSON (NEL, U+2028, U+2029)."""
+    pending = ""
+    async for chunk in response.aiter_text():
+        pending += chunk
+        *lines, pending = pending.split("\n")
+        for line in lines:
+            yield line.removesuffix("\r")
+    if pending:
+        yield pending.removesuffix("\r")
 
 
 def _tokens_in(data: Any, route: Route) -> int:
