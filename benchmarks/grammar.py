@@ -25,7 +25,8 @@ import torch
 
 from ninfer._artifacts import cache_dir, resolve_model
 from ninfer.engine._gguf_reader import read_gguf
-from ninfer.engine._tokenizer import TextTokenizer, tokenizer_from_metadata
+from ninfer.engine._grammar import GrammarVocabulary, grammar_tokenizer
+from ninfer.engine._tokenizer import tokenizer_from_metadata
 
 # A get_weather-style tool's arguments, as agent frameworks send them (strict mode).
 TOOL_SCHEMA: dict[str, Any] = {
@@ -58,32 +59,13 @@ def _ms(f: Callable[[], object], repeat: int = 1) -> float:
     return (time.perf_counter() - t) / repeat * 1e3
 
 
-class _Vocab:
-    """What a grammar engine needs of ninfer's tokenizer."""
-
-    def __init__(self, tok: TextTokenizer) -> None:
-        self.tok = tok
-        self.tokens = [tok.token_bytes(i) for i in range(tok.vocab_size)]
-        self.eos_token_id = min(tok.eos_ids)
-        self.bos_token_id = tok.bos_id
-        self.special_token_ids = sorted(tok.eos_ids)
-
-    def __call__(self, text: bytes | str) -> list[int]:
-        s = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-        ids = self.tok.encode(s)
-        return ids[1:] if self.tok.bos_id is not None and ids[:1] == [self.tok.bos_id] else ids
-
-
-def bench_llguidance(vocab: _Vocab, answer: list[int]) -> dict[str, float]:
+def bench_llguidance(vocab: GrammarVocabulary, answer: list[int]) -> dict[str, float]:
     import llguidance
     import llguidance.torch as lltorch
 
     out: dict[str, float] = {}
     t = time.perf_counter()
-    lltok = llguidance.LLTokenizer(
-        llguidance.TokenizerWrapper(vocab), n_vocab=len(vocab.tokens),
-        eos_token=sorted(vocab.tok.eos_ids),
-    )  # fmt: skip
+    lltok = grammar_tokenizer(vocab, len(vocab.tokens))
     out["tokenizer_ms"] = (time.perf_counter() - t) * 1e3
     grammar = llguidance.LLMatcher.grammar_from_json_schema(TOOL_SCHEMA)
     out["compile_ms"] = _ms(lambda: llguidance.LLMatcher(lltok, grammar), 5)
@@ -103,14 +85,14 @@ def bench_llguidance(vocab: _Vocab, answer: list[int]) -> dict[str, float]:
     return out
 
 
-def bench_xgrammar(vocab: _Vocab, answer: list[int]) -> dict[str, float]:
+def bench_xgrammar(vocab: GrammarVocabulary, answer: list[int]) -> dict[str, float]:
     import xgrammar
 
     out: dict[str, float] = {}
     t = time.perf_counter()
     info = xgrammar.TokenizerInfo(
         vocab.tokens, vocab_type=xgrammar.VocabType.RAW, vocab_size=len(vocab.tokens),
-        stop_token_ids=sorted(vocab.tok.eos_ids),
+        stop_token_ids=vocab.special_token_ids,
     )  # fmt: skip
     compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
     out["tokenizer_ms"] = (time.perf_counter() - t) * 1e3
@@ -157,8 +139,8 @@ def main() -> int:
     torch.set_num_threads(2)
     for name in args.model or ["smollm2-135m-instruct", "gemma3-270m"]:
         md, _ = read_gguf(str(resolve_model(name, cache_dir(None, os.environ))))
-        vocab = _Vocab(tokenizer_from_metadata(md))
-        answer = [*vocab(ANSWER), min(vocab.tok.eos_ids)]
+        vocab = GrammarVocabulary.of(tokenizer_from_metadata(md))
+        answer = [*vocab(ANSWER), vocab.eos_token_id]
         print(f"\n{name}: vocabulary {len(vocab.tokens)}, answer {len(answer)} tokens")
         for engine, bench in (("llguidance", bench_llguidance), ("xgrammar", bench_xgrammar)):
             try:

@@ -184,17 +184,18 @@ class CompletionRequest(_Sampling):
 
 _PART_TYPES = frozenset({"image_url", "input_audio", "file", "refusal"})
 _FORMATS = frozenset({"json_object", "json_schema"})
+TEXT_FORMATS = frozenset({"text", *_FORMATS})  # response_format's and text.format's types
 
 
 _invalid, _unsupported = invalid_value, unsupported
-_SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a json_schema format's name
 _JSON_SCHEMA_KEYS = {"name": str, "description": str, "schema": dict, "strict": bool}
 
 
 def _check_response_format(fmt: ResponseFormat) -> None:
     """OpenAI's response_format: its type, and json_schema's own fields (the schema
     itself is compiled by the server, which names what it cannot enforce)."""
-    if fmt.type not in ("text", *_FORMATS):
+    if fmt.type not in TEXT_FORMATS:
         raise _invalid(
             "response_format.type",
             f"response_format {kind_name(fmt.type, _FORMATS)} is not a type; "
@@ -208,7 +209,7 @@ def _check_response_format(fmt: ResponseFormat) -> None:
     if spec is None:
         raise _invalid("response_format.json_schema", "type json_schema needs json_schema")
     for key, value in spec.items():
-        where = f"response_format.json_schema.{key}" if _SCHEMA_NAME.match(key) else (
+        where = f"response_format.json_schema.{key}" if SCHEMA_NAME.match(key) else (
             "response_format.json_schema")  # fmt: skip
         kind = _JSON_SCHEMA_KEYS.get(key)
         if kind is None:
@@ -216,7 +217,7 @@ def _check_response_format(fmt: ResponseFormat) -> None:
         if value is not None and not isinstance(value, kind):
             raise _invalid(where, f"must be of type {kind.__name__}")
     name = spec.get("name")
-    if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
+    if not isinstance(name, str) or not SCHEMA_NAME.match(name):
         raise _invalid(
             "response_format.json_schema.name",
             "json_schema.name is required: 1 to 64 of a-z, A-Z, 0-9, _ and -",

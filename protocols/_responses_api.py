@@ -10,13 +10,12 @@ Unknown fields are refused with `unknown_parameter`. Errors use OpenAI's envelop
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import attrs
 import cattrs
 
-from protocols._openai import check_metadata, refuse_known
+from protocols._openai import SCHEMA_NAME, TEXT_FORMATS, check_metadata, refuse_known
 from protocols._schema import check_limits, schema
 from protocols._strict import (
     InvalidType,
@@ -259,10 +258,10 @@ class ResponsesCodec:
 
 
 def _check_text_format(fmt: ResponsesTextFormat) -> None:
-    if fmt.type not in ("text", "json_object", "json_schema"):
+    if fmt.type not in TEXT_FORMATS:
         raise invalid_value(
             "text.format.type",
-            f"text.format {kind_name(fmt.type, _TEXT_FORMATS)} is not a type; one of 'text', "
+            f"text.format {kind_name(fmt.type, TEXT_FORMATS)} is not a type; one of 'text', "
             "'json_object', 'json_schema'",
         )
     schema_fields = (fmt.name, fmt.schema, fmt.strict, fmt.description)
@@ -270,15 +269,11 @@ def _check_text_format(fmt: ResponsesTextFormat) -> None:
         raise invalid_value(
             "text.format", "name, schema, strict and description go with json_schema"
         )
-    if fmt.type == "json_schema" and (fmt.name is None or not _FORMAT_NAME.match(fmt.name)):
+    if fmt.type == "json_schema" and (fmt.name is None or not SCHEMA_NAME.match(fmt.name)):
         raise invalid_value(
             "text.format.name",
             "a json_schema format needs a name: 1 to 64 of a-z, A-Z, 0-9, _ and -",
         )
-
-
-_TEXT_FORMATS = frozenset({"text", "json_object", "json_schema"})
-_FORMAT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def _check_features(req: ResponsesRequest | InputTokensRequest) -> None:

@@ -396,11 +396,7 @@ class Engine:
         """llguidance's table of this model's tokens, built on first use."""
         if self._lltokenizer is None:
             assert self.model is not None
-            tok = self.model.tokenizer
-            vocab = GrammarVocabulary(
-                [tok.token_bytes(i) for i in range(tok.vocab_size)],
-                sorted(tok.eos_ids), tok.bos_id, tok.encode,
-            )  # fmt: skip
+            vocab = GrammarVocabulary.of(self.model.tokenizer)
             self._lltokenizer = grammar_tokenizer(vocab, self._vocab_size)
         return self._lltokenizer
 

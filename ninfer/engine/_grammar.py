@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import llguidance
 import torch
 
+from ninfer.engine._tokenizer import TextTokenizer
+
 __all__ = ["Constraint", "GrammarVocabulary", "grammar_tokenizer"]
 
 _BITS = torch.arange(32, dtype=torch.int32)
@@ -29,6 +31,12 @@ class GrammarVocabulary:
         self.bos_token_id = bos_id
         self.special_token_ids = sorted(eos_ids)
         self._encode = encode
+
+    @classmethod
+    def of(cls, tok: TextTokenizer) -> GrammarVocabulary:
+        """A model's tokenizer as llguidance sees it: the bytes ninfer streams."""
+        spellings = [tok.token_bytes(i) for i in range(tok.vocab_size)]
+        return cls(spellings, sorted(tok.eos_ids), tok.bos_id, tok.encode)
 
     def __call__(self, text: bytes | str) -> list[int]:
         s = text.decode("utf-8", "replace") if isinstance(text, bytes) else text

@@ -36,9 +36,7 @@ class RowSampler:
     constraint: Constraint | None = None  # the request's grammar, when it has one
 
     @classmethod
-    def create(
-        cls, params: SamplingParams, vocab_size: int, constraint: Constraint | None = None
-    ) -> RowSampler:
+    def create(cls, params: SamplingParams, vocab_size: int) -> RowSampler:
         seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED)
         gen = None
         if not params.greedy:
@@ -49,9 +47,7 @@ class RowSampler:
         if params.logit_bias:
             ids, values = zip(*params.logit_bias, strict=True)
             bias = (torch.tensor(ids), torch.tensor(values, dtype=torch.float32))
-        return cls(
-            params=params, seed=seed, generator=gen, counts=counts, bias=bias, constraint=constraint
-        )
+        return cls(params=params, seed=seed, generator=gen, counts=counts, bias=bias)
 
     @property
     def plain_greedy(self) -> bool:

@@ -26,7 +26,6 @@ from ninfer.engine import (
     Usage,
 )
 from ninfer.frontends._budget import Budget, Grant, SamplingRequest, resolve_sampling
-from ninfer.frontends._structured import json_schema_grammar
 from protocols import ApiError, Dialect
 
 __all__ = [
@@ -56,10 +55,6 @@ Tokenize = Callable[[str], Awaitable[list[int]]]
 # Compiles a structured output's JSON schema (schema, param) to its grammar, off the
 # event loop: a large schema takes llguidance hundreds of milliseconds.
 CompileSchema = Callable[[dict[str, Any], str], Awaitable[str]]
-
-
-async def _compile_inline(schema: dict[str, Any], param: str) -> str:
-    return json_schema_grammar(schema, param=param)
 
 
 # The error code of a chat request to a model whose file has no chat template (a base
@@ -170,7 +165,7 @@ class FrontendContext:
     names: tuple[str, ...]  # every name a request may give as its `model`
     tokenize: Tokenize  # off the event loop for long texts
     created: int  # unix seconds, for OpenAI's `created`
-    compile_schema: CompileSchema = _compile_inline  # the server's runs on a worker thread
+    compile_schema: CompileSchema  # on a worker thread
 
     @property
     def names_text(self) -> str:
