@@ -7,7 +7,9 @@ For each engine that is installed (llguidance, xgrammar) and each model's vocabu
 tokenizer, to compile a typical tool schema, and, over a valid answer tokenized by
 ninfer, the time to compute one row's token mask and advance it, at batch 1 and at
 batch 8 (eight rows in the same state, masks filled one after another as the engine
-thread would), plus the time to apply a bitmask to a batch of float32 logits in torch.
+thread would), the same for ninfer's tool-call grammars (`auto` answered with text
+and with a call, `required`), plus the time to apply a bitmask to a batch of float32
+logits in torch.
 Not part of the test suite; the figures are in docs/benchmarks.md.
 """
 
@@ -114,6 +116,51 @@ def bench_xgrammar(vocab: GrammarVocabulary, answer: list[int]) -> dict[str, flo
     return out
 
 
+TEXT_ANSWER = (
+    "The weather in Paris is mild this week: expect light rain on Tuesday, then clear "
+    "skies and temperatures between twelve and eighteen degrees until the weekend."
+)
+
+
+def bench_tools(vocab: GrammarVocabulary) -> dict[str, float]:
+    """ninfer's tool grammars (two tools: TOOL_SCHEMA's and a small one): compile time
+    and the per-step mask + advance time at batch 1 over three answers — `auto`
+    answered with text, `auto` answered with text then a call, `required` with a call."""
+    import llguidance
+
+    from ninfer.frontends._tools import Tool, ToolPlan, tool_grammar
+
+    tools = (
+        Tool("get_weather", "The forecast", TOOL_SCHEMA, "tools[0]"),
+        Tool("get_time", None, {"type": "object", "properties": {"zone": {"type": "string"}},
+                                "required": ["zone"]}, "tools[1]"),
+    )  # fmt: skip
+    lltok = grammar_tokenizer(vocab, len(vocab.tokens))
+    call = "<tool_call>\n" + json.dumps({"name": "get_weather", "arguments": json.loads(ANSWER)})
+    call += "\n</tool_call>"
+    out: dict[str, float] = {}
+    words = torch.zeros((len(vocab.tokens) + 31) // 32, dtype=torch.int32)
+    for label, choice, text in (
+        ("auto_text", "auto", TEXT_ANSWER),
+        ("auto_call", "auto", "Let me look that up.\n" + call),
+        ("required", "required", call),
+    ):
+        plan = ToolPlan(tools, choice, parallel=True)  # type: ignore[arg-type]
+        t = time.perf_counter()
+        grammar = tool_grammar(plan, None, "")
+        out[f"{label}_compile_ms"] = (time.perf_counter() - t) * 1e3
+        matcher = llguidance.LLMatcher(lltok, grammar)
+        per_step = []
+        for token in [*vocab(text), vocab.eos_token_id]:
+            t = time.perf_counter()
+            matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
+            assert matcher.consume_token(token), matcher.get_error()
+            per_step.append((time.perf_counter() - t) * 1e3)
+        out[f"{label}_step_ms_median"] = statistics.median(per_step)
+        out[f"{label}_step_ms_max"] = max(per_step)
+    return out
+
+
 def bench_apply(vocab_size: int) -> dict[str, float]:
     """Masking a batch of float32 logits with a packed bitmask, in torch (engine-side)."""
     out = {}
@@ -149,6 +196,12 @@ def main() -> int:
                 print(f"  {engine}: not installed ({exc})")
                 continue
             print(f"  {engine}: " + ", ".join(f"{k} {v:.2f}" for k, v in figures.items()))
+        try:
+            tools = bench_tools(vocab)
+            print("  tool grammars (llguidance): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in tools.items()))  # fmt: skip
+        except ImportError as exc:
+            print(f"  tool grammars: llguidance not installed ({exc})")
         print(
             "  torch: "
             + ", ".join(f"{k} {v:.2f}" for k, v in bench_apply(len(vocab.tokens)).items())

@@ -74,6 +74,48 @@ def main() -> None:
     cached = again.usage.input_tokens_details.cached_tokens if again.usage else 0
     print(again.output_text, f"({cached} prompt tokens from the cache)")
 
+    # A tool call: its arguments always parse and match the function's schema (the
+    # answer is decoded under a grammar made from it); the result goes back as a tool
+    # message for the model to answer from (SmolLM2 was never trained for tools: its
+    # answer is weak; the exchange is the one a tool-trained model needs).
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+                "required": ["city", "unit"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    question = {"role": "user", "content": "What is the weather in Paris?"}
+    asked = client.chat.completions.create(
+        model=model,
+        messages=[question],
+        tools=[weather],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_completion_tokens=64,
+    )
+    call = (asked.choices[0].message.tool_calls or [])[0]
+    print(asked.choices[0].finish_reason, call.function.name, call.function.arguments)
+    answered = client.chat.completions.create(
+        model=model,
+        messages=[
+            question,
+            asked.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"},
+        ],
+        tools=[weather],
+        temperature=0,
+        max_completion_tokens=32,
+    )
+    print(answered.choices[0].message.content)
+
     try:
         client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "x"}], reasoning_effort="low"

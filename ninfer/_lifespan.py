@@ -35,6 +35,7 @@ from ninfer.frontends import (
     ResponsesFrontend,
     ResponseStore,
 )
+from ninfer.frontends._tools import ToolPlan
 from protocols import ApiError
 from scheduler import AdmissionController, SchedulerStatistics
 
@@ -223,6 +224,7 @@ class Lifespan:
             tokenize=self.tokenize,
             created=self.created,
             compile_schema=self.compile_schema,
+            compile_tools=self.compile_tools,
         )
         messages = MessagesFrontend(ctx)
         store = ResponseStore(
@@ -321,6 +323,16 @@ class Lifespan:
 
         return await trio.to_thread.run_sync(
             lambda: json_schema_grammar(schema, param=param), limiter=self._tokenize_limiter
+        )
+
+    async def compile_tools(
+        self, plan: ToolPlan, text_schema: dict[str, Any] | None, text_param: str
+    ) -> str:
+        """The grammar of an answer that may call tools, compiled on a worker thread."""
+        from ninfer.frontends._tools import tool_grammar
+
+        return await trio.to_thread.run_sync(
+            lambda: tool_grammar(plan, text_schema, text_param), limiter=self._tokenize_limiter
         )
 
     async def tokenize(self, text: str) -> list[int]:

@@ -1,7 +1,9 @@
 """The Anthropic-compatible contract: POST /v1/messages and /v1/messages/count_tokens.
 
-Text only: image, document, tool and thinking blocks, `tools`, `tool_choice` and
-`thinking` are refused by name. The `model` field names a served model (the server checks it).
+Text and tools: `tools` (client functions), `tool_choice`, `tool_use` blocks of
+assistant turns and `tool_result` blocks of user turns; image, document, thinking and
+server-tool blocks and `thinking` are refused by name. The `model` field names a
+served model (the server checks it).
 Errors: `{"type": "error", "error": {"type", "message"}, "request_id"}`.
 """
 
@@ -13,6 +15,7 @@ import attrs
 import cattrs
 
 from protocols._errors import ApiError
+from protocols._openai import refuse_known
 from protocols._schema import check_limits, schema
 from protocols._strict import (
     invalid_value,
@@ -22,40 +25,81 @@ from protocols._strict import (
     register_text_or_list,
     structure,
 )
+from protocols._tools import check_tool_name, refuse_hosted_tools
 
 __all__ = [
     "AnthropicCodec",
     "AnthropicMessage",
+    "AnthropicTool",
+    "AnthropicToolChoice",
     "CountTokensRequest",
     "MessagesRequest",
 ]
 
 
 _BLOCK_TYPES = frozenset(
-    {"image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking",
+    {"image", "document", "thinking", "redacted_thinking",
      "search_result", "server_tool_use", "web_search_tool_result", "container_upload"}
 )  # fmt: skip
+_TOOL_CHOICES = ("auto", "any", "tool", "none")
 
 
 _REFUSED = schema(refused=True)
 
 
 @attrs.frozen
-class Block:
+class ResultBlock:
+    """A block of a tool_result's content (text only)."""
+
     type: str = attrs.field(metadata=schema(enum=["text"]))
     text: str | None = None
-    # Present only so that a non-text block is refused by its type, not by its fields.
+    cache_control: dict[str, Any] | None = None
+    citations: list[dict[str, Any]] | None = None
+
+
+@attrs.frozen
+class Block:
+    type: str = attrs.field(metadata=schema(enum=["text", "tool_use", "tool_result"]))
+    text: str | None = None  # of a text block
+    id: str | None = None  # of a tool_use block (with name and input)
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None  # of a tool_result block (with content and is_error)
+    content: str | list[ResultBlock] | None = None
+    is_error: bool | None = None
+    # A tool_use block the SDK hands back as it got it: who called (direct, the model)
+    # is accepted; a toolset's call is refused.
+    caller: dict[str, Any] | None = None
+    toolset_name: str | None = attrs.field(default=None, metadata=_REFUSED)
+    # Present only so that another block is refused by its type, not by its fields.
     source: dict[str, Any] | None = attrs.field(default=None, metadata=_REFUSED)
-    id: str | None = attrs.field(default=None, metadata=_REFUSED)
-    name: str | None = attrs.field(default=None, metadata=_REFUSED)
-    input: dict[str, Any] | None = attrs.field(default=None, metadata=_REFUSED)
-    tool_use_id: str | None = attrs.field(default=None, metadata=_REFUSED)
-    content: Any = attrs.field(default=None, metadata=_REFUSED)
     thinking: str | None = attrs.field(default=None, metadata=_REFUSED)
     signature: str | None = attrs.field(default=None, metadata=_REFUSED)
-    is_error: bool | None = attrs.field(default=None, metadata=_REFUSED)  # of a tool_result
     cache_control: dict[str, Any] | None = None
     citations: list[dict[str, Any]] | None = None  # on text a client sends back: no effect
+
+    def result_text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        return "".join(b.text or "" for b in self.content)
+
+
+@attrs.frozen
+class AnthropicTool:
+    """A client tool: a function the model may call (server tools are refused)."""
+
+    name: str = attrs.field(metadata=schema(pattern="^[A-Za-z0-9_-]{1,64}$"))
+    input_schema: dict[str, Any] | None = None  # a JSON Schema of an object
+    description: str | None = None
+    type: str | None = attrs.field(default=None, metadata=schema(enum=["custom"]))
+    cache_control: dict[str, Any] | None = None  # no effect: caching is automatic here
+
+
+@attrs.frozen
+class ToolChoice:
+    type: str = attrs.field(metadata=schema(enum=list(_TOOL_CHOICES)))
+    name: str | None = None  # of type tool
+    disable_parallel_tool_use: bool | None = None
 
 
 @attrs.frozen
@@ -66,7 +110,7 @@ class Message:
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(b.text or "" for b in self.content)
+        return "".join(b.text or "" for b in self.content if b.type == "text")
 
 
 @attrs.frozen
@@ -96,8 +140,8 @@ class MessagesRequest:
     top_k: int | None = attrs.field(default=None, metadata=schema(minimum=0))
     metadata: Metadata | None = None
     stream: bool | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = None
     # Accepted without effect: caching is automatic here, one tier and place serve all.
     cache_control: dict[str, Any] | None = None
@@ -118,7 +162,7 @@ class MessagesRequest:
 
     def unsupported(self) -> dict[str, Any]:
         """The fields refused by name when sent."""
-        names = ("tools", "tool_choice", "thinking", "container", "mcp_servers",
+        names = ("thinking", "container", "mcp_servers",
                  "output_config", "speed", "diagnostics", "context_management")  # fmt: skip
         return {name: getattr(self, name) for name in names}
 
@@ -130,8 +174,8 @@ class CountTokensRequest:
     model: str
     messages: list[Message] = attrs.field(metadata=schema(minItems=1))
     system: str | list[Block] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = None
 
     def system_text(self) -> str | None:
@@ -146,6 +190,8 @@ class AnthropicCodec:
         conv = make_converter()
         register_list(conv, str)
         register_list(conv, Message)
+        register_list(conv, AnthropicTool)
+        register_text_or_list(conv, ResultBlock, "content blocks")
         register_list(conv, dict[str, Any])
         conv.register_structure_hook_func(lambda t: t is Any, lambda v, _: v)
         register_text_or_list(conv, Block, "content blocks")
@@ -156,11 +202,8 @@ class AnthropicCodec:
     ) -> None:
         for name, value in refused.items():
             if value is not None:
-                why = (
-                    " (the model's chat template has no tool or thinking support)"
-                    if name in ("tools", "tool_choice", "thinking")
-                    else ""
-                )
+                why = " (the model's chat template has no thinking support)" if (
+                    name == "thinking") else ""  # fmt: skip
                 raise ApiError(
                     "invalid_request",
                     f"{name} is not supported by this server{why}",
@@ -180,27 +223,77 @@ class AnthropicCodec:
                     "messages must alternate between user and assistant, starting with user",
                 )
             if isinstance(m.content, list):
-                self._check_blocks(m.content, f"{where}.content")
+                self._check_blocks(m.content, f"{where}.content", m.role)
         if isinstance(system, list):
-            self._check_blocks(system, "system")
+            self._check_blocks(system, "system", "system")
 
     @staticmethod
-    def _check_blocks(blocks: list[Block], where: str) -> None:
+    def _check_blocks(blocks: list[Block], where: str, role: str) -> None:
+        """Text blocks anywhere; tool_use blocks in assistant turns, tool_result blocks
+        in user turns, each with its own fields only."""
+        allowed = {"system": ("text",), "user": ("text", "tool_result"),
+                   "assistant": ("text", "tool_use")}[role]  # fmt: skip
         for j, b in enumerate(blocks):
-            if b.type != "text":
+            at = f"{where}[{j}]"
+            if b.type not in allowed:
+                known = b.type in ("text", "tool_use", "tool_result")
                 raise ApiError(
                     "invalid_request",
-                    f"content blocks of {kind_name(b.type, _BLOCK_TYPES)} are not supported; "
-                    "only text blocks are",
-                    param=f"{where}[{j}].type",
-                    code="unsupported_parameter",
+                    f"{b.type} blocks belong to "
+                    f"{'assistant' if b.type == 'tool_use' else 'user'} turns"
+                    if known and role != "system"
+                    else f"content blocks of {kind_name(b.type, _BLOCK_TYPES)} are not "
+                    f"supported here; {', '.join(allowed)} blocks are",
+                    param=f"{at}.type",
+                    code="invalid_value" if known else "unsupported_parameter",
                 )
-            if b.text is None:
-                raise _invalid(f"{where}[{j}].text", "a text block needs its text")
+            refuse_known(b, at)
+            own = {"text": ("text",), "tool_use": ("id", "name", "input"),
+                   "tool_result": ("tool_use_id",)}[b.type]  # fmt: skip
+            others = {"text", "id", "name", "input", "tool_use_id", "content", "is_error"}
+            for field in sorted(others - set(own) - ({"content", "is_error"}
+                                if b.type == "tool_result" else set())):  # fmt: skip
+                if getattr(b, field) is not None:
+                    raise _invalid(f"{at}.{field}", f"a {b.type} block has no {field}",
+                                   code="unknown_parameter")  # fmt: skip
+            for field in own:
+                if getattr(b, field) is None:
+                    raise _invalid(f"{at}.{field}", f"a {b.type} block needs its {field}",
+                                   code="missing_required_parameter")  # fmt: skip
+            if b.type == "tool_use":
+                check_tool_name(b.name, f"{at}.name")
+            if b.caller is not None and (b.type != "tool_use" or b.caller != {"type": "direct"}):
+                raise _invalid(f"{at}.caller", "only a direct caller of a tool_use is taken")
+
+    @staticmethod
+    def _check_tools(tools: list[AnthropicTool] | None, choice: ToolChoice | None) -> None:
+        names: list[str] = []
+        for i, tool in enumerate(tools or ()):
+            if tool.input_schema is None:
+                raise _invalid(f"tools[{i}].input_schema", "a tool needs its input_schema",
+                               code="missing_required_parameter")  # fmt: skip
+            if tool.name in names:
+                raise _invalid(f"tools[{i}].name", "two tools have the same name")
+            names.append(tool.name)
+        if choice is None:
+            return
+        if choice.type == "tool":
+            if choice.name is None or choice.name not in names:
+                raise _invalid("tool_choice.name",
+                               "tool_choice of type tool names one of the tools")  # fmt: skip
+        elif choice.name is not None:
+            raise _invalid("tool_choice.name", "only tool_choice of type tool has a name")
+        if choice.type in ("any", "tool") and not names:
+            raise _invalid("tool_choice", "tool_choice needs tools to choose from")
+        if choice.type == "none" and choice.disable_parallel_tool_use is not None:
+            raise _invalid("tool_choice.disable_parallel_tool_use",
+                           "tool_choice none takes no disable_parallel_tool_use")  # fmt: skip
 
     def parse_messages(self, body: Any) -> MessagesRequest:
+        refuse_hosted_tools(body, (None, "custom"))
         req = structure(self._conv, body, MessagesRequest)
         self._check_conversation(req.messages, req.system, req.unsupported())
+        self._check_tools(req.tools, req.tool_choice)
         if req.messages[-1].role != "user":
             raise _invalid(
                 f"messages[{len(req.messages) - 1}].role",
@@ -210,13 +303,16 @@ class AnthropicCodec:
         return req
 
     def parse_count(self, body: Any) -> CountTokensRequest:
+        refuse_hosted_tools(body, (None, "custom"))
         req = structure(self._conv, body, CountTokensRequest)
         self._check_conversation(
             req.messages,
             req.system,
-            {"tools": req.tools, "tool_choice": req.tool_choice, "thinking": req.thinking},
+            {"thinking": req.thinking},
         )
+        self._check_tools(req.tools, req.tool_choice)
         return req
 
 
 AnthropicMessage = Message  # the public name of one message of a Messages request
+AnthropicToolChoice = ToolChoice

@@ -25,6 +25,7 @@ from protocols._strict import (
     structure,
     unsupported,
 )
+from protocols._tools import check_tool_name, replayed_arguments
 
 __all__ = [
     "ChatMessage",
@@ -47,6 +48,37 @@ class TextPart:
 
 
 @attrs.frozen
+class CalledFunction:
+    name: str
+    arguments: str  # JSON text of an object
+
+
+@attrs.frozen
+class MessageToolCall:
+    """A call an assistant message made, replayed in the history."""
+
+    id: str
+    type: str = attrs.field(metadata=schema(enum=["function"]))
+    function: CalledFunction | None = None
+    custom: dict[str, Any] | None = attrs.field(default=None, metadata=schema(refused=True))
+
+
+@attrs.frozen
+class FunctionDefinition:
+    name: str = attrs.field(metadata=schema(pattern="^[A-Za-z0-9_-]{1,64}$"))
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of an object
+    strict: bool | None = None  # the schema is always enforced, strict or not
+
+
+@attrs.frozen
+class ChatTool:
+    type: str = attrs.field(metadata=schema(enum=["function"]))
+    function: FunctionDefinition | None = None
+    custom: dict[str, Any] | None = attrs.field(default=None, metadata=schema(refused=True))
+
+
+@attrs.frozen
 class ChatMessage:
     role: str = attrs.field(
         metadata=schema(enum=["system", "developer", "user", "assistant", "tool"])
@@ -54,6 +86,7 @@ class ChatMessage:
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # of an assistant message
 
     def text(self) -> str:
         if self.content is None:
@@ -129,7 +162,7 @@ class ChatRequest(_Sampling):
     # the field was refused whole).
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     # Accepted without effect (docs/api.md says why each is harmless).
@@ -224,6 +257,64 @@ def _check_response_format(fmt: ResponseFormat) -> None:
         )
 
 
+def _check_replayed_calls(m: ChatMessage, where: str) -> None:
+    if m.role != "assistant":
+        raise _invalid(f"{where}.tool_calls", "only an assistant message has tool_calls")
+    for j, call in enumerate(m.tool_calls or ()):
+        at = f"{where}.tool_calls[{j}]"
+        refuse_known(call, at)
+        if call.function is None:
+            raise _invalid(f"{at}.function", f"{at} needs its function",
+                           code="missing_required_parameter")  # fmt: skip
+        check_tool_name(call.function.name, f"{at}.function.name")
+        replayed_arguments(call.function.arguments, f"{at}.function.arguments")
+
+
+def _check_tools(req: ChatRequest) -> None:
+    """tools (functions only), tool_choice (none, auto, required or a named function of
+    tools) and the functions' names, unique."""
+    names: list[str] = []
+    for i, tool in enumerate(req.tools or ()):
+        where = f"tools[{i}]"
+        refuse_known(tool, where)
+        if tool.type != "function":
+            raise _unsupported(f"{where}.type", "only function tools are supported")
+        if tool.function is None:
+            raise _invalid(f"{where}.function", f"{where} needs its function",
+                           code="missing_required_parameter")  # fmt: skip
+        name = check_tool_name(tool.function.name, f"{where}.function.name")
+        if name in names:
+            raise _invalid(f"{where}.function.name", "two tools have the same name")
+        names.append(name)
+    check_tool_choice(req.tool_choice, names, function_key=True)
+
+
+def check_tool_choice(choice: str | dict[str, Any] | None, names: list[str], *,
+                      function_key: bool) -> None:  # fmt: skip
+    """OpenAI's tool_choice: none, auto, required, or a function of `names` (chat:
+    {"type": "function", "function": {"name"}}; Responses: {"type": "function", "name"})."""
+    if choice is None:
+        return
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise _invalid("tool_choice", "tool_choice must be none, auto, required or a function")
+        if choice != "none" and not names:
+            raise _invalid("tool_choice", "tool_choice needs tools to choose from")
+        return
+    if choice.get("type") != "function":
+        raise _unsupported(
+            "tool_choice.type", "tool_choice may name a function; other choices are not supported"
+        )
+    inner: Any = choice.get("function") if function_key else choice
+    keys = {"type", "function"} if function_key else {"type", "name"}
+    if not isinstance(inner, dict) or set(choice) - keys or set(inner) - {"name", "type"}:
+        raise _invalid("tool_choice", "tool_choice names a function by its name only")
+    name = inner.get("name")
+    where = "tool_choice.function.name" if function_key else "tool_choice.name"
+    if not isinstance(name, str) or name not in names:
+        raise _invalid(where, "tool_choice names a function that is not among the tools")
+
+
 class OpenAICodec:
     """Strict parsing for the OpenAI routes; one converter per app, never global."""
 
@@ -234,6 +325,8 @@ class OpenAICodec:
         register_list(conv, list[int])
         register_list(conv, TextPart)
         register_list(conv, ChatMessage)
+        register_list(conv, MessageToolCall)
+        register_list(conv, ChatTool)
         register_list(conv, dict[str, Any])
 
         def tool_choice_hook(value: Any, _: type) -> str | dict[str, Any] | None:
@@ -266,7 +359,7 @@ class OpenAICodec:
         conv.register_structure_hook_func(lambda t: t is Any, any_hook)
         self._conv: cattrs.Converter = conv
 
-    def parse_chat(self, body: Any, *, supports_tools: bool) -> ChatRequest:
+    def parse_chat(self, body: Any) -> ChatRequest:
         req = structure(self._conv, body, ChatRequest)
         refuse_known(req)
         if not req.messages:
@@ -286,6 +379,8 @@ class OpenAICodec:
                 )
             if m.content is None and m.role != "assistant":
                 raise _invalid(f"{where}.content", f"{where}.content is required")
+            if m.tool_calls is not None:
+                _check_replayed_calls(m, where)
             if isinstance(m.content, list):
                 for j, part in enumerate(m.content):
                     if part.type != "text":
@@ -301,12 +396,7 @@ class OpenAICodec:
                             f"missing required parameter: {where}.content[{j}].text",
                             code="missing_required_parameter",
                         )
-        if (req.tools or req.tool_choice not in (None, "none")) and not supports_tools:
-            raise _unsupported(
-                "tools" if req.tools else "tool_choice",
-                "this model's chat template has no tool support; tools and tool_choice "
-                "cannot be honoured",
-            )
+        _check_tools(req)
         if (
             req.max_tokens is not None
             and req.max_completion_tokens is not None

@@ -32,9 +32,16 @@ __all__ = [
     "ContentBlockStop",
     "ContentPartEvent",
     "CountTokensResponse",
+    "FunctionCall",
+    "FunctionCallArgumentsDeltaEvent",
+    "FunctionCallArgumentsDoneEvent",
+    "FunctionCallDelta",
+    "FunctionCallItem",
+    "FunctionCallOutputItem",
     "GenerateResponse",
     "IncompleteDetails",
     "InputItemList",
+    "InputJsonDelta",
     "InputMessage",
     "InputText",
     "InputTokensCount",
@@ -74,13 +81,17 @@ __all__ = [
     "TextDelta",
     "Timing",
     "TokenLogprobEntry",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolUseBlock",
     "TopLogprob",
     "Usage",
 ]
 
 NativeFinish = Literal["eos", "stop", "length", "context"]
 OpenAIFinish = Literal["stop", "length"]
-AnthropicStop = Literal["end_turn", "max_tokens", "stop_sequence"]
+ChatFinish = Literal["stop", "length", "tool_calls"]
+AnthropicStop = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 
 # ---- native ---------------------------------------------------------------------------------
@@ -190,10 +201,40 @@ class OpenAIUsage:
 
 
 @attrs.frozen
+class FunctionCall:
+    name: str
+    arguments: str  # JSON text of an object that matches the function's parameters
+
+
+@attrs.frozen
+class ToolCall:
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+@attrs.frozen
 class AssistantMessage:
     role: Literal["assistant"]
-    content: str
+    content: str | None  # null when the message is tool calls only
     refusal: None
+    tool_calls: list[ToolCall] | None = None
+
+
+@attrs.frozen
+class FunctionCallDelta:
+    name: str | None = None  # in a call's first delta
+    arguments: str | None = None
+
+
+@attrs.frozen
+class ToolCallDelta:
+    """A piece of a streamed tool call: its first carries id, type and name."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
 
 
 @attrs.frozen
@@ -225,7 +266,7 @@ class ChatChoice:
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None
-    finish_reason: OpenAIFinish
+    finish_reason: ChatFinish
 
 
 @attrs.frozen
@@ -246,6 +287,7 @@ class ChatCompletion:
 class ChatDelta:
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 @attrs.frozen
@@ -253,7 +295,7 @@ class ChatChunkChoice:
     index: int
     delta: ChatDelta
     logprobs: ChatLogprobs | None
-    finish_reason: OpenAIFinish | None
+    finish_reason: ChatFinish | None
 
 
 @attrs.frozen
@@ -360,6 +402,16 @@ class TextBlock:
 
 
 @attrs.frozen
+class ToolUseBlock:
+    """A tool call of an Anthropic answer (`input` is {} in a stream's block start)."""
+
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+@attrs.frozen
 class AnthropicUsage:
     """Anthropic's accounting: `input_tokens` excludes the prompt tokens read from the
     prefix cache (`cache_read_input_tokens`); nothing is billed for writing it."""
@@ -377,7 +429,7 @@ class MessageResponse:
     id: str
     type: Literal["message"]
     role: Literal["assistant"]
-    content: list[TextBlock]
+    content: list[TextBlock | ToolUseBlock]
     model: str
     stop_reason: AnthropicStop
     stop_sequence: str | None
@@ -389,7 +441,7 @@ class StreamMessage:
     id: str
     type: Literal["message"]
     role: Literal["assistant"]
-    content: list[TextBlock]
+    content: list[TextBlock | ToolUseBlock]
     model: str
     stop_reason: AnthropicStop | None
     stop_sequence: str | None
@@ -406,7 +458,7 @@ class MessageStart:
 class ContentBlockStart:
     type: Literal["content_block_start"]
     index: int
-    content_block: TextBlock
+    content_block: TextBlock | ToolUseBlock
 
 
 @attrs.frozen
@@ -421,10 +473,16 @@ class TextDelta:
 
 
 @attrs.frozen
+class InputJsonDelta:
+    type: Literal["input_json_delta"]
+    partial_json: str  # the next piece of a tool_use block's input, as JSON text
+
+
+@attrs.frozen
 class ContentBlockDelta:
     type: Literal["content_block_delta"]
     index: int
-    delta: TextDelta
+    delta: TextDelta | InputJsonDelta
 
 
 @attrs.frozen
@@ -514,6 +572,30 @@ class OutputMessage:
 
 
 @attrs.frozen
+class FunctionCallItem:
+    """A function call Item of a Response's output (or replayed in its input): `id` is
+    the Item's (fc_...), `call_id` the call's (call_...), which its output answers."""
+
+    id: str
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str  # JSON text of an object that matches the function's parameters
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+@attrs.frozen
+class FunctionCallOutputItem:
+    """A function call's result, as an input Item."""
+
+    id: str
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+@attrs.frozen
 class InputMessage:
     """An input Item as a stored Response keeps it (GET /v1/responses/{id}/input_items)."""
 
@@ -584,7 +666,7 @@ class ResponseObject:
     status: ResponseStatus
     completed_at: int | None
     model: str
-    output: list[OutputMessage]
+    output: list[OutputMessage | FunctionCallItem]
     usage: ResponseUsage | None
     incomplete_details: IncompleteDetails | None
     error: ResponseError | None
@@ -598,8 +680,8 @@ class ResponseObject:
     top_p: float
     top_logprobs: int
     text: ResponseTextConfig
-    tool_choice: Literal["auto", "none"]
-    tools: list[Any]  # always empty here
+    tool_choice: str | dict[str, Any]  # as the request gave it (default auto)
+    tools: list[dict[str, Any]]  # the request's function tools
     truncation: Literal["disabled"]
     service_tier: str
     background: bool
@@ -625,7 +707,7 @@ class OutputItemEvent:
     type: Literal["response.output_item.added", "response.output_item.done"]
     sequence_number: int
     output_index: int
-    item: OutputMessage
+    item: OutputMessage | FunctionCallItem
 
 
 @attrs.frozen
@@ -661,6 +743,25 @@ class OutputTextDoneEvent:
 
 
 @attrs.frozen
+class FunctionCallArgumentsDeltaEvent:
+    type: Literal["response.function_call_arguments.delta"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    delta: str
+
+
+@attrs.frozen
+class FunctionCallArgumentsDoneEvent:
+    type: Literal["response.function_call_arguments.done"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    name: str
+    arguments: str
+
+
+@attrs.frozen
 class ResponseDeleted:
     id: str
     object: Literal["response.deleted"]
@@ -670,7 +771,7 @@ class ResponseDeleted:
 @attrs.frozen
 class InputItemList:
     object: Literal["list"]
-    data: list[InputMessage]
+    data: list[InputMessage | FunctionCallItem | FunctionCallOutputItem]
     first_id: str | None
     last_id: str | None
     has_more: bool
@@ -689,6 +790,8 @@ RESPONSES_STREAM_EVENTS: dict[str, type] = {
     "response.content_part.added": ContentPartEvent,
     "response.output_text.delta": OutputTextDeltaEvent,
     "response.output_text.done": OutputTextDoneEvent,
+    "response.function_call_arguments.delta": FunctionCallArgumentsDeltaEvent,
+    "response.function_call_arguments.done": FunctionCallArgumentsDoneEvent,
     "response.content_part.done": ContentPartEvent,
     "response.output_item.done": OutputItemEvent,
     "response.completed": ResponseLifecycleEvent,

@@ -15,7 +15,13 @@ from typing import Any
 import attrs
 import cattrs
 
-from protocols._openai import SCHEMA_NAME, TEXT_FORMATS, check_metadata, refuse_known
+from protocols._openai import (
+    SCHEMA_NAME,
+    TEXT_FORMATS,
+    check_metadata,
+    check_tool_choice,
+    refuse_known,
+)
 from protocols._schema import check_limits, schema
 from protocols._strict import (
     InvalidType,
@@ -27,19 +33,21 @@ from protocols._strict import (
     structure,
     unsupported,
 )
+from protocols._tools import check_tool_name, refuse_hosted_tools, replayed_arguments
 
 __all__ = [
     "InputTokensRequest",
     "ResponsesCodec",
     "ResponsesInputItem",
     "ResponsesRequest",
+    "ResponsesTool",
 ]
 
 _REFUSED = schema(refused=True)
 
 # Item and content-part types of the reference that this server does not take.
 _ITEM_TYPES = frozenset(
-    {"function_call", "function_call_output", "reasoning", "item_reference",
+    {"reasoning", "item_reference",
      "file_search_call", "web_search_call", "computer_call", "computer_call_output",
      "image_generation_call", "code_interpreter_call", "local_shell_call",
      "local_shell_call_output", "shell_call", "shell_call_output", "apply_patch_call",
@@ -77,17 +85,21 @@ class ResponsesInputItem:
 
     role: str | None = attrs.field(default=None, metadata=schema(enum=list(_ROLES)))
     content: str | list[ResponsesContentPart] | None = None
-    type: str | None = attrs.field(default=None, metadata=schema(enum=["message"]))
+    type: str | None = attrs.field(
+        default=None, metadata=schema(enum=["message", "function_call", "function_call_output"])
+    )
     id: str | None = attrs.field(default=None, metadata=schema(minLength=1, maxLength=128))
     status: str | None = attrs.field(
         default=None, metadata=schema(enum=["in_progress", "completed", "incomplete"])
     )
     phase: Any = attrs.field(default=None, metadata=_REFUSED)
+    # A function_call Item (a call the model made, replayed): call_id, name, arguments;
+    # a function_call_output Item: call_id and output.
+    call_id: str | None = attrs.field(default=None, metadata=schema(minLength=1, maxLength=128))
+    name: str | None = None
+    arguments: str | None = None  # JSON text of an object
+    output: str | list[ResponsesContentPart] | None = None
     # Present only so that an Item of another type is refused by its type.
-    call_id: Any = attrs.field(default=None, metadata=_REFUSED)
-    name: Any = attrs.field(default=None, metadata=_REFUSED)
-    arguments: Any = attrs.field(default=None, metadata=_REFUSED)
-    output: Any = attrs.field(default=None, metadata=_REFUSED)
     summary: Any = attrs.field(default=None, metadata=_REFUSED)
     encrypted_content: Any = attrs.field(default=None, metadata=_REFUSED)
 
@@ -97,6 +109,17 @@ class ResponsesInputItem:
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text or "" for p in self.content)
+
+
+@attrs.frozen
+class ResponsesTool:
+    """A function tool, flat as Responses writes it (hosted tools are refused)."""
+
+    type: str = attrs.field(metadata=schema(enum=["function"]))
+    name: str | None = attrs.field(default=None, metadata=schema(pattern="^[A-Za-z0-9_-]{1,64}$"))
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of an object
+    strict: bool | None = None  # the schema is always enforced, strict or not
 
 
 @attrs.frozen
@@ -160,7 +183,7 @@ class ResponsesRequest:
     truncation: str | None = attrs.field(default=None, metadata=schema(enum=["auto", "disabled"]))
     parallel_tool_calls: bool | None = None
     tool_choice: str | dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ResponsesTool] | None = None
     top_logprobs: int | None = attrs.field(default=None, metadata=schema(minimum=0, maximum=20))
     background: bool | None = None
     include: list[str] | None = None
@@ -199,7 +222,7 @@ class InputTokensRequest:
     truncation: str | None = attrs.field(default=None, metadata=schema(enum=["auto", "disabled"]))
     parallel_tool_calls: bool | None = None
     tool_choice: str | dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ResponsesTool] | None = None
     reasoning: ResponsesReasoning | None = None
     conversation: Any = attrs.field(default=None, metadata=_REFUSED)
     personality: Any = attrs.field(default=None, metadata=_REFUSED)
@@ -214,6 +237,7 @@ class ResponsesCodec:
     def __init__(self) -> None:
         conv = make_converter()
         register_list(conv, dict[str, Any])
+        register_list(conv, ResponsesTool)
         conv.register_structure_hook_func(lambda t: t is Any, lambda v, _: v)
         register_list(conv, str)
         register_text_or_list(conv, ResponsesContentPart, "content parts")
@@ -230,6 +254,7 @@ class ResponsesCodec:
         self._conv: cattrs.Converter = conv
 
     def parse_create(self, body: Any) -> ResponsesRequest:
+        refuse_hosted_tools(body, ("function",))
         req = structure(self._conv, body, ResponsesRequest)
         refuse_known(req)
         _check_input(req.input, required=True)
@@ -249,6 +274,7 @@ class ResponsesCodec:
         return req
 
     def parse_input_tokens(self, body: Any) -> InputTokensRequest:
+        refuse_hosted_tools(body, ("function",))
         req = structure(self._conv, body, InputTokensRequest)
         refuse_known(req)
         _check_input(req.input, required=False)
@@ -277,14 +303,19 @@ def _check_text_format(fmt: ResponsesTextFormat) -> None:
 
 
 def _check_features(req: ResponsesRequest | InputTokensRequest) -> None:
-    """What both routes refuse alike: tools (the model's template has none), text
-    formats other than plain text, reasoning, dropping Items to fit."""
-    if req.tools:
-        raise _unsupported(
-            "tools", "this model's chat template has no tool support; tools cannot be honoured"
-        )
-    if req.tool_choice not in (None, "auto", "none"):
-        raise _unsupported("tool_choice", "tool_choice must be auto or none: no tools are served")
+    """What both routes check alike: function tools only and the tool choice, the text
+    format, reasoning (refused), dropping Items to fit (refused)."""
+    names: list[str] = []
+    for i, tool in enumerate(req.tools or ()):
+        where = f"tools[{i}]"
+        if tool.type != "function":
+            raise _unsupported(f"{where}.type", "only function tools are supported")
+        if tool.name is None:
+            raise _invalid(f"{where}.name", f"{where} needs its name", "missing_required_parameter")
+        if tool.name in names:
+            raise _invalid(f"{where}.name", "two tools have the same name")
+        names.append(tool.name)
+    check_tool_choice(req.tool_choice, names, function_key=False)
     fmt = req.text.format if req.text else None
     if fmt is not None:
         _check_text_format(fmt)
@@ -315,23 +346,30 @@ def _check_input(value: Input | None, *, required: bool) -> None:
     seen: set[str] = set()
     for i, item in enumerate(value):
         where = f"input[{i}]"
-        if item.type is not None and item.type != "message":
+        if item.type is not None and item.type not in _TAKEN:
             raise _unsupported(
                 f"{where}.type",
-                f"Items of {kind_name(item.type, _ITEM_TYPES)} are not supported; only message "
-                "Items are",
+                f"Items of {kind_name(item.type, _ITEM_TYPES)} are not supported; only "
+                "message, function_call and function_call_output Items are",
             )
-        refuse_known(item, where)  # a field of another Item type on a message
+        refuse_known(item, where)  # a field of another Item type
+        if item.id is not None:
+            if item.id in seen:
+                raise _invalid(f"{where}.id", f"{where}.id repeats an earlier Item's id")
+            seen.add(item.id)
+        if item.type in ("function_call", "function_call_output"):
+            _check_call_item(item, where)
+            continue
+        for name in ("call_id", "name", "arguments", "output"):
+            if getattr(item, name) is not None:
+                raise _invalid(f"{where}.{name}", f"a message Item has no {name}",
+                               "unknown_parameter")  # fmt: skip
         if item.role is None:
             raise _invalid(f"{where}.role", f"{where} needs its role", "missing_required_parameter")
         if item.content is None:
             raise _invalid(
                 f"{where}.content", f"{where} needs its content", "missing_required_parameter"
             )
-        if item.id is not None:
-            if item.id in seen:
-                raise _invalid(f"{where}.id", f"{where}.id repeats an earlier Item's id")
-            seen.add(item.id)
         if isinstance(item.content, list):
             for j, part in enumerate(item.content):
                 at = f"{where}.content[{j}]"
@@ -348,3 +386,35 @@ def _check_input(value: Input | None, *, required: bool) -> None:
                     raise _invalid(
                         f"{at}.text", f"{at} needs its text", "missing_required_parameter"
                     )
+
+
+_TAKEN = ("message", "function_call", "function_call_output")
+
+
+def _check_call_item(item: ResponsesInputItem, where: str) -> None:
+    """A function_call Item: call_id, name and arguments; a function_call_output Item:
+    call_id and output (text). Neither has a role or content."""
+    for name in ("role", "content"):
+        if getattr(item, name) is not None:
+            raise _invalid(f"{where}.{name}", f"a {item.type} Item has no {name}",
+                           "unknown_parameter")  # fmt: skip
+    own = ("call_id", "name", "arguments") if item.type == "function_call" else (
+        "call_id", "output")  # fmt: skip
+    for name in ("name", "arguments", "output"):
+        if name not in own and getattr(item, name) is not None:
+            raise _invalid(f"{where}.{name}", f"a {item.type} Item has no {name}",
+                           "unknown_parameter")  # fmt: skip
+    for name in own:
+        if getattr(item, name) is None:
+            raise _invalid(f"{where}.{name}", f"{where} needs its {name}",
+                           "missing_required_parameter")  # fmt: skip
+    if item.type == "function_call":
+        check_tool_name(item.name, f"{where}.name")
+        assert item.arguments is not None
+        replayed_arguments(item.arguments, f"{where}.arguments")
+    elif isinstance(item.output, list):
+        for j, part in enumerate(item.output):
+            if part.type != "input_text" or part.text is None:
+                raise _unsupported(
+                    f"{where}.output[{j}]", "a function_call_output's parts are input_text only"
+                )

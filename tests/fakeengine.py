@@ -39,10 +39,14 @@ FAIL = "FAIL"
 
 
 class FakeTemplate:
-    supports_tools = False
+    writes_tool_calls = False
 
     def render(
-        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")

@@ -36,6 +36,7 @@ async def test_the_client_examples_run(real_gguf: Path, tmp_path: Path) -> None:
         assert out.splitlines()[0].count("Paris") == 1  # greedy: the right answer
         assert "refused: unsupported_parameter reasoning_effort" in out
         assert "prompt tokens from the cache)" in out  # the Responses continuation ran
+        assert 'tool_calls get_weather {"city": "Paris"' in out  # the tool call, parsed
         out = await _run(
             sys.executable, str(EXAMPLES / "anthropic_client.py"), srv.url, url=srv.url
         )

@@ -131,8 +131,9 @@ async def _errors(client: openai.AsyncOpenAI) -> None:
         await client.chat.completions.create(
             model="tiny-test-llama", messages=msgs,  # type: ignore[arg-type]
             tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
         )  # fmt: skip
-    assert e.value.param == "tools"
+    assert e.value.param == "tool_choice.function.name"
 
 
 async def test_overload_is_a_rate_limit_error(tiny_gguf: Path, tmp_path: Path) -> None:

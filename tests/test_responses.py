@@ -159,7 +159,7 @@ async def test_stream_events_in_order(tiny_gguf: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("body", "param", "code"),
     [
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools",
+        ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0].type",
          "unsupported_parameter"),
         ({"background": True}, "background", "unsupported_parameter"),
         ({"include": ["message.output_text.logprobs"]}, "include[0]", "unsupported_parameter"),
@@ -170,8 +170,8 @@ async def test_stream_events_in_order(tiny_gguf: Path, tmp_path: Path) -> None:
         ({"max_output_tokens": 8}, "max_output_tokens", "invalid_value"),
         ({"metadata": {"k": "v" * 600}}, "metadata", "invalid_value"),
         ({"beam_width": 4}, "beam_width", "unknown_parameter"),
-        ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]},
-         "input[0].type", "unsupported_parameter"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type",
+         "unsupported_parameter"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
          "input[0].content[0].type", "unsupported_parameter"),
         ({"input": [{"role": "user", "content": "a", "id": "m1"},
@@ -179,7 +179,7 @@ async def test_stream_events_in_order(tiny_gguf: Path, tmp_path: Path) -> None:
          "invalid_value"),
         ({"input": []}, "input", "invalid_value"),
         ({"input": [{"role": "user", "content": "a", "call_id": "c1"}]}, "input[0].call_id",
-         "unsupported_parameter"),
+         "unknown_parameter"),
         ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "a",
                                                    "file_id": "f"}]}]},
          "input[0].content[0].file_id", "unsupported_parameter"),

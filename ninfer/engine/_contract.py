@@ -230,10 +230,16 @@ class ChatTemplate(Protocol):
     """A model's chat template, rendered in a sandbox."""
 
     @property
-    def supports_tools(self) -> bool: ...
+    def writes_tool_calls(self) -> bool:
+        """Whether the template offers tools and writes calls in Hermes' markup itself."""
+        ...
 
     def render(
-        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str: ...
 
 

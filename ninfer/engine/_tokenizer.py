@@ -120,21 +120,28 @@ class ChatTemplate:
         return cls(source=source, template=template, bos_token=bos_token, eos_token=eos_token)
 
     @property
-    def supports_tools(self) -> bool:
-        """Whether the template reads a `tools` variable at all."""
-        return "tools" in self.source
+    def writes_tool_calls(self) -> bool:
+        """Whether the template offers tools and writes calls in the Hermes markup ninfer
+        reads (`<tool_call>`, as Qwen 2.5's): then it is given the tools and tool turns
+        itself; other templates get ninfer's generic tool section (docs/api.md)."""
+        return "tools" in self.source and "<tool_call>" in self.source
 
     def render(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """Render the conversation; a template error becomes ValueError with its message."""
+        """Render the conversation (`tools`: the functions offered, in OpenAI's shape, for
+        a template that describes them itself); a template error becomes ValueError."""
         try:
             return self._template.render(
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
-                tools=None,  # no tool is offered to a template (tools wait for issue 16)
+                tools=list(tools) if tools else None,
             )
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template error: {exc}") from exc

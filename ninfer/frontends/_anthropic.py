@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
+import orjson
 
 from ninfer.engine import TokenDelta
 from ninfer.frontends._base import (
@@ -16,16 +17,32 @@ from ninfer.frontends._base import (
     clamp_headers,
 )
 from ninfer.frontends._budget import SamplingRequest
+from ninfer.frontends._tools import (
+    CallArgs,
+    CallStart,
+    Event,
+    TextPiece,
+    Tool,
+    ToolCallTurn,
+    ToolPlan,
+    ToolStream,
+    call_id,
+    check_parameters,
+    parse_output,
+)
 from protocols import (
     AnthropicCodec,
     AnthropicDialect,
     AnthropicMessage,
+    AnthropicTool,
+    AnthropicToolChoice,
     AnthropicUsage,
     ContentBlockDelta,
     ContentBlockStart,
     ContentBlockStop,
     CountTokensResponse,
     Encoder,
+    InputJsonDelta,
     MessageDelta,
     MessageResponse,
     MessageStart,
@@ -35,12 +52,13 @@ from protocols import (
     StreamMessage,
     TextBlock,
     TextDelta,
+    ToolUseBlock,
     loads,
 )
 
 __all__ = ["MessagesFrontend"]
 
-StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 STOP_REASON: dict[str, StopReason] = {
     "eos": "end_turn",
     "stop": "stop_sequence",
@@ -54,17 +72,31 @@ def _usage(prompt_tokens: int, output_tokens: int, cached: int) -> AnthropicUsag
     return AnthropicUsage(prompt_tokens - cached, output_tokens, 0, cached)
 
 
+def _stop_reason(reason: str, calls: int, cut: bool) -> StopReason:
+    """`tool_use` when an answer that ended by itself made calls."""
+    if calls and not cut and reason in ("eos", "stop"):
+        return "tool_use"
+    return STOP_REASON[reason]
+
+
 @attrs.define
 class MessageAnswer:
     """A stream's `message_start` waits for the engine's first delta, which says how much
     of the prompt the prefix cache served (its usage reports it); the frames before it
-    are the HTTP headers only."""
+    are the HTTP headers only.
+
+    With tools, blocks open as the output shows what they are: a text block for text, a
+    tool_use block (its input streamed as `input_json_delta`) for each call."""
 
     encoder: Encoder
     id: str
     label: str  # the served name the request gave as `model`
     input_tokens: int
     started: bool = False
+    tools: bool = False
+    reader: ToolStream = attrs.field(factory=ToolStream)
+    blocks: int = 0  # blocks opened
+    open_block: bool = False
 
     def head(self) -> list[bytes]:
         return []
@@ -82,31 +114,68 @@ class MessageAnswer:
             _usage(self.input_tokens, 0, cached),
         )
         sse = self.encoder.sse
-        return [
-            sse(MessageStart("message_start", message), "message_start"),
-            sse(
-                ContentBlockStart("content_block_start", 0, TextBlock("text", "")),
-                "content_block_start",
-            ),
-            sse(Ping("ping"), "ping"),
-        ]
+        frames = [sse(MessageStart("message_start", message), "message_start")]
+        if not self.tools:
+            frames += self._open(TextBlock("text", ""))
+        return [*frames, sse(Ping("ping"), "ping")]
+
+    def _open(self, block: TextBlock | ToolUseBlock) -> list[bytes]:
+        frames = self._close()
+        self.open_block = True
+        self.blocks += 1
+        start = ContentBlockStart("content_block_start", self.blocks - 1, block)
+        return [*frames, self.encoder.sse(start, "content_block_start")]
+
+    def _close(self) -> list[bytes]:
+        if not self.open_block:
+            return []
+        self.open_block = False
+        stop = ContentBlockStop("content_block_stop", self.blocks - 1)
+        return [self.encoder.sse(stop, "content_block_stop")]
+
+    def _piece(self, delta: TextDelta | InputJsonDelta) -> bytes:
+        block = ContentBlockDelta("content_block_delta", self.blocks - 1, delta)
+        return self.encoder.sse(block, "content_block_delta")
+
+    def _events(self, events: list[Event]) -> list[bytes]:
+        frames: list[bytes] = []
+        for e in events:
+            if isinstance(e, TextPiece):
+                if not self.open_block:
+                    frames += self._open(TextBlock("text", ""))
+                frames.append(self._piece(TextDelta("text_delta", e.text)))
+            elif isinstance(e, CallStart):
+                frames += self._open(ToolUseBlock("tool_use", call_id("toolu"), e.name, {}))
+            elif isinstance(e, CallArgs):
+                frames.append(self._piece(InputJsonDelta("input_json_delta", e.text)))
+            else:
+                frames += self._close()
+        return frames
 
     def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
         frames = [] if self.started else self._start(delta.cached_tokens or 0)
+        if self.tools:
+            return frames + self._events(self.reader.feed(delta.text))
         if delta.text:
-            block = ContentBlockDelta("content_block_delta", 0, TextDelta("text_delta", delta.text))
-            frames.append(self.encoder.sse(block, "content_block_delta"))
+            frames.append(self._piece(TextDelta("text_delta", delta.text)))
         return frames
 
     def tail(self, outcome: Outcome) -> list[bytes]:
-        u = outcome.finish.usage
+        f = outcome.finish
+        u = f.usage
         frames = [] if self.started else self._start(u.cached_tokens)
+        reason = STOP_REASON[f.reason]
+        if self.tools:
+            frames += self._events(self.reader.finish())
+            if not self.blocks:  # an empty answer still has its (empty) text block
+                frames += self._open(TextBlock("text", ""))
+            reason = _stop_reason(f.reason, self.reader.calls, self.reader.open_call)
+        frames += self._close()
         sse = self.encoder.sse
-        stop = StopDelta(STOP_REASON[outcome.finish.reason], outcome.finish.stop_string)
+        stop = StopDelta(reason, f.stop_string)
         usage = _usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
         return [
             *frames,
-            sse(ContentBlockStop("content_block_stop", 0), "content_block_stop"),
             sse(MessageDelta("message_delta", stop, usage), "message_delta"),
             sse(MessageStop("message_stop"), "message_stop"),
         ]
@@ -114,14 +183,24 @@ class MessageAnswer:
     def body(self, outcome: Outcome) -> bytes:
         f = outcome.finish
         u = f.usage
+        content: list[TextBlock | ToolUseBlock] = [TextBlock("text", outcome.text)]
+        reason = STOP_REASON[f.reason]
+        if self.tools:
+            out = parse_output(outcome.text)
+            content = [TextBlock("text", out.text)] if out.text or not out.calls else []
+            content += [
+                ToolUseBlock("tool_use", call_id("toolu"), c.name, orjson.loads(c.arguments))
+                for c in out.calls
+            ]
+            reason = _stop_reason(f.reason, len(out.calls), out.truncated)
         return self.encoder.json(
             MessageResponse(
                 self.id,
                 "message",
                 "assistant",
-                [TextBlock("text", outcome.text)],
+                content,
                 self.label,
-                STOP_REASON[f.reason],
+                reason,
                 f.stop_string,
                 _usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
             )
@@ -136,30 +215,46 @@ class MessagesFrontend(Frontend):
         super().__init__(ctx, AnthropicDialect())
         self._codec = AnthropicCodec()
 
-    def _render(self, system: str | None, messages: list[AnthropicMessage]) -> str:
-        conv: list[dict[str, object]] = []
+    def _render(
+        self,
+        system: str | None,
+        messages: list[AnthropicMessage],
+        tools: list[AnthropicTool] | None,
+    ) -> str:
+        conv: list[dict[str, Any]] = []
         if system is not None:
             conv.append({"role": "system", "content": system})
-        conv.extend({"role": m.role, "content": m.text()} for m in messages)
-        return self.render_chat(conv, param="messages")
+        for m in messages:
+            conv.extend(_turns(m))
+        return self.render_chat(conv, param="messages", tools=_tools(tools))
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = self._codec.parse_messages(loads(body))
         self.ctx.check_model(req.model)
+        plan = _plan(req.tools, req.tool_choice)
         ids = await self.tokens(
-            self._render(req.system_text(), req.messages), prompt_param="messages"
+            self._render(req.system_text(), req.messages, req.tools), prompt_param="messages"
         )
+        grammar = await self.output_grammar(plan, None, "")
         gen, grant, _warnings = self.request(
             request_id,
             ids,
             requested=req.max_tokens,
             param="max_tokens",
             prompt_param="messages",
-            sampling=SamplingRequest(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k),
+            sampling=SamplingRequest(
+                temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, grammar=grammar
+            ),
             stop=tuple(req.stop_sequences or ()),
             clamp=True,
         )
-        answer = MessageAnswer(self.dialect.encoder, "msg_" + request_id, req.model, len(ids))
+        answer = MessageAnswer(
+            self.dialect.encoder,
+            "msg_" + request_id,
+            req.model,
+            len(ids),
+            tools=plan is not None and plan.calls_allowed,
+        )
         return Prepared(
             (gen,),
             bool(req.stream),
@@ -173,6 +268,50 @@ class MessagesFrontend(Frontend):
         req = self._codec.parse_count(loads(body))
         self.ctx.check_model(req.model)
         ids = await self.tokens(
-            self._render(req.system_text(), req.messages), prompt_param="messages"
+            self._render(req.system_text(), req.messages, req.tools), prompt_param="messages"
         )
         return self.dialect.encoder.json(CountTokensResponse(len(ids)))
+
+
+def _tools(tools: list[AnthropicTool] | None) -> tuple[Tool, ...]:
+    out = []
+    for i, t in enumerate(tools or ()):
+        where = f"tools[{i}].input_schema"
+        out.append(Tool(t.name, t.description, check_parameters(t.input_schema, where), where))
+    return tuple(out)
+
+
+def _plan(tools: list[AnthropicTool] | None, choice: AnthropicToolChoice | None) -> ToolPlan | None:
+    """Anthropic's choice as a plan: auto (the default), any (= required), a named tool,
+    none; `disable_parallel_tool_use` makes it one call."""
+    if not tools:
+        return None
+    parallel = not (choice is not None and choice.disable_parallel_tool_use)
+    kind = "auto" if choice is None else choice.type
+    named: str | dict[str, Any] = {"name": choice.name} if choice and choice.name else "auto"
+    openai_choice = {"any": "required", "tool": named}.get(kind, kind)
+    return ToolPlan.of(_tools(tools), openai_choice, parallel)
+
+
+def _turns(m: AnthropicMessage) -> list[dict[str, Any]]:
+    """A message as turns: an assistant's text and tool_use blocks are one turn with
+    calls; a user's tool_result blocks are tool turns (an error result says so), then
+    its text."""
+    if isinstance(m.content, str):
+        return [{"role": m.role, "content": m.content}]
+    if m.role == "assistant":
+        calls = [ToolCallTurn(b.id or "", b.name or "", b.input or {})
+                 for b in m.content if b.type == "tool_use"]  # fmt: skip
+        turn: dict[str, Any] = {"role": "assistant", "content": m.text()}
+        if calls:
+            turn["tool_calls"] = calls
+        return [turn]
+    turns: list[dict[str, Any]] = [
+        {"role": "tool", "tool_call_id": b.tool_use_id,
+         "content": ("Error: " if b.is_error else "") + b.result_text()}
+        for b in m.content if b.type == "tool_result"
+    ]  # fmt: skip
+    text = m.text()
+    if text or not turns:
+        turns.append({"role": "user", "content": text})
+    return turns

@@ -26,6 +26,7 @@ from ninfer.engine import (
     Usage,
 )
 from ninfer.frontends._budget import Budget, Grant, SamplingRequest, resolve_sampling
+from ninfer.frontends._tools import Tool, ToolPlan, render_tool_turns
 from protocols import ApiError, Dialect
 
 __all__ = [
@@ -55,6 +56,9 @@ Tokenize = Callable[[str], Awaitable[list[int]]]
 # Compiles a structured output's JSON schema (schema, param) to its grammar, off the
 # event loop: a large schema takes llguidance hundreds of milliseconds.
 CompileSchema = Callable[[dict[str, Any], str], Awaitable[str]]
+# Compiles the grammar of an answer that may call tools (plan, the response format's
+# schema or None, where that schema is), likewise.
+CompileTools = Callable[[ToolPlan, dict[str, Any] | None, str], Awaitable[str]]
 
 
 # The error code of a chat request to a model whose file has no chat template (a base
@@ -166,6 +170,7 @@ class FrontendContext:
     tokenize: Tokenize  # off the event loop for long texts
     created: int  # unix seconds, for OpenAI's `created`
     compile_schema: CompileSchema  # on a worker thread
+    compile_tools: CompileTools  # likewise
 
     @property
     def names_text(self) -> str:
@@ -216,10 +221,13 @@ class Frontend(abc.ABC):
             )
         return await self.ctx.tokenize(text)
 
-    def render_chat(self, conversation: list[dict[str, object]], *, param: str) -> str:
-        """The model's chat template over a conversation of {role, content} turns, ready
-        for the assistant's reply (`developer` rendered as `system`: ChatML templates know
-        no other); a refusal naming `param` when there is no template or it refuses."""
+    def render_chat(
+        self, conversation: list[dict[str, Any]], *, param: str, tools: Sequence[Tool] = ()
+    ) -> str:
+        """The model's chat template over a conversation of {role, content} turns (and
+        tool calls and results: `ninfer.frontends._tools`), ready for the assistant's
+        reply, with `tools` offered (`developer` rendered as `system`: ChatML templates
+        know no other); a refusal naming `param` when there is no template or it refuses."""
         template = self.ctx.model.tokenizer.chat_template
         if template is None:
             raise ApiError(
@@ -231,8 +239,11 @@ class Frontend(abc.ABC):
             )
         turns = [{**t, "role": _ROLE_FOR_TEMPLATE.get(str(t["role"]), t["role"])}
                  for t in conversation]  # fmt: skip
+        offered = None
+        if tools or any(t["role"] == "tool" or t.get("tool_calls") for t in turns):
+            turns, offered = render_tool_turns(turns, tools, native=template.writes_tool_calls)
         try:
-            return template.render(turns, add_generation_prompt=True)
+            return template.render(turns, add_generation_prompt=True, tools=offered)
         except ValueError:
             raise ApiError(
                 "invalid_request",
@@ -253,6 +264,17 @@ class Frontend(abc.ABC):
                 param=param,
                 code="context_length_exceeded",
             )
+
+    async def output_grammar(
+        self, plan: ToolPlan | None, schema: dict[str, Any] | None, param: str
+    ) -> str | None:
+        """The grammar an answer is decoded under: the tools' (with the response
+        format's `schema`, found at `param`, as its text), the format's alone, or none."""
+        if plan is not None:
+            return await self.ctx.compile_tools(plan, schema, param)
+        if schema is not None:
+            return await self.ctx.compile_schema(schema, param)
+        return None
 
     @abc.abstractmethod
     async def prepare(self, body: bytes, request_id: str) -> Prepared:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
-from ninfer.engine import GenerationRequest, TokenDelta, Tokenizer, TokenLogprob
+from ninfer.engine import Finish, GenerationRequest, TokenDelta, Tokenizer, TokenLogprob
 from ninfer.frontends._base import (
     Choice,
     Frontend,
@@ -20,6 +20,19 @@ from ninfer.frontends._base import (
 )
 from ninfer.frontends._budget import Grant, SamplingRequest
 from ninfer.frontends._structured import ANY_JSON_OBJECT
+from ninfer.frontends._tools import (
+    CallArgs,
+    CallStart,
+    Event,
+    TextPiece,
+    Tool,
+    ToolCallTurn,
+    ToolPlan,
+    ToolStream,
+    call_id,
+    check_parameters,
+    parse_output,
+)
 from protocols import (
     ApiError,
     AssistantMessage,
@@ -29,6 +42,7 @@ from protocols import (
     ChatCompletionChunk,
     ChatDelta,
     ChatLogprobs,
+    ChatMessage,
     ChatRequest,
     Completion,
     CompletionChoice,
@@ -37,6 +51,8 @@ from protocols import (
     CompletionLogprobs,
     CompletionRequest,
     Encoder,
+    FunctionCall,
+    FunctionCallDelta,
     ModelCard,
     ModelList,
     OpenAICodec,
@@ -44,14 +60,18 @@ from protocols import (
     OpenAIUsage,
     PromptTokensDetails,
     TokenLogprobEntry,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
     loads,
     logit_bias_pairs,
+    replayed_arguments,
 )
 
 __all__ = ["ChatFrontend", "CompletionsFrontend", "model_card", "model_list"]
 
 FinishReason = Literal["stop", "length"]
+ChatFinishReason = Literal["stop", "length", "tool_calls"]
 FINISH: dict[str, FinishReason] = {
     "eos": "stop",
     "stop": "stop",
@@ -128,7 +148,14 @@ class Spelling:
         return CompletionLogprobs(tokens, values, tops, offsets)
 
 
-@attrs.frozen
+def _chat_finish(finish: Finish, calls: int, cut: bool) -> ChatFinishReason:
+    """`tool_calls` when an answer that ended by itself made calls."""
+    if calls and not cut and finish.reason in ("eos", "stop"):
+        return "tool_calls"
+    return FINISH[finish.reason]
+
+
+@attrs.define
 class ChatAnswer:
     encoder: Encoder
     id: str
@@ -138,6 +165,9 @@ class ChatAnswer:
     choices: int
     service_tier: str | None
     spelling: Spelling | None  # when logprobs are asked for
+    tools: bool = False  # the answer may hold tool calls (read per choice as it streams)
+    streams: dict[int, ToolStream] = attrs.field(factory=dict)
+    call_ids: dict[int, list[str]] = attrs.field(factory=dict)
 
     def _chunk(self, choice: ChatChunkChoice | None, usage: OpenAIUsage | None = None) -> bytes:
         chunk = ChatCompletionChunk(
@@ -161,29 +191,70 @@ class ChatAnswer:
         lps = None
         if self.spelling is not None and delta.logprobs:
             lps = self.spelling.chat(delta.logprobs)
+        if self.tools:
+            frames = self._tool_frames(index, self._stream(index).feed(delta.text))
+            if lps is not None:
+                frames.append(self._chunk(ChatChunkChoice(index, ChatDelta(), lps, None)))
+            return frames
         if not delta.text and lps is None:
             return []
         return [self._chunk(ChatChunkChoice(index, ChatDelta(content=delta.text), lps, None))]
 
+    def _stream(self, index: int) -> ToolStream:
+        return self.streams.setdefault(index, ToolStream())
+
+    def _tool_frames(self, index: int, events: list[Event]) -> list[bytes]:
+        """A choice's text and call pieces as chunks: a call's first carries its id, type
+        and name, the next ones its arguments as they are generated."""
+        frames = []
+        for e in events:
+            if isinstance(e, TextPiece):
+                part = ChatDelta(content=e.text)
+            elif isinstance(e, CallStart):
+                ids = self.call_ids.setdefault(index, [])
+                ids.append(call_id())
+                fn = FunctionCallDelta(e.name, "")
+                part = ChatDelta(tool_calls=[ToolCallDelta(e.index, ids[-1], "function", fn)])
+            elif isinstance(e, CallArgs):
+                fn = FunctionCallDelta(arguments=e.text)
+                part = ChatDelta(tool_calls=[ToolCallDelta(e.index, function=fn)])
+            else:
+                continue
+            frames.append(self._chunk(ChatChunkChoice(index, part, None, None)))
+        return frames
+
     def tail(self, outcome: Outcome) -> list[bytes]:
-        frames = [
-            self._chunk(ChatChunkChoice(c.index, ChatDelta(), None, FINISH[c.finish.reason]))
-            for c in outcome.choices
-        ]
+        frames = []
+        for c in outcome.choices:
+            reason: ChatFinishReason = FINISH[c.finish.reason]
+            if self.tools:
+                stream = self._stream(c.index)
+                frames += self._tool_frames(c.index, stream.finish())
+                reason = _chat_finish(c.finish, stream.calls, stream.open_call)
+            frames.append(self._chunk(ChatChunkChoice(c.index, ChatDelta(), None, reason)))
         if self.include_usage:
             frames.append(self._chunk(None, _usage(outcome)))
         return [*frames, _DONE]
 
-    def body(self, outcome: Outcome) -> bytes:
-        choices = [
-            ChatChoice(
-                c.index,
-                AssistantMessage("assistant", c.text, None),
-                self.spelling.chat(c.logprobs) if self.spelling is not None else None,
-                FINISH[c.finish.reason],
-            )
-            for c in outcome.choices
+    def _message(self, c: Choice) -> tuple[AssistantMessage, ChatFinishReason]:
+        if not self.tools:
+            return AssistantMessage("assistant", c.text, None), FINISH[c.finish.reason]
+        out = parse_output(c.text)
+        calls = [
+            ToolCall(call_id(), "function", FunctionCall(call.name, call.arguments))
+            for call in out.calls
         ]
+        message = AssistantMessage(
+            "assistant", out.text if out.text or not calls else None, None, calls or None
+        )
+        return message, _chat_finish(c.finish, len(calls), out.truncated)
+
+    def body(self, outcome: Outcome) -> bytes:
+        choices = []
+        for c in outcome.choices:
+            message, reason = self._message(c)
+            lps = self.spelling.chat(c.logprobs) if self.spelling is not None else None
+            choices.append(ChatChoice(c.index, message, lps, reason))
         return self.encoder.json(
             ChatCompletion(
                 self.id,
@@ -426,33 +497,59 @@ def _sibling(gen: GenerationRequest, k: int) -> GenerationRequest:
     return attrs.evolve(gen, sampling=attrs.evolve(gen.sampling, seed=(seed + k) % 2**63))
 
 
+def _format_schema(req: ChatRequest) -> tuple[dict[str, Any] | None, str]:
+    """response_format as the schema the output must match (None: free text), and where
+    it is in the request."""
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None, "response_format"
+    if fmt.type == "json_object":
+        return ANY_JSON_OBJECT, "response_format"
+    assert fmt.json_schema is not None  # checked by the codec
+    schema = fmt.json_schema.get("schema")
+    return (schema if schema is not None else ANY_JSON_OBJECT), "response_format.json_schema.schema"
+
+
+def _tool_plan(req: ChatRequest) -> ToolPlan | None:
+    """The request's functions and choice (checked by the codec), or None without tools."""
+    if not req.tools:
+        return None
+    tools = []
+    for i, t in enumerate(req.tools):
+        assert t.function is not None
+        where = f"tools[{i}].function.parameters"
+        tools.append(Tool(t.function.name, t.function.description,
+                          check_parameters(t.function.parameters, where), where))  # fmt: skip
+    return ToolPlan.of(tuple(tools), req.tool_choice, req.parallel_tool_calls is not False)
+
+
+def _turn(m: ChatMessage) -> dict[str, Any]:
+    """A message as a turn of the conversation (calls and results included)."""
+    turn: dict[str, Any] = {"role": m.role, "content": m.text()}
+    if m.tool_calls:
+        turn["tool_calls"] = [
+            ToolCallTurn(c.id, c.function.name, replayed_arguments(c.function.arguments, ""))
+            for c in m.tool_calls
+            if c.function is not None
+        ]
+    if m.role == "tool":
+        turn["tool_call_id"] = m.tool_call_id
+    return turn
+
+
 class ChatFrontend(_OpenAIFrontend):
     endpoint = "/v1/chat/completions"
 
-    async def _grammar(self, req: ChatRequest) -> str | None:
-        """response_format as the grammar the output must match (None: free text)."""
-        fmt = req.response_format
-        if fmt is None or fmt.type == "text":
-            return None
-        if fmt.type == "json_object":
-            return await self.ctx.compile_schema(ANY_JSON_OBJECT, "response_format")
-        assert fmt.json_schema is not None  # checked by the codec
-        schema = fmt.json_schema.get("schema")
-        return await self.ctx.compile_schema(
-            schema if schema is not None else ANY_JSON_OBJECT, "response_format.json_schema.schema"
-        )
-
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
-        template = self.ctx.model.tokenizer.chat_template
-        tools = template is not None and template.supports_tools
-        req = self._codec.parse_chat(loads(body), supports_tools=tools)
+        req = self._codec.parse_chat(loads(body))
         self.ctx.check_model(req.model)  # the body is checked whole before the template
-        grammar = await self._grammar(req)
+        plan = _tool_plan(req)
+        grammar = await self.output_grammar(plan, *_format_schema(req))
         sampling = self._checked_sampling(req, 1, prompt_param="messages", grammar=grammar)
-        conversation: list[dict[str, object]] = [
-            {"role": m.role, "content": m.text()} for m in req.messages
-        ]
-        prompt = self.render_chat(conversation, param="messages")
+        conversation = [_turn(m) for m in req.messages]
+        prompt = self.render_chat(
+            conversation, param="messages", tools=plan.tools if plan is not None else ()
+        )
         ids = await self.tokens(prompt, prompt_param="messages")
         requested: int | None = req.max_tokens
         param = "max_tokens"
@@ -478,6 +575,7 @@ class ChatFrontend(_OpenAIFrontend):
             len(requests),
             _tier(req.service_tier),
             self._spelling if logprobs is not None else None,
+            tools=plan is not None and plan.calls_allowed,
         )
         return self._prepared(req, requests, groups, headers, answer)
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
+import orjson
 
 from ninfer.engine import TokenDelta
 from ninfer.frontends._base import (
@@ -29,10 +30,27 @@ from ninfer.frontends._base import (
 )
 from ninfer.frontends._budget import SamplingRequest
 from ninfer.frontends._structured import ANY_JSON_OBJECT
+from ninfer.frontends._tools import (
+    CallArgs,
+    CallStart,
+    Event,
+    TextPiece,
+    Tool,
+    ToolCallTurn,
+    ToolPlan,
+    ToolStream,
+    call_id,
+    check_parameters,
+    parse_output,
+)
 from protocols import (
     ApiError,
     ContentPartEvent,
     Encoder,
+    FunctionCallArgumentsDeltaEvent,
+    FunctionCallArgumentsDoneEvent,
+    FunctionCallItem,
+    FunctionCallOutputItem,
     IncompleteDetails,
     InputItemList,
     InputMessage,
@@ -53,10 +71,12 @@ from protocols import (
     ResponsesCodec,
     ResponsesInputItem,
     ResponsesRequest,
+    ResponsesTool,
     ResponseTextConfig,
     ResponseTextFormat,
     ResponseUsage,
     loads,
+    replayed_arguments,
 )
 
 __all__ = ["ResponseStore", "ResponsesFrontend"]
@@ -70,16 +90,39 @@ def _new_id(prefix: str) -> str:
 
 @attrs.frozen
 class Turn:
-    """One turn of a conversation, as the chat template takes it."""
+    """One turn of a conversation, as the chat template takes it: a message, an
+    assistant's calls (with its text, if any), or a call's output (role `tool`)."""
 
     role: str
     text: str
+    calls: tuple[ToolCallTurn, ...] = ()
+    call_id: str | None = None  # of a tool turn
+
+    def message(self) -> dict[str, Any]:
+        turn: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.calls:
+            turn["tool_calls"] = list(self.calls)
+        if self.call_id is not None:
+            turn["tool_call_id"] = self.call_id
+        return turn
 
 
-def text_bytes(history: Sequence[Turn], items: Sequence[InputMessage]) -> int:
+Item = InputMessage | FunctionCallItem | FunctionCallOutputItem
+
+
+def _item_texts(item: Item) -> list[str]:
+    if isinstance(item, InputMessage):
+        return [p.text for p in item.content]
+    if isinstance(item, FunctionCallItem):
+        return [item.name, item.arguments]
+    return [item.output]
+
+
+def text_bytes(history: Sequence[Turn], items: Sequence[Item]) -> int:
     """What a stored Response holds, counted as the UTF-8 bytes of its texts (what grows
-    with use): its history's turns and its input Items' parts."""
-    texts = [t.text for t in history] + [p.text for item in items for p in item.content]
+    with use): its history's turns (and calls) and its input Items' texts."""
+    texts = [t.text for t in history] + [text for item in items for text in _item_texts(item)]
+    texts += [orjson.dumps(c.arguments).decode() for t in history for c in t.calls]
     return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
 
 
@@ -89,7 +132,7 @@ class Stored:
     continuation starts from (its chain's history, its input, its output)."""
 
     response: ResponseObject
-    input_items: tuple[InputMessage, ...]
+    input_items: tuple[Item, ...]
     history: tuple[Turn, ...]
     # Counted once, when stored (the store adds and subtracts it as records come and go).
     size: int = attrs.field(
@@ -164,14 +207,29 @@ def _output_text(text: str) -> OutputText:
     return OutputText("output_text", text, [], [])
 
 
-def _input_items(items: str | list[ResponsesInputItem]) -> list[InputMessage]:
+def _input_items(items: str | list[ResponsesInputItem]) -> list[Item]:
     """The request's input as stored Items (a string is one user message; ids kept or
     made)."""
     if isinstance(items, str):
         return [InputMessage(_new_id("msg"), "message", "user", "completed",
                              [InputText("input_text", items)])]  # fmt: skip
-    out = []
+    out: list[Item] = []
     for item in items:
+        if item.type == "function_call":
+            assert item.call_id
+            assert item.name
+            assert item.arguments is not None
+            out.append(FunctionCallItem(item.id or _new_id("fc"), "function_call", item.call_id,
+                                        item.name, item.arguments, "completed"))  # fmt: skip
+            continue
+        if item.type == "function_call_output":
+            assert item.call_id
+            assert item.output is not None
+            output = item.output if isinstance(item.output, str) else "".join(
+                p.text or "" for p in item.output)  # fmt: skip
+            out.append(FunctionCallOutputItem(item.id or _new_id("fco"), "function_call_output",
+                                              item.call_id, output, "completed"))  # fmt: skip
+            continue
         assert item.role is not None  # the codec checked both
         assert item.content is not None
         parts: list[InputText | OutputText]
@@ -191,8 +249,22 @@ def _input_items(items: str | list[ResponsesInputItem]) -> list[InputMessage]:
     return out
 
 
-def _turns(items: Sequence[InputMessage]) -> list[Turn]:
-    return [Turn(item.role, "".join(p.text for p in item.content)) for item in items]
+def _turns(items: Sequence[Item]) -> list[Turn]:
+    """Items as turns: function calls join the assistant turn just before them (or make
+    one), outputs are tool turns."""
+    turns: list[Turn] = []
+    for item in items:
+        if isinstance(item, InputMessage):
+            turns.append(Turn(item.role, "".join(p.text for p in item.content)))
+        elif isinstance(item, FunctionCallOutputItem):
+            turns.append(Turn("tool", item.output, call_id=item.call_id))
+        else:
+            call = ToolCallTurn(item.call_id, item.name, replayed_arguments(item.arguments, ""))
+            if turns and turns[-1].role == "assistant":
+                turns[-1] = attrs.evolve(turns[-1], calls=(*turns[-1].calls, call))
+            else:
+                turns.append(Turn("assistant", "", (call,)))
+    return turns
 
 
 @attrs.define
@@ -203,10 +275,17 @@ class ResponseAnswer:
     encoder: Encoder
     store: ResponseStore | None  # None: store was false
     template: ResponseObject  # the in-progress Response: every field but the outcome's
-    input_items: tuple[InputMessage, ...]
+    input_items: tuple[Item, ...]
     history: tuple[Turn, ...]  # what this request continued (its chain's), then its input
     item_id: str = attrs.Factory(lambda: _new_id("msg"))
     sequence: int = 0
+    tools: bool = False  # the output may hold function calls
+    reader: ToolStream = attrs.Factory(ToolStream)
+    # A stream's output Items so far (with tools, each opens as the output shows what it
+    # is): the message's text, and each call's Item and arguments.
+    streamed: list[OutputMessage | FunctionCallItem] = attrs.Factory(list)
+    text: list[str] = attrs.Factory(list)
+    arguments: list[str] = attrs.Factory(list)
 
     def _sse(self, event: Any) -> bytes:
         return self.encoder.sse(event, event.type)
@@ -216,32 +295,120 @@ class ResponseAnswer:
         return self.sequence - 1
 
     def head(self) -> list[bytes]:
-        item = OutputMessage(self.item_id, "message", "assistant", "in_progress", [])
-        empty = _output_text("")
-        return [
+        frames = [
             self._sse(ResponseLifecycleEvent("response.created", self._next(), self.template)),
             self._sse(ResponseLifecycleEvent("response.in_progress", self._next(), self.template)),
-            self._sse(OutputItemEvent("response.output_item.added", self._next(), 0, item)),
+        ]
+        if not self.tools:
+            frames += self._open_message()
+        return frames
+
+    def _open_message(self) -> list[bytes]:
+        item = OutputMessage(self.item_id, "message", "assistant", "in_progress", [])
+        self.streamed.append(item)
+        at = len(self.streamed) - 1
+        return [
+            self._sse(OutputItemEvent("response.output_item.added", self._next(), at, item)),
             self._sse(ContentPartEvent("response.content_part.added", self._next(), self.item_id,
-                                       0, 0, empty)),
+                                       at, 0, _output_text(""))),
         ]  # fmt: skip
 
+    def _text(self, text: str) -> list[bytes]:
+        frames = [] if self.streamed and self._open_kind() == "message" else self._open_message()
+        self.text.append(text)
+        event = OutputTextDeltaEvent("response.output_text.delta", self._next(), self.item_id,
+                                     len(self.streamed) - 1, 0, text, [])  # fmt: skip
+        return [*frames, self._sse(event)]
+
+    def _open_kind(self) -> str | None:
+        last = self.streamed[-1] if self.streamed else None
+        return None if last is None or last.status != "in_progress" else last.type
+
+    def _close(self, status: Literal["completed", "incomplete"]) -> list[bytes]:
+        """The frames that end the Item being streamed, if one is."""
+        kind = self._open_kind()
+        at = len(self.streamed) - 1
+        if kind == "message":
+            text = _output_text("".join(self.text))
+            item: OutputMessage | FunctionCallItem = OutputMessage(
+                self.item_id, "message", "assistant", status, [text]
+            )
+            self.streamed[at] = item
+            return [
+                self._sse(OutputTextDoneEvent("response.output_text.done", self._next(),
+                                              self.item_id, at, 0, text.text, [])),
+                self._sse(ContentPartEvent("response.content_part.done", self._next(),
+                                           self.item_id, at, 0, text)),
+                self._sse(OutputItemEvent("response.output_item.done", self._next(), at, item)),
+            ]  # fmt: skip
+        if kind == "function_call":
+            call = self.streamed[at]
+            assert isinstance(call, FunctionCallItem)
+            args = "".join(self.arguments)
+            item = attrs.evolve(call, arguments=args, status=status)
+            self.streamed[at] = item
+            done = FunctionCallArgumentsDoneEvent(
+                "response.function_call_arguments.done", self._next(), call.id, at, call.name, args
+            )
+            return [
+                self._sse(done),
+                self._sse(OutputItemEvent("response.output_item.done", self._next(), at, item)),
+            ]  # fmt: skip
+        return []
+
+    def _events(self, events: list[Event]) -> list[bytes]:
+        frames: list[bytes] = []
+        for e in events:
+            if isinstance(e, TextPiece):
+                frames += self._text(e.text)
+            elif isinstance(e, CallStart):
+                frames += self._close("completed")
+                item = FunctionCallItem(_new_id("fc"), "function_call", call_id(), e.name, "",
+                                        "in_progress")  # fmt: skip
+                self.streamed.append(item)
+                self.arguments = []
+                at = len(self.streamed) - 1
+                frames.append(self._sse(OutputItemEvent("response.output_item.added",
+                                                        self._next(), at, item)))  # fmt: skip
+            elif isinstance(e, CallArgs):
+                self.arguments.append(e.text)
+                at = len(self.streamed) - 1
+                frames.append(self._sse(FunctionCallArgumentsDeltaEvent(
+                    "response.function_call_arguments.delta", self._next(),
+                    self.streamed[at].id, at, e.text)))  # fmt: skip
+            else:
+                frames += self._close("completed")
+        return frames
+
     def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
+        if self.tools:
+            return self._events(self.reader.feed(delta.text))
         if not delta.text:
             return []
-        event = OutputTextDeltaEvent(
-            "response.output_text.delta", self._next(), self.item_id, 0, 0, delta.text, []
-        )
-        return [self._sse(event)]
+        return self._text(delta.text)
 
-    def _finished(self, outcome: Outcome) -> ResponseObject:
+    def _output(
+        self, outcome: Outcome, status: Literal["completed", "incomplete"]
+    ) -> list[OutputMessage | FunctionCallItem]:
+        """The output Items of a body (a stream's are those it sent)."""
+        if not self.tools:
+            text = [_output_text(outcome.text)]
+            return [OutputMessage(self.item_id, "message", "assistant", status, text)]
+        out = parse_output(outcome.text)
+        items: list[OutputMessage | FunctionCallItem] = []
+        if out.text or not out.calls:
+            items.append(OutputMessage(self.item_id, "message", "assistant", status,
+                                       [_output_text(out.text)]))  # fmt: skip
+        items += [FunctionCallItem(_new_id("fc"), "function_call", call_id(), c.name,
+                                   c.arguments, "completed") for c in out.calls]  # fmt: skip
+        return items
+
+    def _finished(self, outcome: Outcome, streamed: bool = False) -> ResponseObject:
         f = outcome.finish
         u = outcome.usage
         complete = f.reason in ("eos", "stop")
         status: Literal["completed", "incomplete"] = "completed" if complete else "incomplete"
-        item = OutputMessage(
-            self.item_id, "message", "assistant", status, [_output_text(outcome.text)]
-        )
+        output = list(self.streamed) if streamed else self._output(outcome, status)
         usage = ResponseUsage(
             u.prompt_tokens,
             InputTokensDetails(u.cached_tokens),
@@ -253,32 +420,25 @@ class ResponseAnswer:
             self.template,
             status=status,
             completed_at=int(time.time()),
-            output=[item],
+            output=output,
             usage=usage,
             incomplete_details=None if complete else IncompleteDetails("max_output_tokens"),
         )
         if self.store is not None:
-            history = (*self.history, Turn("assistant", outcome.text))
-            self.store.put(Stored(response, self.input_items, history))
+            self.store.put(Stored(response, self.input_items, (*self.history, _reply(output))))
         return response
 
     def tail(self, outcome: Outcome) -> list[bytes]:
-        response = self._finished(outcome)
-        item = response.output[0]
-        text = item.content[0]
+        complete = outcome.finish.reason in ("eos", "stop")
+        frames = self._events(self.reader.finish()) if self.tools else []
+        if not self.streamed:  # nothing was generated: the (empty) message still is one
+            frames += self._open_message()
+        frames += self._close("completed" if complete else "incomplete")
+        response = self._finished(outcome, streamed=True)
         end: Literal["response.completed", "response.incomplete"] = (
             "response.completed" if response.status == "completed" else "response.incomplete"
         )
-        return [
-            self._sse(OutputTextDoneEvent(
-                "response.output_text.done", self._next(), self.item_id, 0, 0, text.text, []
-            )),
-            self._sse(ContentPartEvent(
-                "response.content_part.done", self._next(), self.item_id, 0, 0, text
-            )),
-            self._sse(OutputItemEvent("response.output_item.done", self._next(), 0, item)),
-            self._sse(ResponseLifecycleEvent(end, self._next(), response)),
-        ]  # fmt: skip
+        return [*frames, self._sse(ResponseLifecycleEvent(end, self._next(), response))]
 
     def body(self, outcome: Outcome) -> bytes:
         return self.encoder.json(self._finished(outcome))
@@ -290,6 +450,17 @@ class ResponseAnswer:
             self.template, status="failed", error=ResponseError(code, err.message)
         )
         return [self._sse(ResponseLifecycleEvent("response.failed", self._next(), response))]
+
+
+def _reply(output: Sequence[OutputMessage | FunctionCallItem]) -> Turn:
+    """A Response's output as the assistant turn a continuation replays (a call the
+    budget cut short, streamed as an incomplete Item, is left out: its arguments do not
+    parse)."""
+    text = "".join(p.text for i in output if isinstance(i, OutputMessage) for p in i.content)
+    calls = tuple(ToolCallTurn(i.call_id, i.name, replayed_arguments(i.arguments, ""))
+                  for i in output
+                  if isinstance(i, FunctionCallItem) and i.status == "completed")  # fmt: skip
+    return Turn("assistant", text, calls)
 
 
 class ResponsesFrontend(Frontend):
@@ -309,28 +480,35 @@ class ResponsesFrontend(Frontend):
             raise not_found("previous_response_id")
         return stored.history
 
-    async def _prompt_ids(self, instructions: str | None, turns: Sequence[Turn]) -> list[int]:
-        conv: list[dict[str, object]] = []
+    async def _prompt_ids(
+        self, instructions: str | None, turns: Sequence[Turn], tools: Sequence[Tool]
+    ) -> list[int]:
+        conv: list[dict[str, Any]] = []
         if instructions is not None:
             conv.append({"role": "system", "content": instructions})
-        conv.extend({"role": t.role, "content": t.text} for t in turns)
-        return await self.tokens(self.render_chat(conv, param="input"), prompt_param="input")
+        conv.extend(t.message() for t in turns)
+        prompt = self.render_chat(conv, param="input", tools=tools)
+        return await self.tokens(prompt, prompt_param="input")
 
-    async def _grammar(self, req: ResponsesRequest) -> str | None:
-        """`text.format` as a grammar (None: free text), as chat's response_format."""
+    async def _grammar(self, req: ResponsesRequest, plan: ToolPlan | None) -> str | None:
+        """`text.format` (as chat's response_format) and the tools as a grammar (None:
+        free text)."""
         fmt = req.text.format if req.text else None
         if fmt is None or fmt.type == "text":
-            return None
+            return await self.output_grammar(plan, None, "text.format")
         if fmt.type == "json_object" or fmt.schema is None:
-            return await self.ctx.compile_schema(ANY_JSON_OBJECT, "text.format")
-        return await self.ctx.compile_schema(fmt.schema, "text.format.schema")
+            return await self.output_grammar(plan, ANY_JSON_OBJECT, "text.format")
+        return await self.output_grammar(plan, fmt.schema, "text.format.schema")
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = self._codec.parse_create(loads(body))
         label = self.ctx.check_model(req.model)
         items = tuple(_input_items(req.input))
         history = (*self._history(req.previous_response_id), *_turns(items))
-        ids = await self._prompt_ids(req.instructions, history)
+        tools = _tools(req.tools)
+        plan = ToolPlan.of(tools, req.tool_choice, req.parallel_tool_calls is not False) if (
+            tools) else None  # fmt: skip
+        ids = await self._prompt_ids(req.instructions, history, tools)
         gen, grant, _warnings = self.request(
             request_id,
             ids,
@@ -338,7 +516,7 @@ class ResponsesFrontend(Frontend):
             param="max_output_tokens",
             prompt_param="input",
             sampling=SamplingRequest(
-                temperature=req.temperature, top_p=req.top_p, grammar=await self._grammar(req)
+                temperature=req.temperature, top_p=req.top_p, grammar=await self._grammar(req, plan)
             ),
             stop=(),
             clamp=True,
@@ -352,13 +530,14 @@ class ResponsesFrontend(Frontend):
             self._template(req, label, gen.sampling.temperature, gen.sampling.top_p, store),
             items,
             history,
+            tools=plan is not None and plan.calls_allowed,
         )
         fields = {"protocol": self.protocol, "store": store,
                   "previous_response_id": req.previous_response_id}  # fmt: skip
         return Prepared((gen,), bool(req.stream), answer, fields, headers=clamp_headers(grant))
 
     def _check_room(
-        self, items: Sequence[InputMessage], history: Sequence[Turn], max_new_tokens: int
+        self, items: Sequence[Item], history: Sequence[Turn], max_new_tokens: int
     ) -> None:
         """Refuse at once a Response the store could not keep even alone (its texts at
         their longest), rather than pretend it was stored."""
@@ -399,8 +578,17 @@ class ResponsesFrontend(Frontend):
             top_p=top_p,
             top_logprobs=0,
             text=ResponseTextConfig(_echoed_format(req)),
-            tool_choice="none" if req.tool_choice == "none" else "auto",
-            tools=[],
+            tool_choice=req.tool_choice if req.tool_choice is not None else "auto",
+            tools=[
+                {
+                    "type": "function",
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                    "strict": bool(t.strict),
+                }
+                for t in req.tools or ()
+            ],
             truncation="disabled",
             service_tier="default",
             background=False,
@@ -498,8 +686,17 @@ class ResponsesFrontend(Frontend):
                 param="input",
                 code="missing_required_parameter",
             )
-        ids = await self._prompt_ids(req.instructions, history)
+        ids = await self._prompt_ids(req.instructions, history, _tools(req.tools))
         return self.dialect.encoder.json(InputTokensCount("response.input_tokens", len(ids)))
+
+
+def _tools(tools: Sequence[ResponsesTool] | None) -> tuple[Tool, ...]:
+    out = []
+    for i, t in enumerate(tools or ()):
+        assert t.name is not None  # checked by the codec
+        where = f"tools[{i}].parameters"
+        out.append(Tool(t.name, t.description, check_parameters(t.parameters, where), where))
+    return tuple(out)
 
 
 def _echoed_format(req: ResponsesRequest) -> ResponseTextFormat:

@@ -143,6 +143,12 @@ def _base(route: Route, model: str) -> dict[str, Any]:
     return {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": text}]}
 
 
+# A function tool, for the probes of tool choices.
+_FUNCTION = {"type": "function", "function": {"name": "pick", "parameters": {
+    "type": "object", "properties": {"x": {"enum": ["a", "b"]}}, "required": ["x"],
+    "additionalProperties": False}}}  # fmt: skip
+
+
 def _with(route: Route, **changes: Any) -> Callable[[ProbeEnv], bytes]:
     """The route's valid body with fields set (`_DROP` removes one)."""
 
@@ -303,8 +309,36 @@ def _rows() -> Iterator[Probe]:
                     "invalid_request", "messages[0].content")  # fmt: skip
         yield Probe(f"{r}: model missing", r, _with(r, model=_DROP), 422, "invalid_request",
                     "model")  # fmt: skip
-        yield Probe(f"{r}: tools", r, _with(r, tools=[{"type": "function"}]), 422,
-                    "invalid_request", "tools")  # fmt: skip
+    # Tools: malformed tools, choices and replayed calls are refused by name (the
+    # client's text never echoed).
+    yield Probe("chat: a tool without its function", "chat",
+                _with("chat", tools=[{"type": "function"}]), 422, "invalid_request",
+                "tools[0].function")  # fmt: skip
+    yield Probe("chat: tool_choice names no tool", "chat",
+                _with("chat", tools=[_FUNCTION], tool_choice={
+                    "type": "function", "function": {"name": CANARY[:40]}}), 422,
+                "invalid_request", "tool_choice.function.name")  # fmt: skip
+    yield Probe("chat: a tool schema that cannot be enforced", "chat",
+                _with("chat", tools=[{"type": "function", "function": {
+                    "name": "f", "parameters": {"type": "object", "not": {CANARY: 1}}}}]),
+                422, "invalid_request", "tools[0].function.parameters")  # fmt: skip
+    yield Probe("chat: replayed call arguments not JSON", "chat",
+                _with("chat", messages=[{"role": "user", "content": "hi"},
+                                        {"role": "assistant", "tool_calls": [
+                                            {"id": "c1", "type": "function", "function": {
+                                                "name": "f", "arguments": CANARY}}]}]),
+                422, "invalid_request",
+                "messages[1].tool_calls[0].function.arguments")  # fmt: skip
+    yield Probe("messages: a tool without input_schema", "messages",
+                _with("messages", tools=[{"name": "f"}]), 422, "invalid_request",
+                "tools[0].input_schema")  # fmt: skip
+    yield Probe("messages: tool_result in an assistant turn", "messages",
+                _with("messages", messages=[
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": [
+                        {"type": "tool_result", "tool_use_id": "t", "content": CANARY}]},
+                    {"role": "user", "content": "go on"}]),
+                422, "invalid_request", "messages[1].content[0].type")  # fmt: skip
     yield Probe("chat: tool message without its id", "chat",
                 _with("chat", messages=[{"role": "user", "content": "hi"},
                                         {"role": "tool", "content": CANARY}]),
@@ -402,9 +436,9 @@ def _rows() -> Iterator[Probe]:
     yield Probe("responses: Item of an unknown type", "responses",
                 _with("responses", input=[{"type": CANARY, "role": "user", "content": "hi"}]),
                 422, "invalid_request", "input[0].type")  # fmt: skip
-    yield Probe("responses: function_call Item", "responses",
-                _with("responses", input=[{"type": "function_call", "call_id": CANARY,
-                                           "name": "f", "arguments": "{}"}]),
+    yield Probe("responses: reasoning Item", "responses",
+                _with("responses", input=[{"type": "reasoning", "id": "rs_1",
+                                           "summary": [{"type": "summary_text", "text": CANARY}]}]),
                 422, "invalid_request", "input[0].type")  # fmt: skip
     yield Probe("responses: image part", "responses",
                 _with("responses", input=[{"role": "user", "content": [
@@ -424,9 +458,13 @@ def _rows() -> Iterator[Probe]:
                 "invalid_request", "metadata")  # fmt: skip
     yield Probe("responses: background", "responses", _with("responses", background=True), 422,
                 "invalid_request", "background")  # fmt: skip
-    yield Probe("responses: tools", "responses",
-                _with("responses", tools=[{"type": "function", "name": "f"}]), 422,
-                "invalid_request", "tools")  # fmt: skip
+    yield Probe("responses: a hosted tool", "responses",
+                _with("responses", tools=[{"type": "web_search"}]), 422,
+                "invalid_request", "tools[0].type")  # fmt: skip
+    yield Probe("responses: a function_call Item without its call_id", "responses",
+                _with("responses", input=[{"type": "function_call", "name": "f",
+                                           "arguments": "{}"}]), 422,
+                "invalid_request", "input[0].call_id")  # fmt: skip
     yield Probe("responses: store off", "responses", _with("responses", store=False), 200,
                 None)  # fmt: skip
     yield Probe("responses: a stored response that does not exist", "other", b"", 404,
