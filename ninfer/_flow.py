@@ -151,11 +151,15 @@ _UNANSWERED = ("error", "cancelled")
 
 
 def _logged_sampling(req: GenerationRequest) -> dict[str, Any]:
-    """request_start's `sampling`: the parameters, logit_bias as its entry count."""
+    """request_start's `sampling`: the parameters, logit_bias as its entry count, a
+    grammar (structured outputs, tools) as its size: never the client's schemas."""
     fields = attrs.asdict(req.sampling)
     bias = fields.pop("logit_bias")
     if bias:
         fields["logit_bias_count"] = len(bias)
+    grammar = fields.pop("grammar", None)
+    if grammar:
+        fields["grammar_bytes"] = len(grammar.encode("utf-8", "surrogatepass"))
     return fields
 
 

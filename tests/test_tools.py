@@ -475,3 +475,28 @@ async def test_a_call_cut_by_the_budget_is_reported_not_given(
                 model=name, previous_response_id=cut.id, input="go on", max_output_tokens=16
             )
             assert after.status in ("completed", "incomplete")
+
+
+async def test_the_request_log_says_tools_without_their_schemas(
+    roomy_gguf: Path, tmp_path: Path
+) -> None:
+    """request_start counts the tools and names the choice, and gives a constrained
+    request's grammar by its size: the schemas and descriptions are the client's text,
+    never written (nor the grammar built from them)."""
+    with trio.fail_after(HANG_GUARD_S):
+        async with serve(roomy_gguf, tmp_path) as srv:
+            client = _client(srv.url)
+            name = (await client.models.list()).data[0].id
+            await client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": "x"}], tools=CHAT_TOOLS,
+                tool_choice="required", max_tokens=8, temperature=0,
+            )  # fmt: skip
+            log = srv.log_path
+    starts = [json.loads(line) for line in log.read_text().splitlines()
+              if '"request_start"' in line]  # fmt: skip
+    assert starts[-1]["tools"] == 2
+    assert starts[-1]["tool_choice"] == "required"
+    assert starts[-1]["sampling"]["grammar_bytes"] > 100
+    assert "grammar" not in starts[-1]["sampling"]
+    assert "The forecast" not in log.read_text()
+    assert "maxLength" not in log.read_text()

@@ -259,7 +259,7 @@ class MessagesFrontend(Frontend):
             (gen,),
             bool(req.stream),
             answer,
-            {"protocol": self.protocol},
+            {"protocol": self.protocol, **(plan.log_fields() if plan is not None else {})},
             headers=clamp_headers(grant),
         )
 

@@ -474,12 +474,13 @@ class _OpenAIFrontend(Frontend):
         groups: tuple[int, ...],
         headers: tuple[tuple[bytes, bytes], ...],
         answer: ChatAnswer | CompletionAnswer,
+        plan: ToolPlan | None = None,
     ) -> Prepared:
         return Prepared(
             requests,
             bool(req.stream),
             answer,
-            {"protocol": self.protocol},
+            {"protocol": self.protocol, **(plan.log_fields() if plan is not None else {})},
             prompt_of=groups,
             headers=headers,
         )
@@ -577,7 +578,7 @@ class ChatFrontend(_OpenAIFrontend):
             self._spelling if logprobs is not None else None,
             tools=plan is not None and plan.calls_allowed,
         )
-        return self._prepared(req, requests, groups, headers, answer)
+        return self._prepared(req, requests, groups, headers, answer, plan)
 
 
 class CompletionsFrontend(_OpenAIFrontend):

@@ -533,7 +533,8 @@ class ResponsesFrontend(Frontend):
             tools=plan is not None and plan.calls_allowed,
         )
         fields = {"protocol": self.protocol, "store": store,
-                  "previous_response_id": req.previous_response_id}  # fmt: skip
+                  "previous_response_id": req.previous_response_id,
+                  **(plan.log_fields() if plan is not None else {})}  # fmt: skip
         return Prepared((gen,), bool(req.stream), answer, fields, headers=clamp_headers(grant))
 
     def _check_room(

@@ -111,6 +111,10 @@ class ToolPlan:
     def calls_allowed(self) -> bool:
         return bool(self.tools) and self.choice != "none"
 
+    def log_fields(self) -> dict[str, Any]:
+        """request_start's fields for a request that offers tools."""
+        return {"tools": len(self.tools), "tool_choice": self.choice}
+
 
 def check_parameters(schema: Any, param: str) -> dict[str, Any]:
     """A tool's arguments schema: a JSON Schema of an object (absent: no arguments)."""
