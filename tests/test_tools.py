@@ -500,3 +500,50 @@ async def test_the_request_log_says_tools_without_their_schemas(
     assert "grammar" not in starts[-1]["sampling"]
     assert "The forecast" not in log.read_text()
     assert "maxLength" not in log.read_text()
+
+
+def _agents_tool_run(url: str) -> tuple[list[str], str]:
+    """openai-agents (asyncio, on its own loop in a worker thread) with a function tool
+    it must call first, through its Responses model: the calls the tool received and
+    the final output."""
+    import asyncio
+
+    import agents
+
+    agents.set_tracing_disabled(True)  # no trace upload: nothing outside this machine
+    seen: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        seen.append(city)
+        return "18 degrees and sunny"
+
+    async def main() -> str:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        agent = agents.Agent(
+            name="assistant",
+            model=agents.OpenAIResponsesModel(model="smollm2", openai_client=client),
+            tools=[get_weather],
+            # The tool's result is the answer: SmolLM2, never trained for tools, rambles
+            # past any budget when asked to answer from a result.
+            tool_use_behavior="stop_on_first_tool",
+            model_settings=agents.ModelSettings(
+                max_tokens=96, temperature=0.0, tool_choice="required", parallel_tool_calls=False
+            ),
+        )
+        result = await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=4)
+        return str(result.final_output)
+
+    return seen, asyncio.run(main())
+
+
+@pytest.mark.realmodel
+async def test_openai_agents_calls_a_function_tool(real_gguf: Path, tmp_path: Path) -> None:
+    """openai-agents runs its tools on /v1/responses: the model's function_call Item
+    reaches the Python function with its argument (Paris), whose result ends the run."""
+    with trio.fail_after(HANG_GUARD_S):
+        async with serve(real_gguf, tmp_path, served_model_name=["smollm2"]) as srv:
+            seen, final = await trio.to_thread.run_sync(_agents_tool_run, srv.url)
+    assert seen == ["Paris"]
+    assert final == "18 degrees and sunny"
