@@ -35,7 +35,7 @@ from ninfer.frontends import (
     ResponsesFrontend,
     ResponseStore,
 )
-from ninfer.frontends._tools import ToolPlan
+from ninfer.frontends._tools import ToolPlan, tool_grammar
 from protocols import ApiError
 from scheduler import AdmissionController, SchedulerStatistics
 
@@ -329,8 +329,6 @@ class Lifespan:
         self, plan: ToolPlan, text_schema: dict[str, Any] | None, text_param: str
     ) -> str:
         """The grammar of an answer that may call tools, compiled on a worker thread."""
-        from ninfer.frontends._tools import tool_grammar
-
         return await trio.to_thread.run_sync(
             lambda: tool_grammar(plan, text_schema, text_param), limiter=self._tokenize_limiter
         )

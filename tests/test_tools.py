@@ -30,6 +30,7 @@ from ninfer.frontends._tools import (
     Tool,
     ToolCallTurn,
     ToolStream,
+    generic_section,
     parse_output,
     render_tool_turns,
 )
@@ -151,6 +152,16 @@ def test_generic_section_and_history_for_a_template_without_tools() -> None:
         "<tool_response>\nsunny\n</tool_response>",
     }
     assert len(messages) == 4
+
+
+def test_docs_show_the_generic_section_as_written() -> None:
+    """docs/api.md quotes the generic section for one tool: the quote is the code's."""
+    docs = (Path(__file__).parent.parent / "docs" / "api.md").read_text()
+    quoted = docs.split("The section, for one tool", 1)[1].split("```\n", 2)[1]
+    weather = Tool("get_weather", "The current weather in a city",
+                   {"type": "object", "properties": {"city": {"type": "string"}},
+                    "required": ["city"]}, "tools[0]")  # fmt: skip
+    assert quoted == generic_section([weather]) + "\n"
 
 
 def test_a_hermes_template_renders_tools_and_calls_itself() -> None:

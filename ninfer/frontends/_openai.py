@@ -166,8 +166,7 @@ class ChatAnswer:
     service_tier: str | None
     spelling: Spelling | None  # when logprobs are asked for
     tools: bool = False  # the answer may hold tool calls (read per choice as it streams)
-    streams: dict[int, ToolStream] = attrs.field(factory=dict)
-    call_ids: dict[int, list[str]] = attrs.field(factory=dict)
+    streams: dict[int, ToolStream] = attrs.field(factory=dict)  # per choice, with tools
 
     def _chunk(self, choice: ChatChunkChoice | None, usage: OpenAIUsage | None = None) -> bytes:
         chunk = ChatCompletionChunk(
@@ -211,10 +210,8 @@ class ChatAnswer:
             if isinstance(e, TextPiece):
                 part = ChatDelta(content=e.text)
             elif isinstance(e, CallStart):
-                ids = self.call_ids.setdefault(index, [])
-                ids.append(call_id())
                 fn = FunctionCallDelta(e.name, "")
-                part = ChatDelta(tool_calls=[ToolCallDelta(e.index, ids[-1], "function", fn)])
+                part = ChatDelta(tool_calls=[ToolCallDelta(e.index, call_id(), "function", fn)])
             elif isinstance(e, CallArgs):
                 fn = FunctionCallDelta(arguments=e.text)
                 part = ChatDelta(tool_calls=[ToolCallDelta(e.index, function=fn)])

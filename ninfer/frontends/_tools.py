@@ -46,6 +46,7 @@ __all__ = [
     "ToolStream",
     "call_id",
     "check_parameters",
+    "generic_section",
     "parse_output",
     "render_tool_turns",
     "tool_grammar",
