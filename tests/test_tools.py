@@ -558,3 +558,33 @@ async def test_openai_agents_calls_a_function_tool(real_gguf: Path, tmp_path: Pa
             seen, final = await trio.to_thread.run_sync(_agents_tool_run, srv.url)
     assert seen == ["Paris"]
     assert final == "18 degrees and sunny"
+
+
+async def test_tool_answers_match_the_published_contract(roomy_gguf: Path, tmp_path: Path) -> None:
+    """Whole and streamed answers with calls, on each route, validate strictly against
+    docs/openapi.json's shapes (no field beyond them)."""
+    anthropic_tools = [{"name": "get_weather", "input_schema": PARAMS}]
+    with trio.fail_after(HANG_GUARD_S):
+        async with serve(roomy_gguf, tmp_path) as srv, srv.client() as http:
+            name = (await http.get("/v1/models")).json()["data"][0]["id"]
+            bodies: list[tuple[str, dict[str, Any]]] = [
+                ("/v1/chat/completions", {"model": name, "max_tokens": 300, "temperature": 0,
+                                          "messages": [{"role": "user", "content": "x"}],
+                                          "tools": CHAT_TOOLS, "tool_choice": "required"}),
+                ("/v1/messages", {"model": name, "max_tokens": 300, "temperature": 0,
+                                  "messages": [{"role": "user", "content": "x"}],
+                                  "tools": anthropic_tools, "tool_choice": {"type": "any"}}),
+                ("/v1/responses", {"model": name, "max_output_tokens": 300, "temperature": 0,
+                                   "input": "x", "tool_choice": "required",
+                                   "tools": [{"type": "function", "name": "get_weather",
+                                              "parameters": PARAMS}]}),
+            ]  # fmt: skip
+            for path, body in bodies:
+                for stream in (False, True):
+                    sent = {**body, "stream": stream}
+                    r = await http.post(path, json=sent)
+                    assert _check_answer(path, r, sent) == ("streamed" if stream else "answered")
+                    marker = {"/v1/chat/completions": '"tool_calls"',
+                              "/v1/messages": '"tool_use"',
+                              "/v1/responses": '"function_call"'}[path]  # fmt: skip
+                    assert marker in r.text
