@@ -157,9 +157,11 @@ def _logged_sampling(req: GenerationRequest) -> dict[str, Any]:
     bias = fields.pop("logit_bias")
     if bias:
         fields["logit_bias_count"] = len(bias)
-    grammar = fields.pop("grammar", None)
-    if grammar:
-        fields["grammar_bytes"] = len(grammar.encode("utf-8", "surrogatepass"))
+    fields.pop("grammar")
+    grammar = req.sampling.grammar
+    if grammar is not None:
+        text = grammar if isinstance(grammar, str) else grammar.text
+        fields["grammar_bytes"] = len(text.encode("utf-8", "surrogatepass"))
     return fields
 
 

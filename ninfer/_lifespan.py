@@ -24,7 +24,7 @@ from ninfer._estimate import ServiceTimes
 from ninfer._flow import FlowContext
 from ninfer._metrics import Metrics
 from ninfer._requestlog import RequestLog
-from ninfer.engine import EngineConfig, EngineStatistics, ServedModel
+from ninfer.engine import CompiledGrammar, EngineConfig, EngineStatistics, ServedModel
 from ninfer.frontends import (
     ChatFrontend,
     CompletionsFrontend,
@@ -64,6 +64,10 @@ class Serving:
     by_path: dict[str, Frontend]
     messages: MessagesFrontend
     responses: ResponsesFrontend
+
+
+# A grammar as the engine takes it: text, or compiled for it off its thread.
+Grammar = str | CompiledGrammar
 
 
 class Lifespan:
@@ -316,22 +320,41 @@ class Lifespan:
             health["error"] = redact_paths(self.log.failure)
         return health
 
-    async def compile_schema(self, schema: dict[str, Any], param: str) -> str:
+    async def compile_schema(self, schema: dict[str, Any], param: str) -> Grammar:
         """A structured output's grammar, compiled on a worker thread (two at once, as
-        long texts are tokenized): a large schema takes llguidance hundreds of ms."""
+        long texts are tokenized) down to the engine's matcher: a large schema takes
+        llguidance hundreds of ms, on the event loop or the engine's thread a stall."""
         from ninfer.frontends._structured import json_schema_grammar
 
         return await trio.to_thread.run_sync(
-            lambda: json_schema_grammar(schema, param=param), limiter=self._tokenize_limiter
+            lambda: self._for_engine(json_schema_grammar(schema, param=param), param),
+            limiter=self._tokenize_limiter,
         )
 
     async def compile_tools(
         self, plan: ToolPlan, text_schema: dict[str, Any] | None, text_param: str
-    ) -> str:
-        """The grammar of an answer that may call tools, compiled on a worker thread."""
+    ) -> Grammar:
+        """The grammar of an answer that may call tools, likewise."""
         return await trio.to_thread.run_sync(
-            lambda: tool_grammar(plan, text_schema, text_param), limiter=self._tokenize_limiter
+            lambda: self._for_engine(tool_grammar(plan, text_schema, text_param), "tools"),
+            limiter=self._tokenize_limiter,
         )
+
+    def _for_engine(self, grammar: str, param: str) -> Grammar:
+        """`grammar` compiled for the engine, when it compiles (on this worker thread)."""
+        assert self.serving is not None
+        compile_grammar = self.serving.model.compile_grammar
+        if compile_grammar is None:
+            return grammar
+        try:
+            return compile_grammar(grammar)
+        except ValueError:
+            raise ApiError(
+                "invalid_request",
+                "the schema is not a JSON Schema that can be enforced while decoding",
+                param=param,
+                code="invalid_value",
+            ) from None
 
     async def tokenize(self, text: str) -> list[int]:
         assert self.serving is not None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import openai
 import pydantic
@@ -197,10 +197,13 @@ async def test_the_default_model_answers_in_the_schema(real_gguf: Path, tmp_path
 async def test_schemas_compile_off_the_event_loop(
     tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A large schema takes llguidance hundreds of milliseconds (1.5 MB: ~0.3 s here): it
-    is compiled on a worker thread, never on the thread that serves every connection."""
+    """A large schema takes llguidance hundreds of milliseconds (1.5 MB: ~0.3 s here), and
+    as much again to build the engine's matcher: both are done on a worker thread, never
+    on the thread that serves every connection nor on the engine's, which decodes every
+    row (the engine copies the matcher for the row)."""
     import threading
 
+    from ninfer.engine import _engine, _grammar
     from ninfer.frontends import _structured
 
     seen: list[str] = []
@@ -211,6 +214,20 @@ async def test_schemas_compile_off_the_event_loop(
         return real(schema, param=param)
 
     monkeypatch.setattr(_structured, "json_schema_grammar", spy)
+    compiled_on: list[int] = []
+    engine_threads: set[int] = set()
+    real_compile, real_admit = _grammar.Constraint.compile, _engine.Engine._admit
+
+    def compile_spy(tokenizer: object, grammar: str) -> object:
+        compiled_on.append(threading.get_ident())
+        return real_compile(tokenizer, grammar)  # type: ignore[arg-type]
+
+    def admit_spy(self: _engine.Engine, *args: Any) -> None:
+        engine_threads.add(threading.get_ident())
+        real_admit(self, *args)
+
+    monkeypatch.setattr(_grammar.Constraint, "compile", staticmethod(compile_spy))
+    monkeypatch.setattr(_engine.Engine, "_admit", admit_spy)
     with trio.fail_after(60):
         async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
             loop_thread = threading.current_thread().name
@@ -228,3 +245,6 @@ async def test_schemas_compile_off_the_event_loop(
                 assert r.status_code == 200, r.text
     assert len(seen) == 3
     assert loop_thread not in seen
+    assert len(compiled_on) == 3
+    assert engine_threads
+    assert not engine_threads & set(compiled_on)

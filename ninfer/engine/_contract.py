@@ -10,7 +10,7 @@ reports (`EngineStatistics`). The server imports this module and nothing else of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -21,6 +21,7 @@ __all__ = [
     "DTYPE_NAMES",
     "WEIGHT_MODES",
     "ChatTemplate",
+    "CompiledGrammar",
     "EngineConfig",
     "EngineStatistics",
     "EngineTimings",
@@ -50,6 +51,17 @@ WEIGHT_MODES = ("int4", "dense")
 FinishReason = Literal["eos", "stop", "length", "context", "capacity", "cancelled", "error"]
 
 
+@attrs.frozen(eq=False)
+class CompiledGrammar:
+    """A grammar with the engine's matcher for it, built on the caller's thread
+    (`ServedModel.compile_grammar`): the engine gives each row a copy (microseconds)
+    instead of compiling on its own thread, where a large schema's compile (hundreds of
+    milliseconds) would stall every row of the batch."""
+
+    text: str  # the llguidance grammar
+    matcher: object = attrs.field(repr=False)  # the engine's, in its initial state
+
+
 @attrs.frozen
 class SamplingParams:
     """How one request picks its tokens. temperature 0 is greedy."""
@@ -64,9 +76,10 @@ class SamplingParams:
     # (token id, bias) pairs added to the row's logits before anything else (OpenAI's
     # logit_bias; -100 bans a token, +100 all but forces it).
     logit_bias: tuple[tuple[int, float], ...] = ()
-    # An llguidance grammar (its JSON form) the output must match, token by token: a
-    # structured output's JSON schema, compiled by the frontend.
-    grammar: str | None = None
+    # An llguidance grammar the output must match, token by token (a structured
+    # output's JSON schema or a request's tools, compiled by the frontend), as text or
+    # already compiled for the engine.
+    grammar: str | CompiledGrammar | None = None
 
     @property
     def greedy(self) -> bool:
@@ -276,6 +289,9 @@ class ServedModel:
     device: str
     batch_invariant: bool
     batch_sizes: tuple[int, ...]
+    # Compiles a grammar for this engine on the calling thread (thread-safe; ValueError
+    # for a grammar it refuses); None where the engine takes grammars as text only.
+    compile_grammar: Callable[[str], CompiledGrammar] | None = attrs.field(default=None, eq=False)
 
     def pages_needed(self, prompt_tokens: int, reserved_tokens: int) -> int:
         """KV pages a request reserves: its whole prompt plus its reserved output."""

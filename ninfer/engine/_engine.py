@@ -17,7 +17,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import structlog
@@ -26,6 +26,7 @@ from structlog.typing import FilteringBoundLogger
 
 from ninfer._errors import EngineStopped, RequestInvalid
 from ninfer.engine._contract import (
+    CompiledGrammar,
     EngineConfig,
     EngineStatistics,
     EngineTimings,
@@ -131,6 +132,7 @@ class Engine:
         self._decoding: list[_Active] = []
         self._by_id: dict[int, _Active] = {}
         self._lltokenizer: Any = None  # llguidance's token table, on first use
+        self._lltokenizer_lock = threading.Lock()
         self._events: list[tuple[RequestHandle, Event]] = []
         self._steps = 0
         self._decode_steps = 0
@@ -219,6 +221,7 @@ class Engine:
             device=self.config.device,
             batch_invariant=self.batch_invariant,
             batch_sizes=tuple(self._batch_sizes),
+            compile_grammar=self.compile_grammar,
         )
 
     def statistics(self) -> EngineStatistics:
@@ -379,11 +382,14 @@ class Engine:
         self._by_id[handle.id] = active
         with self._stats_lock:
             self._waiting.append(active)
-        if request.sampling.grammar is not None:
+        grammar = request.sampling.grammar
+        if grammar is not None:
             try:
-                active.sampler.constraint = Constraint(
-                    self._grammar_tokenizer(), request.sampling.grammar, self._vocab_size
-                )
+                if isinstance(grammar, CompiledGrammar):  # compiled off this thread
+                    matcher = cast(Any, grammar.matcher).deep_copy()
+                else:
+                    matcher = Constraint.compile(self._grammar_tokenizer(), grammar)
+                active.sampler.constraint = Constraint(matcher, self._vocab_size)
             except Exception:
                 self._fail(active, "grammar")
 
@@ -393,12 +399,19 @@ class Engine:
         return self.model.identity.vocab_size
 
     def _grammar_tokenizer(self) -> Any:
-        """llguidance's table of this model's tokens, built on first use."""
-        if self._lltokenizer is None:
-            assert self.model is not None
-            vocab = GrammarVocabulary.of(self.model.tokenizer)
-            self._lltokenizer = grammar_tokenizer(vocab, self._vocab_size)
-        return self._lltokenizer
+        """llguidance's table of this model's tokens, built on first use (by whichever
+        thread needs it first: the engine's, or a frontend's compiling a grammar)."""
+        with self._lltokenizer_lock:
+            if self._lltokenizer is None:
+                assert self.model is not None
+                vocab = GrammarVocabulary.of(self.model.tokenizer)
+                self._lltokenizer = grammar_tokenizer(vocab, self._vocab_size)
+            return self._lltokenizer
+
+    def compile_grammar(self, grammar: str) -> CompiledGrammar:
+        """`grammar` compiled for this engine, on the calling thread (a frontend's worker
+        thread: the engine's own would stall every row while a large one compiles)."""
+        return CompiledGrammar(grammar, Constraint.compile(self._grammar_tokenizer(), grammar))
 
     def _step(self) -> None:
         # Prefill chunks up to --prefill-chunk tokens in all, across as many waiting

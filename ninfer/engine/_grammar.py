@@ -57,14 +57,21 @@ def grammar_tokenizer(vocab: GrammarVocabulary, n_vocab: int) -> llguidance.LLTo
 class Constraint:
     """One request's grammar state: masks its logits row, follows its tokens."""
 
-    def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str, n_vocab: int) -> None:
-        self.matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-        if self.matcher.is_error():
-            raise ValueError(f"grammar: {self.matcher.get_error()}")
+    def __init__(self, matcher: llguidance.LLMatcher, n_vocab: int) -> None:
+        self.matcher = matcher
         self.n_vocab = n_vocab
         # One bit a token, 32 to a word (llguidance's layout; its torch helpers are not
         # imported: that module compiles a kernel with torch.compile at import).
         self._words = torch.zeros((n_vocab + 31) // 32, dtype=torch.int32)
+
+    @staticmethod
+    def compile(tokenizer: llguidance.LLTokenizer, grammar: str) -> llguidance.LLMatcher:
+        """A grammar's matcher in its initial state (ValueError for a grammar llguidance
+        refuses). Thread-safe; a large grammar takes hundreds of milliseconds."""
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"grammar: {matcher.get_error()}")
+        return matcher
 
     def allowed(self) -> torch.Tensor:
         """(V,) bool: the tokens the grammar allows next."""

@@ -18,6 +18,7 @@ import attrs
 
 from ninfer._config import ServerConfig
 from ninfer.engine import (
+    CompiledGrammar,
     Finish,
     GenerationRequest,
     ServedModel,
@@ -55,10 +56,10 @@ def clamp_headers(grant: Grant) -> tuple[tuple[bytes, bytes], ...]:
 Tokenize = Callable[[str], Awaitable[list[int]]]
 # Compiles a structured output's JSON schema (schema, param) to its grammar, off the
 # event loop: a large schema takes llguidance hundreds of milliseconds.
-CompileSchema = Callable[[dict[str, Any], str], Awaitable[str]]
+CompileSchema = Callable[[dict[str, Any], str], Awaitable[str | CompiledGrammar]]
 # Compiles the grammar of an answer that may call tools (plan, the response format's
 # schema or None, where that schema is), likewise.
-CompileTools = Callable[[ToolPlan, dict[str, Any] | None, str], Awaitable[str]]
+CompileTools = Callable[[ToolPlan, dict[str, Any] | None, str], Awaitable[str | CompiledGrammar]]
 
 
 # The error code of a chat request to a model whose file has no chat template (a base
@@ -267,7 +268,7 @@ class Frontend(abc.ABC):
 
     async def output_grammar(
         self, plan: ToolPlan | None, schema: dict[str, Any] | None, param: str
-    ) -> str | None:
+    ) -> str | CompiledGrammar | None:
         """The grammar an answer is decoded under: the tools' (with the response
         format's `schema`, found at `param`, as its text), the format's alone, or none."""
         if plan is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from ninfer._config import ServerConfig
-from ninfer.engine import SamplingParams, ServedModel
+from ninfer.engine import CompiledGrammar, SamplingParams, ServedModel
 from protocols import ApiError
 
 __all__ = ["Budget", "Grant", "SamplingRequest", "resolve_sampling"]
@@ -25,7 +25,7 @@ class SamplingRequest:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
-    grammar: str | None = None  # a structured output's compiled schema
+    grammar: str | CompiledGrammar | None = None  # a structured output's or tools' grammar
 
 
 def resolve_sampling(req: SamplingRequest, cfg: ServerConfig) -> tuple[SamplingParams, list[str]]:

@@ -9,7 +9,14 @@ from typing import Any, Literal
 
 import attrs
 
-from ninfer.engine import Finish, GenerationRequest, TokenDelta, Tokenizer, TokenLogprob
+from ninfer.engine import (
+    CompiledGrammar,
+    Finish,
+    GenerationRequest,
+    TokenDelta,
+    Tokenizer,
+    TokenLogprob,
+)
 from ninfer.frontends._base import (
     Choice,
     Frontend,
@@ -368,7 +375,9 @@ class CompletionAnswer:
 
 
 def _sampling(
-    req: ChatRequest | CompletionRequest, vocab_size: int, grammar: str | None = None
+    req: ChatRequest | CompletionRequest,
+    vocab_size: int,
+    grammar: str | CompiledGrammar | None = None,
 ) -> SamplingRequest:
     return SamplingRequest(
         temperature=req.temperature,
@@ -448,7 +457,7 @@ class _OpenAIFrontend(Frontend):
         prompts: int,
         *,
         prompt_param: str,
-        grammar: str | None = None,
+        grammar: str | CompiledGrammar | None = None,
     ) -> SamplingRequest:
         """The checks of `n` and the sampling fields that need no prompt (a chat's are
         made before its template is rendered), and the sampling they ask for."""

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import attrs
 import orjson
 
-from ninfer.engine import TokenDelta
+from ninfer.engine import CompiledGrammar, TokenDelta
 from ninfer.frontends._base import (
     Frontend,
     FrontendContext,
@@ -490,7 +490,9 @@ class ResponsesFrontend(Frontend):
         prompt = self.render_chat(conv, param="input", tools=tools)
         return await self.tokens(prompt, prompt_param="input")
 
-    async def _grammar(self, req: ResponsesRequest, plan: ToolPlan | None) -> str | None:
+    async def _grammar(
+        self, req: ResponsesRequest, plan: ToolPlan | None
+    ) -> str | CompiledGrammar | None:
         """`text.format` (as chat's response_format) and the tools as a grammar (None:
         free text)."""
         fmt = req.text.format if req.text else None
