@@ -61,6 +61,11 @@ class Int4:
         self.input_dtype = torch.bfloat16
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # (rows, in): the model's layout; no reshaping calls
+            y = torch._weight_int4pack_mm_for_cpu(
+                _as(x, torch.bfloat16), self.packed, _GROUP, self.scales_zeros
+            )
+            return _as(y, x.dtype)
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
         y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, _GROUP, self.scales_zeros)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
@@ -114,7 +119,10 @@ class Layer:
 
 @attrs.define(eq=False)
 class KVPages:
-    """The key/value page pool: (layers, pages, page_size, kv_heads, head_dim) each.
+    """The key/value page pool: (layers, pages, kv_heads, page_size, head_dim) each. A
+    page holds each kv head's keys as one block, so that one `index_select` gathers a
+    batch's keys in attention's own layout, (rows x kv heads, keys, head_dim), with no
+    copy after it.
 
     Page 0 is an always-zero padding page; real pages are 1..n_pages; page
     n_pages + 1 is scratch, written by the padding rows of a decode batch.
@@ -128,7 +136,7 @@ class KVPages:
     def allocate(
         cls, args: ModelArgs, *, n_pages: int, page_size: int, dtype: torch.dtype, device: str
     ) -> KVPages:
-        shape = (args.n_layers, n_pages + 2, page_size, args.n_kv_heads, args.head_dim)
+        shape = (args.n_layers, n_pages + 2, args.n_kv_heads, page_size, args.head_dim)
         # empty, not zeros: pages are zeroed when handed out (`zero_pages`), so memory
         # for pages never used is never touched and does not count in RSS.
         k = torch.empty(shape, dtype=dtype, device=device)
@@ -144,6 +152,16 @@ class KVPages:
     @property
     def scratch_page(self) -> int:
         return int(self.k.shape[1]) - 1
+
+    def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's keys and values at `blocks` ((rows, kv heads, pages) indices of
+        page * kv_heads + head): each (rows * kv heads, pages * page_size, head_dim)."""
+        _, pages, heads, size, dim = self.k.shape
+        flat = blocks.reshape(-1)
+        rows = blocks.shape[0] * heads
+        k = self.k[layer].view(pages * heads, size, dim).index_select(0, flat)
+        v = self.v[layer].view(pages * heads, size, dim).index_select(0, flat)
+        return k.view(rows, -1, dim), v.view(rows, -1, dim)
 
     def zero_pages(self, pages: list[int]) -> None:
         idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
@@ -173,17 +191,27 @@ def _rope_table(
     return torch.polar(torch.ones_like(angles), angles).to(torch.complex64).to(device)
 
 
+def _float(x: torch.Tensor) -> torch.Tensor:
+    """x in float32 (without a call when it already is: a decode step makes thousands of
+    small calls, and each costs as much as the arithmetic of many)."""
+    return x if x.dtype == torch.float32 else x.float()
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def _apply_rope(x: torch.Tensor, rot: torch.Tensor, *, neox: bool = False) -> torch.Tensor:
-    """x (B, T, heads, D) rotated by rot (B, T, D/2): on adjacent pairs (2i, 2i + 1), or,
-    `neox`, on the pairs (i, i + D/2)."""
+    """x (B, T, heads, D) rotated by rot (B, T, 1, D/2): on adjacent pairs (2i, 2i + 1),
+    or, `neox`, on the pairs (i, i + D/2)."""
     if neox:
         half = x.shape[-1] // 2
-        xc = torch.complex(x[..., :half].float(), x[..., half:].float())  # (B, T, h, D/2)
-        out = xc * rot.unsqueeze(2)
-        return torch.cat((out.real, out.imag), dim=-1).to(x.dtype)
-    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, T, h, D/2)
-    out = torch.view_as_real(xc * rot.unsqueeze(2)).flatten(3)  # (B, T, h, D)
-    return out.to(x.dtype)
+        xc = torch.complex(_float(x[..., :half]), _float(x[..., half:]))  # (B, T, h, D/2)
+        out = xc * rot
+        return _as(torch.cat((out.real, out.imag), dim=-1), x.dtype)
+    xc = torch.view_as_complex(_float(x).reshape(*x.shape[:-1], -1, 2))  # (B, T, h, D/2)
+    out = torch.view_as_real(xc * rot).flatten(3)  # (B, T, h, D)
+    return _as(out, x.dtype)
 
 
 def _attention(
@@ -194,6 +222,7 @@ def _attention(
     *,
     scale: float | None = None,
     softcap: float = 0.0,
+    hidden: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Grouped-query attention in float32 with plain matmuls and softmax.
 
@@ -203,6 +232,8 @@ def _attention(
     the batch (and is slow in bfloat16); these ops treat each row alone, and masked
     padding keys contribute exact zeros, so a row's result is the same in any batch.
     Scores are scaled by `scale` (default D ** -0.5), then soft-capped when `softcap`.
+    `hidden`: ~mask viewed as (B, 1, 1, T, K), when the caller made it once for every
+    layer.
     """
     B, H, T, D = q.shape
     G, K = keys.shape[1], keys.shape[2]
@@ -212,15 +243,16 @@ def _attention(
     # One contiguous (B*G)-batch layout whatever the callers' strides: a batched matmul
     # over strided views can take another path at B=1 than at B>1, and a row's result
     # would then depend on the batch it is in.
-    qg = q.float().reshape(B * G, per_group * T, D).contiguous()  # a kv group's heads
-    kt = keys.float().transpose(-1, -2).reshape(B * G, D, K).contiguous()
-    vg = values.float().reshape(B * G, K, D).contiguous()
-    scores = torch.bmm(qg, kt) * (D**-0.5 if scale is None else scale)  # (B*G, hT, K)
+    qg = _float(q).reshape(B * G, per_group * T, D).contiguous()  # a kv group's heads
+    kg = _float(keys).reshape(B * G, K, D).contiguous()  # no copy when gathered so
+    vg = _float(values).reshape(B * G, K, D).contiguous()
+    # (B*G, hT, K): the keys' transpose is a view every batch size hands over alike
+    scores = torch.bmm(qg, kg.transpose(1, 2)) * (D**-0.5 if scale is None else scale)
     if softcap > 0:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.view(B, G, per_group, T, K).masked_fill(
-        ~mask.view(B, 1, 1, T, K), float("-inf")
-    )
+    if hidden is None:
+        hidden = ~mask.view(B, 1, 1, T, K)
+    scores = scores.view(B, G, per_group, T, K).masked_fill(hidden, float("-inf"))
     probs = torch.softmax(scores, dim=-1).view(B * G, per_group * T, K)
     return torch.bmm(probs, vg).view(B, H, T, D)
 
@@ -277,11 +309,17 @@ class Transformer:
         S = kv.page_size
         assert positions.shape == (B, T)
         assert int(positions.max()) < P * S, "positions beyond the row's pages"
-        rot = self.rope[positions]  # (B, T, D/2)
-        rot_local = rot if self.rope_local is None else self.rope_local[positions]
+        rot = self.rope[positions].unsqueeze(2)  # (B, T, 1, D/2): every head alike
+        rot_local = rot if self.rope_local is None else self.rope_local[positions].unsqueeze(2)
         # Which page slot each new position writes: (B, T) page ids and offsets.
         write_page = torch.gather(page_table, 1, positions // S)
         write_off = positions % S
+        G = a.n_kv_heads
+        heads = torch.arange(G, device=self.device)
+        # Where each row's keys are: block page * G + head, ordered (row, head, page).
+        blocks = page_table.view(B, 1, P) * G + heads.view(1, G, 1)
+        # Where the new keys go: (B, T, G) page, head and offset indices.
+        put = (write_page.view(B, T, 1), heads.view(1, 1, G), write_off.view(B, T, 1))
         # Key index j of a row is visible to query t iff j <= positions[t].
         key_pos = torch.arange(P * S, device=self.device)
         mask = key_pos.view(1, 1, 1, -1) <= positions.view(B, 1, T, 1)  # (B, 1, T, P*S)
@@ -292,50 +330,63 @@ class Transformer:
             if window > 0
             else mask
         )
+        # What each layer's attention masks out, made once for every layer.
+        hidden = ~mask.view(B, 1, 1, T, P * S)
+        hidden_local = hidden if window <= 0 else ~mask_local.view(B, 1, 1, T, P * S)
+        k_pages, v_pages = kv.k.unbind(0), kv.v.unbind(0)  # each layer's pool, as views
 
-        x = self.embedding(tokens)  # (B, T, dim)
+        # The residual stream as (B*T, dim) rows: the matmuls' own layout, so that no
+        # layer reshapes to and from it.
+        x = self.embedding(tokens).view(B * T, a.dim)
         if a.embed_scale != 1.0:
             x = x * a.embed_scale
         q_end = a.n_heads * a.head_dim
         k_end = q_end + a.kv_dim
         for li, layer in enumerate(self.layers):
             h = F.rms_norm(x, (a.dim,), layer.attn_norm, a.norm_eps)
-            qkv = layer.wqkv(h)  # (B, T, dim + 2*kv_dim)
+            qkv = layer.wqkv(h)  # (B*T, dim + 2*kv_dim)
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
-            q = qkv[..., :q_end].view(B, T, a.n_heads, a.head_dim)
-            k = qkv[..., q_end:k_end].view(B, T, a.n_kv_heads, a.head_dim)
             v = qkv[..., k_end:].view(B, T, a.n_kv_heads, a.head_dim)
-            if layer.q_norm is not None and layer.k_norm is not None:
-                q = F.rms_norm(q, (a.head_dim,), layer.q_norm, a.norm_eps)
-                k = F.rms_norm(k, (a.head_dim,), layer.k_norm, a.norm_eps)
             r = rot_local if layer.local else rot
-            q = _apply_rope(q, r, neox=a.rope_neox)
-            k = _apply_rope(k, r, neox=a.rope_neox)
-            kv.k[li].index_put_((write_page, write_off), k)
-            kv.v[li].index_put_((write_page, write_off), v)
-            keys = kv.k[li][page_table].view(B, P * S, a.n_kv_heads, a.head_dim)
-            values = kv.v[li][page_table].view(B, P * S, a.n_kv_heads, a.head_dim)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = qkv[..., :q_end].view(B, T, a.n_heads, a.head_dim)
+                k = qkv[..., q_end:k_end].view(B, T, a.n_kv_heads, a.head_dim)
+                q = _apply_rope(F.rms_norm(q, (a.head_dim,), layer.q_norm, a.norm_eps), r,
+                                neox=a.rope_neox)  # fmt: skip
+                k = _apply_rope(F.rms_norm(k, (a.head_dim,), layer.k_norm, a.norm_eps), r,
+                                neox=a.rope_neox)  # fmt: skip
+            else:
+                # Queries and keys rotated in one pass (the same rotation for every head:
+                # each head's numbers are what rotating it alone gives).
+                qk = qkv[..., :k_end].view(B, T, a.n_heads + a.n_kv_heads, a.head_dim)
+                qk = _apply_rope(qk, r, neox=a.rope_neox)
+                q, k = qk[:, :, : a.n_heads], qk[:, :, a.n_heads :]
+            k_pages[li].index_put_(put, k)  # k, v (B, T, G, D)
+            v_pages[li].index_put_(put, v)
+            keys, values = kv.gather(li, blocks)  # (B*G, P*S, D) each
             attn = _attention(
                 q.transpose(1, 2),  # (B, H, T, D)
-                keys.transpose(1, 2),  # (B, G, P*S, D)
-                values.transpose(1, 2),
+                keys.view(B, G, P * S, a.head_dim),
+                values.view(B, G, P * S, a.head_dim),
                 mask_local if layer.local else mask,
                 scale=a.attn_scale,
                 softcap=a.attn_softcap,
-            ).to(x.dtype)  # (B, H, T, D)
-            out = layer.wo(attn.transpose(1, 2).reshape(B, T, q_end))  # heads x head_dim
+                hidden=hidden_local if layer.local else hidden,
+            )
+            attn = _as(attn, x.dtype)  # (B, H, T, D)
+            out = layer.wo(attn.transpose(1, 2).reshape(B * T, q_end))  # heads x head_dim
             if layer.post_attn_norm is not None:
                 out = F.rms_norm(out, (a.dim,), layer.post_attn_norm, a.norm_eps)
             x = x + out
             h = F.rms_norm(x, (a.dim,), layer.ffn_norm, a.norm_eps)
-            gate, up = layer.w_gate_up(h).chunk(2, dim=-1)  # (B, T, ffn) each
+            gate, up = layer.w_gate_up(h).chunk(2, dim=-1)  # (B*T, ffn) each
             act = F.gelu(gate, approximate="tanh") if a.gelu else F.silu(gate)
             out = layer.w_down(act * up)
             if layer.post_ffn_norm is not None:
                 out = F.rms_norm(out, (a.dim,), layer.post_ffn_norm, a.norm_eps)
             x = x + out
-        return x
+        return x.view(B, T, a.dim)
 
     def row_maps(self, *, narrowed: bool = False) -> list[Linear | AttentionRows]:
         """One of each weight shape and kind, and attention with the model's head shapes:
@@ -396,13 +447,13 @@ class AttentionRows:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         a = self.args
         rows = x.shape[0]
-        # The layouts `forward` hands over: (B, T, H, D) and (B, K, G, D), transposed.
+        # The layouts `forward` hands over: queries (B, T, H, D) transposed, keys and
+        # values (B, G, K, D) as gathered, contiguous.
         q = x.view(rows, 1, a.n_heads, a.head_dim).transpose(1, 2)
         # Each row sees the keys shifted by its own values, so rows differ.
         shift = x[:, : a.head_dim].reshape(rows, 1, 1, a.head_dim)
-        keys = (self.keys + shift).transpose(1, 2).contiguous().transpose(1, 2)
-        values = self.values.expand(rows, -1, -1, -1).transpose(1, 2).contiguous()
-        values = values.transpose(1, 2)
+        keys = (self.keys + shift).contiguous()
+        values = self.values.expand(rows, -1, -1, -1).contiguous()
         mask = torch.ones((rows, 1, 1, self.n_keys), dtype=torch.bool, device=x.device)
         return _attention(q, keys, values, mask).reshape(rows, -1)
 
