@@ -131,6 +131,18 @@ class KVPages:
     k: torch.Tensor
     v: torch.Tensor
     page_size: int
+    # Each layer's keys and values as views made once: (pages, kv heads, page size,
+    # head dim) to write into, (pages * kv heads, page size, head dim) blocks to gather.
+    _layers: list[tuple[torch.Tensor, ...]] = attrs.field(init=False)
+    _heads: torch.Tensor = attrs.field(init=False)  # 0..kv heads - 1
+
+    def __attrs_post_init__(self) -> None:
+        _, pages, heads, size, dim = self.k.shape
+        self._heads = torch.arange(heads, device=self.k.device)
+        self._layers = [
+            (k, v, k.view(pages * heads, size, dim), v.view(pages * heads, size, dim))
+            for k, v in zip(self.k.unbind(0), self.v.unbind(0), strict=True)
+        ]
 
     @classmethod
     def allocate(
@@ -153,15 +165,34 @@ class KVPages:
     def scratch_page(self) -> int:
         return int(self.k.shape[1]) - 1
 
-    def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A layer's keys and values at `blocks` ((rows, kv heads, pages) indices of
-        page * kv_heads + head): each (rows * kv heads, pages * page_size, head_dim)."""
-        _, pages, heads, size, dim = self.k.shape
-        flat = blocks.reshape(-1)
-        rows = blocks.shape[0] * heads
-        k = self.k[layer].view(pages * heads, size, dim).index_select(0, flat)
-        v = self.v[layer].view(pages * heads, size, dim).index_select(0, flat)
-        return k.view(rows, -1, dim), v.view(rows, -1, dim)
+    def slots(self, page: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Where (B, T) new positions' keys go, every kv head: (B, T, G) indices."""
+        B, T = page.shape
+        return (page.view(B, T, 1), self._heads.view(1, 1, -1), offset.view(B, T, 1))
+
+    def write(
+        self, layer: int, slots: tuple[torch.Tensor, ...], k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """A layer's new keys and values (B, T, G, D) at `slots`."""
+        keys, values, _, _ = self._layers[layer]
+        keys.index_put_(slots, k)
+        values.index_put_(slots, v)
+
+    def blocks(self, page_table: torch.Tensor) -> torch.Tensor:
+        """The blocks rows' keys are in, (B * G * P,) in (row, head, page) order:
+        page * G + head."""
+        B, P = page_table.shape
+        G = self._heads.numel()
+        return (page_table.view(B, 1, P) * G + self._heads.view(1, G, 1)).view(-1)
+
+    def gather(self, layer: int, blocks: torch.Tensor, rows: int) -> tuple[torch.Tensor, ...]:
+        """A layer's keys and values at `blocks` (from `blocks`, for `rows` rows): each
+        (rows * kv heads, pages * page size, head dim), attention's layout."""
+        _, _, k_blocks, v_blocks = self._layers[layer]
+        dim = k_blocks.shape[-1]
+        groups = rows * self._heads.numel()
+        k = k_blocks.index_select(0, blocks).view(groups, -1, dim)
+        return k, v_blocks.index_select(0, blocks).view(groups, -1, dim)
 
     def zero_pages(self, pages: list[int]) -> None:
         idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
@@ -315,11 +346,8 @@ class Transformer:
         write_page = torch.gather(page_table, 1, positions // S)
         write_off = positions % S
         G = a.n_kv_heads
-        heads = torch.arange(G, device=self.device)
-        # Where each row's keys are: block page * G + head, ordered (row, head, page).
-        blocks = page_table.view(B, 1, P) * G + heads.view(1, G, 1)
-        # Where the new keys go: (B, T, G) page, head and offset indices.
-        put = (write_page.view(B, T, 1), heads.view(1, 1, G), write_off.view(B, T, 1))
+        blocks = kv.blocks(page_table)  # where each row's keys are
+        slots = kv.slots(write_page, write_off)  # where the new ones go
         # Key index j of a row is visible to query t iff j <= positions[t].
         key_pos = torch.arange(P * S, device=self.device)
         mask = key_pos.view(1, 1, 1, -1) <= positions.view(B, 1, T, 1)  # (B, 1, T, P*S)
@@ -333,7 +361,6 @@ class Transformer:
         # What each layer's attention masks out, made once for every layer.
         hidden = ~mask.view(B, 1, 1, T, P * S)
         hidden_local = hidden if window <= 0 else ~mask_local.view(B, 1, 1, T, P * S)
-        k_pages, v_pages = kv.k.unbind(0), kv.v.unbind(0)  # each layer's pool, as views
 
         # The residual stream as (B*T, dim) rows: the matmuls' own layout, so that no
         # layer reshapes to and from it.
@@ -362,9 +389,8 @@ class Transformer:
                 qk = qkv[..., :k_end].view(B, T, a.n_heads + a.n_kv_heads, a.head_dim)
                 qk = _apply_rope(qk, r, neox=a.rope_neox)
                 q, k = qk[:, :, : a.n_heads], qk[:, :, a.n_heads :]
-            k_pages[li].index_put_(put, k)  # k, v (B, T, G, D)
-            v_pages[li].index_put_(put, v)
-            keys, values = kv.gather(li, blocks)  # (B*G, P*S, D) each
+            kv.write(li, slots, k, v)  # k, v (B, T, G, D)
+            keys, values = kv.gather(li, blocks, B)  # (B*G, P*S, D) each
             attn = _attention(
                 q.transpose(1, 2),  # (B, H, T, D)
                 keys.view(B, G, P * S, a.head_dim),
