@@ -27,7 +27,7 @@ from ninfer.frontends._tools import (
     ToolPlan,
     ToolStream,
     call_id,
-    check_parameters,
+    ended_with_calls,
     parse_output,
 )
 from protocols import (
@@ -73,10 +73,7 @@ def _usage(prompt_tokens: int, output_tokens: int, cached: int) -> AnthropicUsag
 
 
 def _stop_reason(reason: str, calls: int, cut: bool) -> StopReason:
-    """`tool_use` when an answer that ended by itself made calls."""
-    if calls and not cut and reason in ("eos", "stop"):
-        return "tool_use"
-    return STOP_REASON[reason]
+    return "tool_use" if ended_with_calls(reason, calls, cut) else STOP_REASON[reason]
 
 
 @attrs.define
@@ -219,21 +216,22 @@ class MessagesFrontend(Frontend):
         self,
         system: str | None,
         messages: list[AnthropicMessage],
-        tools: list[AnthropicTool] | None,
+        tools: tuple[Tool, ...],
     ) -> str:
         conv: list[dict[str, Any]] = []
         if system is not None:
             conv.append({"role": "system", "content": system})
         for m in messages:
             conv.extend(_turns(m))
-        return self.render_chat(conv, param="messages", tools=_tools(tools))
+        return self.render_chat(conv, param="messages", tools=tools)
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = self._codec.parse_messages(loads(body))
         self.ctx.check_model(req.model)
-        plan = _plan(req.tools, req.tool_choice)
+        tools = _tools(req.tools)
+        plan = _plan(tools, req.tool_choice)
         ids = await self.tokens(
-            self._render(req.system_text(), req.messages, req.tools), prompt_param="messages"
+            self._render(req.system_text(), req.messages, tools), prompt_param="messages"
         )
         grammar = await self.output_grammar(plan, None, "")
         gen, grant, _warnings = self.request(
@@ -268,20 +266,20 @@ class MessagesFrontend(Frontend):
         req = self._codec.parse_count(loads(body))
         self.ctx.check_model(req.model)
         ids = await self.tokens(
-            self._render(req.system_text(), req.messages, req.tools), prompt_param="messages"
+            self._render(req.system_text(), req.messages, _tools(req.tools)),
+            prompt_param="messages",
         )
         return self.dialect.encoder.json(CountTokensResponse(len(ids)))
 
 
 def _tools(tools: list[AnthropicTool] | None) -> tuple[Tool, ...]:
-    out = []
-    for i, t in enumerate(tools or ()):
-        where = f"tools[{i}].input_schema"
-        out.append(Tool(t.name, t.description, check_parameters(t.input_schema, where), where))
-    return tuple(out)
+    return tuple(
+        Tool.checked(t.name, t.description, t.input_schema, f"tools[{i}].input_schema")
+        for i, t in enumerate(tools or ())
+    )
 
 
-def _plan(tools: list[AnthropicTool] | None, choice: AnthropicToolChoice | None) -> ToolPlan | None:
+def _plan(tools: tuple[Tool, ...], choice: AnthropicToolChoice | None) -> ToolPlan | None:
     """Anthropic's choice as a plan: auto (the default), any (= required), a named tool,
     none; `disable_parallel_tool_use` makes it one call."""
     if not tools:
@@ -290,7 +288,7 @@ def _plan(tools: list[AnthropicTool] | None, choice: AnthropicToolChoice | None)
     kind = "auto" if choice is None else choice.type
     named: str | dict[str, Any] = {"name": choice.name} if choice and choice.name else "auto"
     openai_choice = {"any": "required", "tool": named}.get(kind, kind)
-    return ToolPlan.of(_tools(tools), openai_choice, parallel)
+    return ToolPlan.of(tools, openai_choice, parallel)
 
 
 def _turns(m: AnthropicMessage) -> list[dict[str, Any]]:

@@ -37,7 +37,7 @@ from ninfer.frontends._tools import (
     ToolPlan,
     ToolStream,
     call_id,
-    check_parameters,
+    ended_with_calls,
     parse_output,
 )
 from protocols import (
@@ -156,10 +156,7 @@ class Spelling:
 
 
 def _chat_finish(finish: Finish, calls: int, cut: bool) -> ChatFinishReason:
-    """`tool_calls` when an answer that ended by itself made calls."""
-    if calls and not cut and finish.reason in ("eos", "stop"):
-        return "tool_calls"
-    return FINISH[finish.reason]
+    return "tool_calls" if ended_with_calls(finish.reason, calls, cut) else FINISH[finish.reason]
 
 
 @attrs.define
@@ -521,13 +518,17 @@ def _tool_plan(req: ChatRequest) -> ToolPlan | None:
     """The request's functions and choice (checked by the codec), or None without tools."""
     if not req.tools:
         return None
-    tools = []
-    for i, t in enumerate(req.tools):
-        assert t.function is not None
-        where = f"tools[{i}].function.parameters"
-        tools.append(Tool(t.function.name, t.function.description,
-                          check_parameters(t.function.parameters, where), where))  # fmt: skip
-    return ToolPlan.of(tuple(tools), req.tool_choice, req.parallel_tool_calls is not False)
+    tools = tuple(
+        Tool.checked(
+            t.function.name,
+            t.function.description,
+            t.function.parameters,
+            f"tools[{i}].function.parameters",
+        )
+        for i, t in enumerate(req.tools)
+        if t.function is not None  # checked by the codec
+    )
+    return ToolPlan.of(tools, req.tool_choice, req.parallel_tool_calls is not False)
 
 
 def _turn(m: ChatMessage) -> dict[str, Any]:

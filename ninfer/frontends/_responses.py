@@ -40,7 +40,6 @@ from ninfer.frontends._tools import (
     ToolPlan,
     ToolStream,
     call_id,
-    check_parameters,
     parse_output,
 )
 from protocols import (
@@ -694,12 +693,11 @@ class ResponsesFrontend(Frontend):
 
 
 def _tools(tools: Sequence[ResponsesTool] | None) -> tuple[Tool, ...]:
-    out = []
-    for i, t in enumerate(tools or ()):
-        assert t.name is not None  # checked by the codec
-        where = f"tools[{i}].parameters"
-        out.append(Tool(t.name, t.description, check_parameters(t.parameters, where), where))
-    return tuple(out)
+    return tuple(
+        Tool.checked(t.name, t.description, t.parameters, f"tools[{i}].parameters")
+        for i, t in enumerate(tools or ())
+        if t.name is not None  # checked by the codec
+    )
 
 
 def _echoed_format(req: ResponsesRequest) -> ResponseTextFormat:

@@ -45,7 +45,7 @@ __all__ = [
     "ToolPlan",
     "ToolStream",
     "call_id",
-    "check_parameters",
+    "ended_with_calls",
     "generic_section",
     "parse_output",
     "render_tool_turns",
@@ -77,6 +77,11 @@ class Tool:
     description: str | None
     parameters: dict[str, Any]
     param: str
+
+    @classmethod
+    def checked(cls, name: str, description: str | None, parameters: Any, param: str) -> Tool:
+        """A request's function, its parameters checked (`param`: where they are)."""
+        return cls(name, description, check_parameters(parameters, param), param)
 
     def spec(self) -> dict[str, Any]:
         """The OpenAI function shape templates and the generic section describe."""
@@ -115,6 +120,12 @@ class ToolPlan:
     def log_fields(self) -> dict[str, Any]:
         """request_start's fields for a request that offers tools."""
         return {"tools": len(self.tools), "tool_choice": self.choice}
+
+
+def ended_with_calls(reason: str, calls: int, cut: bool) -> bool:
+    """Whether an answer ended by itself (end of sequence, or its grammar complete)
+    having made calls: OpenAI's `tool_calls`, Anthropic's `tool_use`."""
+    return bool(calls) and not cut and reason in ("eos", "stop")
 
 
 def check_parameters(schema: Any, param: str) -> dict[str, Any]:
@@ -268,26 +279,25 @@ def render_tool_turns(
             out.append(m)
         return out, [tool.spec() for tool in tools] or None
     messages: list[dict[str, Any]] = []
+    results = False  # the last message is a user turn of results
     for t in turns:
-        role = t["role"]
-        if role == "tool":
+        if t["role"] == "tool":
             block = f"<tool_response>\n{t['content']}\n</tool_response>"
-            last = messages[-1] if messages else None
-            if last is not None and last.get("_tool_results"):
-                last["content"] += "\n" + block
+            if results:
+                messages[-1]["content"] += "\n" + block
             else:
-                messages.append({"role": "user", "content": block, "_tool_results": True})
+                messages.append({"role": "user", "content": block})
+            results = True
             continue
+        results = False
         content = str(t.get("content") or "")
         calls = t.get("tool_calls") or ()
         if calls:
             content = "\n".join(([content] if content else []) + [_call_markup(c) for c in calls])
-        messages.append({"role": role, "content": content})
-    for m in messages:
-        m.pop("_tool_results", None)
+        messages.append({"role": t["role"], "content": content})
     if tools:
         section = generic_section(tools)
-        if messages and messages[0]["role"] in ("system", "developer"):
+        if messages and messages[0]["role"] == "system":  # `developer` is `system` here
             messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{section}"}
         else:
             messages.insert(0, {"role": "system", "content": section})
