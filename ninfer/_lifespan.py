@@ -35,6 +35,7 @@ from ninfer.frontends import (
     ResponsesFrontend,
     ResponseStore,
 )
+from ninfer.frontends._structured import UNENFORCEABLE
 from ninfer.frontends._tools import ToolPlan, tool_grammar
 from protocols import ApiError
 from scheduler import AdmissionController, SchedulerStatistics
@@ -350,10 +351,7 @@ class Lifespan:
             return compile_grammar(grammar)
         except ValueError:
             raise ApiError(
-                "invalid_request",
-                "the schema is not a JSON Schema that can be enforced while decoding",
-                param=param,
-                code="invalid_value",
+                "invalid_request", UNENFORCEABLE, param=param, code="invalid_value"
             ) from None
 
     async def tokenize(self, text: str) -> list[int]:

@@ -20,10 +20,11 @@ if TYPE_CHECKING:
 
 from protocols import ApiError
 
-__all__ = ["ANY_JSON_OBJECT", "json_schema_grammar"]
+__all__ = ["ANY_JSON_OBJECT", "UNENFORCEABLE", "json_schema_grammar"]
 
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}  # OpenAI's json_object
 _COMPACT: JsonCompileOptions = {"whitespace_flexible": False}
+UNENFORCEABLE = "the schema is not a JSON Schema that can be enforced while decoding"
 _KEYWORD = re.compile(r"^[A-Za-z$][A-Za-z0-9_$]{0,40}$")
 
 
@@ -52,4 +53,4 @@ def _reason(error: str) -> str:
         if keywords:
             listed = ", ".join(keywords)
             return f"the schema uses JSON Schema keywords that cannot be enforced: {listed}"
-    return "the schema is not a JSON Schema that can be enforced while decoding"
+    return UNENFORCEABLE
