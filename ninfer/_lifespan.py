@@ -199,6 +199,7 @@ class Lifespan:
                 "device": model.device,
                 "batch_invariant": model.batch_invariant,
                 "batch_sizes": list(model.batch_sizes),
+                "prefill_together_rows": model.prefill_together_rows,
             },
         )
         self.log.console(

@@ -66,8 +66,17 @@ class CollectingSink:
         self.finish: dict[int, Finish] = {}
         self.batches = 0
         self.events: list[tuple[RequestHandle, Event]] = []
+        # Cleared, a delivery holds the engine thread (in the middle of its loop) until
+        # it is set again; `holding` says one is held.
+        self.open = threading.Event()
+        self.open.set()
+        self.holding = threading.Event()
 
     def deliver(self, events: list[tuple[RequestHandle, Event]]) -> None:
+        if not self.open.is_set():
+            self.holding.set()
+            assert self.open.wait(HANG_GUARD_S), "hang guard tripped"
+            self.holding.clear()
         with self.cv:
             self.batches += 1
             self.events.extend(events)

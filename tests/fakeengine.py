@@ -195,6 +195,7 @@ class FakeEngine:
             decode_steps=self.decode_steps,
             decode_rows=self.decode_rows,
             prefill_tokens=0,
+            prefill_passes=0,
             cached_prompt_tokens=0,
             pages_cached=0,
             generated_tokens=self.generated,

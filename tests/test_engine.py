@@ -195,7 +195,8 @@ def test_an_exception_fails_one_request_not_the_engine(
 
 
 def test_events_leave_once_per_step(tiny_engine: RunningEngine) -> None:
-    """Sixteen requests decoding together: deliveries are per step, not per token."""
+    """Sixteen requests decoding together: deliveries are per step (at most two: the
+    first tokens of the prompts it prefilled, then its decode step's), not per token."""
     eng, sink = tiny_engine.engine, tiny_engine.sink
     handles = [
         eng.submit(GenerationRequest(f"b{i}", _prompt(3, i), 20, ignore_eos=True))
@@ -204,7 +205,7 @@ def test_events_leave_once_per_step(tiny_engine: RunningEngine) -> None:
     sink.wait_done(*handles)
     tokens = sum(len(sink.tokens[h.id]) for h in handles)
     assert tokens == 16 * 20
-    assert sink.batches <= eng.statistics().steps + 1
+    assert sink.batches <= 2 * eng.statistics().steps + 1
     assert sink.batches < tokens / 4
 
 
@@ -239,6 +240,43 @@ def _alone(path: Path, request: GenerationRequest) -> list[int]:
         return running.sink.tokens[h.id]
     finally:
         stop_engine(running)
+
+
+def test_waiting_prompts_are_prefilled_together_with_the_tokens_each_gets_alone(
+    tmp_path: Path,
+) -> None:
+    """With every layer matrix in the int4 kernel (a Q4 model), prompts waiting together
+    are prefilled in one pass, as many as --prefill-chunk holds whole, in order: each
+    gets exactly the tokens it gets alone from a fresh engine whose prefill chunks are
+    another size (8 tokens), greedy and seeded."""
+    from tinymodel import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "packed.gguf", packed_layers=True)
+    config = EngineConfig(max_batch=16, kv_capacity=4096, page_size=16, prefill_chunk=64)
+    running = start_engine(path, config)
+    try:
+        eng, sink = running.engine, running.sink
+        assert eng.served().prefill_together_rows == 64
+        seeded = [SamplingParams(), SamplingParams(temperature=0.9, seed=5)]
+        reqs = [
+            GenerationRequest(f"t{i}", _prompt(3 + 7 * i, i), 12, seeded[i % 2], ignore_eos=True)
+            for i in range(6)
+        ]  # prompts of 3, 10, 17, 24, 31 and 38 tokens
+        # Hold the engine in a delivery while all six wait, so that they are waiting
+        # together when its loop next looks.
+        sink.open.clear()
+        blocker = eng.submit(GenerationRequest("blocker", _prompt(4, 9), 2, ignore_eos=True))
+        assert sink.holding.wait(HANG_GUARD_S)
+        passes = eng.statistics().prefill_passes
+        handles = [eng.submit(r) for r in reqs]
+        sink.open.set()
+        sink.wait_done(blocker, *handles)
+        # 3 + 10 + 17 + 24 fit in 64; then 31 (38 more would not fit); then 38.
+        assert eng.statistics().prefill_passes - passes == 3
+        together = [sink.tokens[h.id] for h in handles]
+    finally:
+        stop_engine(running)
+    assert together == [_alone(path, r) for r in reqs]
 
 
 def test_shared_prompt_pages_give_the_same_tokens(

@@ -212,6 +212,16 @@ async def test_http_equals_the_engine_for_each_family(tmp_path: Path, architectu
     await _check(model, tmp_path, _cases(max_new_tokens=12, seeded=True, every=3))
 
 
+async def test_http_equals_the_engine_with_prompts_prefilled_together(tmp_path: Path) -> None:
+    """A model whose layer matrices all run through the int4 kernel (as a Q4 model's
+    do) has waiting prompts prefilled together, in one pass: each gets exactly the
+    numbers it gets prefilled alone (the direct run prefills one at a time)."""
+    from tinymodel import write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path / "packed.gguf", packed_layers=True)
+    await _check(model, tmp_path, _cases(max_new_tokens=12, seeded=True, every=2))
+
+
 @pytest.mark.realmodel
 async def test_http_equals_the_engine_with_the_default_model(
     real_gguf: Path, tmp_path: Path

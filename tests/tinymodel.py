@@ -136,12 +136,15 @@ def write_tiny_gguf(
     head_dim: int | None = None,
     sliding_window: int = 8,
     chat_template: bool = True,
+    packed_layers: bool = False,
 ) -> Path:
     """A random-weight model of the llama family. `architecture` qwen2 adds QKV biases,
     qwen3 per-head query and key norms; `rope_freqs` adds Llama 3's rope-scaling
     factors (a `rope_freqs.weight` tensor). gemma3 adds norms after attention and the
     feed-forward, QK-norms and a SentencePiece vocabulary; with 6 or more layers
-    (`n_layers`) both its sliding-window (`sliding_window` keys) and global layers."""
+    (`n_layers`) both its sliding-window (`sliding_window` keys) and global layers.
+    `packed_layers`: every layer matrix in Q4_0 or Q4_1, as a Q4 model's are (all of
+    them run through the int4 kernel), instead of a mix of types."""
     rng = np.random.default_rng(seed)
     gemma = architecture == "gemma3"
     if gemma:
@@ -206,10 +209,11 @@ def write_tiny_gguf(
         w.add_tensor(p + "ffn_norm.weight", np.ones(dim, dtype=np.float32))
         add(p + "attn_q.weight", (n_heads * head_dim, dim), T.Q4_1)
         add(p + "attn_k.weight", (n_kv_heads * head_dim, dim), T.Q4_0)
-        add(p + "attn_v.weight", (n_kv_heads * head_dim, dim), T.F16)
-        add(p + "attn_output.weight", (dim, n_heads * head_dim), T.BF16)
-        add(p + "ffn_gate.weight", (ffn, dim), T.Q8_0)
-        add(p + "ffn_up.weight", (ffn, dim), T.F32)
+        add(p + "attn_v.weight", (n_kv_heads * head_dim, dim), T.Q4_1 if packed_layers else T.F16)
+        add(p + "attn_output.weight", (dim, n_heads * head_dim),
+            T.Q4_0 if packed_layers else T.BF16)  # fmt: skip
+        add(p + "ffn_gate.weight", (ffn, dim), T.Q4_1 if packed_layers else T.Q8_0)
+        add(p + "ffn_up.weight", (ffn, dim), T.Q4_1 if packed_layers else T.F32)
         add(p + "ffn_down.weight", (dim, ffn), T.Q4_1)
         if architecture == "qwen2":
             for name, rows in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):

@@ -219,6 +219,7 @@ class EngineStatistics:
     decode_steps: int  # cumulative
     decode_rows: int  # cumulative rows over all decode steps (occupancy = rows / steps)
     prefill_tokens: int  # cumulative prompt tokens computed
+    prefill_passes: int  # cumulative forward passes that computed them
     cached_prompt_tokens: int  # cumulative prompt tokens served from the prefix cache
     pages_cached: int  # full prompt pages indexed in the prefix cache (held or idle)
     generated_tokens: int  # cumulative tokens sampled
@@ -289,6 +290,9 @@ class ServedModel:
     device: str
     batch_invariant: bool
     batch_sizes: tuple[int, ...]
+    # Rows a prefill pass may have when prompts are prefilled together (0: one prompt a
+    # pass, as the layers' matmuls compute a row differently in other row counts).
+    prefill_together_rows: int = 0
     # Compiles a grammar for this engine on the calling thread (thread-safe; ValueError
     # for a grammar it refuses); None where the engine takes grammars as text only.
     compile_grammar: Callable[[str], CompiledGrammar] | None = attrs.field(default=None, eq=False)

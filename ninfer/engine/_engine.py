@@ -42,7 +42,7 @@ from ninfer.engine._contract import (
     Usage,
 )
 from ninfer.engine._grammar import Constraint, GrammarVocabulary, grammar_tokenizer
-from ninfer.engine._invariance import invariant_batch_sizes
+from ninfer.engine._invariance import invariant_batch_sizes, rows_independent_of_count
 from ninfer.engine._kvpool import PagePool, page_keys, pages_for
 from ninfer.engine._loader import LoadedModel
 from ninfer.engine._model import KVPages, Transformer
@@ -138,6 +138,7 @@ class Engine:
         self._decode_steps = 0
         self._decode_rows = 0
         self._prefill_tokens = 0
+        self._prefill_passes = 0
         self._cached_tokens = 0
         self._generated = 0
         self._step_ema = 0.0  # seconds between consecutive decode steps
@@ -150,6 +151,9 @@ class Engine:
         self._stats_lock = threading.Lock()
         self.batch_invariant = False
         self._batch_sizes: list[int] = [1]
+        # Rows a pass may have when prompts are prefilled together: 0 when they cannot be
+        # (the layers' matmuls compute a row differently in another number of rows).
+        self._together_rows = 0
 
     # ---- thread-safe API -------------------------------------------------------------
 
@@ -221,6 +225,7 @@ class Engine:
             device=self.config.device,
             batch_invariant=self.batch_invariant,
             batch_sizes=tuple(self._batch_sizes),
+            prefill_together_rows=self._together_rows,
             compile_grammar=self.compile_grammar,
         )
 
@@ -244,6 +249,7 @@ class Engine:
                 decode_steps=self._decode_steps,
                 decode_rows=self._decode_rows,
                 prefill_tokens=self._prefill_tokens,
+                prefill_passes=self._prefill_passes,
                 cached_prompt_tokens=self._cached_tokens,
                 pages_cached=pool.cached if pool else 0,
                 generated_tokens=self._generated,
@@ -304,6 +310,13 @@ class Engine:
                 self._log.info("dense_weights_narrowed", dtype="bfloat16", batch_sizes=narrow)
                 sizes = narrow
         self._batch_sizes = sizes or list(range(1, cfg.max_batch + 1))
+        # Prompts are prefilled in one pass only if that changes none of their numbers:
+        # measured on each kind of matrix of the layers (up to 1,024 rows a pass).
+        together = min(cfg.prefill_chunk, 1024)
+        if sizes is not None and rows_independent_of_count(
+            model.layer_maps(), max_rows=together, device=cfg.device
+        ):
+            self._together_rows = together
         # bfloat16 is never promised: batched rows were seen to drift from the same rows
         # alone on this CPU even with every linear shape measured invariant.
         self.batch_invariant = sizes is not None and cfg.dtype == "float32"
@@ -414,18 +427,7 @@ class Engine:
         return CompiledGrammar(grammar, Constraint.compile(self._grammar_tokenizer(), grammar))
 
     def _step(self) -> None:
-        # Prefill chunks up to --prefill-chunk tokens in all, across as many waiting
-        # requests as fit whole: a burst of short prompts starts decoding together
-        # instead of one per decode step. A prompt's chunks start at page boundaries and
-        # every row is computed on its own, so its numbers never depend on what else was
-        # waiting or cached.
-        budget = self.config.prefill_chunk
-        while self._waiting:
-            a = self._waiting[0]
-            size = min(self.config.prefill_chunk, len(a.request.prompt_ids) - a.prefilled)
-            if size > budget or not self._prefill_chunk(a):
-                break
-            budget -= size
+        self._prefill()
         # A prompt's first token goes out now, not after the decode step below (which
         # would hold it back a whole step: 17 ms of SmolLM2's time to first token).
         self._flush()
@@ -437,73 +439,122 @@ class Engine:
             self._steps += 1
             self._last_progress = time.monotonic()
 
-    def _prefill_chunk(self, a: _Active) -> bool:
-        """Prefill `a`'s next chunk; True when its prompt is done and it moved on to
-        decoding (so the next waiting request may start)."""
+    def _prefill(self) -> None:
+        """Prefill chunks up to --prefill-chunk tokens in all, across as many waiting
+        requests as fit whole, in order: a burst of short prompts starts decoding
+        together instead of one per decode step. A prompt's chunks start at page
+        boundaries and every row is computed on its own, so its numbers never depend on
+        what else was waiting or cached. When the model's matmuls compute a row the same
+        in any number of rows (measured at start-up: the int4 kernel does), the chunks
+        run as one pass, which pays a pass's fixed cost once; else one pass each."""
+        budget = self.config.prefill_chunk
+        group: list[_Active] = []
+        rows = 0  # of the group's pass
+        for a in list(self._waiting):
+            left = len(a.request.prompt_ids) - a.prefilled
+            size = min(self.config.prefill_chunk, left)
+            if size > budget or not self._reserve(a):
+                break
+            budget -= size
+            if a.request.prompt_logprobs is None and rows + size <= self._together_rows:
+                group.append(a)
+                rows += size
+            else:  # alone, as every prompt row's logits (prompt logprobs) need it
+                self._prefill_pass([a])
+            if size < left:
+                break  # its next chunk comes before anyone behind it
+        if group:
+            self._prefill_pass(group)
+
+    def _reserve(self, a: _Active) -> bool:
+        """Give `a` its pages before its first chunk (those of its prompt's full pages
+        someone computed before are shared, not computed again); False when the pool
+        cannot hold it yet."""
         assert self._pool is not None
+        if a.pages:
+            return True
         prompt = a.request.prompt_ids
         S = self.config.page_size
-        if not a.pages:
-            # Full pages of this prompt someone computed before are shared, not computed
-            # again; at least one token is always left to prefill (its logits are the
-            # first output).
-            # Keys of the prompt's full pages: the lookup uses all but a page holding
-            # the last token, the registration after prefill uses them all.
-            a.page_keys = page_keys(prompt, S, len(prompt) // S)
-            if a.request.prompt_logprobs is not None:
-                shared = []  # every prompt position's logits are wanted: computed here
-                a.prompt_lps = [None]  # the first token has no context to score it
-            else:
-                shared = self._pool.share(a.page_keys[: (len(prompt) - 1) // S])
-            fresh = self._pool.allocate(_reserved_pages(a.request, S) - len(shared))
-            if fresh is None:
-                self._pool.release(shared)
-                return False  # pages come back when running requests finish
-            self._kv.zero_pages(fresh)
-            a.pages = shared + fresh
-            a.prefilled = a.cached = len(shared) * S
-            self._cached_tokens += a.cached
-            a.prefill_start = time.perf_counter()
-        start = a.prefilled
-        chunk = prompt[start : start + self.config.prefill_chunk]
+        # At least one token is always left to prefill (its logits are the first
+        # output). Keys of the prompt's full pages: the lookup uses all but a page
+        # holding the last token, the registration after prefill uses them all.
+        a.page_keys = page_keys(prompt, S, len(prompt) // S)
+        if a.request.prompt_logprobs is not None:
+            shared = []  # every prompt position's logits are wanted: computed here
+            a.prompt_lps = [None]  # the first token has no context to score it
+        else:
+            shared = self._pool.share(a.page_keys[: (len(prompt) - 1) // S])
+        fresh = self._pool.allocate(_reserved_pages(a.request, S) - len(shared))
+        if fresh is None:
+            self._pool.release(shared)
+            return False  # pages come back when running requests finish
+        self._kv.zero_pages(fresh)
+        a.pages = shared + fresh
+        a.prefilled = a.cached = len(shared) * S
+        self._cached_tokens += a.cached
+        a.prefill_start = time.perf_counter()
+        return True
+
+    def _prefill_pass(self, group: list[_Active]) -> None:
+        """One pass over the next chunk of each request of `group`; those whose prompt
+        is done get their first token and move on to decoding."""
         dev = self.config.device
+        S = self.config.page_size
+        chunks = [
+            a.request.prompt_ids[a.prefilled : a.prefilled + self.config.prefill_chunk]
+            for a in group
+        ]
         began = time.perf_counter()
         try:
             model = self._transformer
-            x = model.hidden(
-                torch.tensor([chunk], device=dev),
-                torch.arange(start, start + len(chunk), device=dev).view(1, -1),
-                torch.tensor(
-                    [a.pages[: pages_for(start + len(chunk), self.config.page_size)]], device=dev
-                ),
-                self._kv,
-            )  # (1, T, dim)
-            logits = model.logits(x[:, -1])  # (1, V): as `forward(last_only=True)`
-            if a.prompt_lps is not None:
-                self._score_prompt(a, start, model.logits(x[0]).cpu())
+            passes = []
+            for a, chunk in zip(group, chunks, strict=True):
+                end = a.prefilled + len(chunk)
+                passes.append((
+                    torch.tensor([chunk], device=dev),
+                    torch.arange(a.prefilled, end, device=dev).view(1, -1),
+                    torch.tensor([a.pages[: pages_for(end, S)]], device=dev),
+                ))  # fmt: skip
+            xs = model.hidden_many(passes, self._kv)  # (1, T, dim) each
+            if len(group) == 1:
+                last = xs[0][:, -1]  # (1, dim): as `forward(last_only=True)`
+            else:  # padded to a batch size whose rows the head computes as alone
+                n = next((n for n in self._batch_sizes if n >= len(group)), len(group))
+                last = torch.cat([x[:, -1] for x in xs] + [xs[0][:, -1]] * (n - len(group)))
+            rows = model.logits(last)[: len(group)].float().cpu()  # (n, V)
+            for a, x in zip(group, xs, strict=True):
+                if a.prompt_lps is not None:
+                    self._score_prompt(a, a.prefilled, model.logits(x[0]).cpu())
+        except Exception:
+            for a in group:
+                self._fail(a, "prefill")
+            return
+        tokens = sum(len(c) for c in chunks)
+        self._prefill_tokens += tokens
+        self._prefill_passes += 1
+        self._prefill_seconds = 0.8 * self._prefill_seconds + (time.perf_counter() - began)
+        self._prefill_counted = 0.8 * self._prefill_counted + tokens
+        for i, (a, chunk) in enumerate(zip(group, chunks, strict=True)):
             a.prefilled += len(chunk)
-            self._prefill_tokens += len(chunk)
-            self._prefill_seconds = 0.8 * self._prefill_seconds + (time.perf_counter() - began)
-            self._prefill_counted = 0.8 * self._prefill_counted + len(chunk)
-            if a.prefilled < len(prompt):
-                return False
+            if a.prefilled < len(a.request.prompt_ids):
+                continue
             # Pages of prompt tokens only are final from now on.
+            assert self._pool is not None
             for page, key in zip(a.pages, a.page_keys, strict=False):
                 self._pool.register(page, key)
             with self._stats_lock:
-                self._waiting.popleft()
-            a.position = len(prompt)
+                self._waiting.remove(a)
+            a.position = len(a.request.prompt_ids)
             a.decode_start = time.perf_counter()
-            row = logits.float().cpu()
-            token = sample_rows(row, [a.sampler])[0]
-            scored = self._logprob(a, row[0], token)
-        except Exception:
-            self._fail(a, "prefill")
-            return False
-        with self._stats_lock:
-            self._decoding.append(a)
-        self._accept(a, token, scored)
-        return True
+            try:
+                token = sample_rows(rows[i : i + 1], [a.sampler])[0]
+                scored = self._logprob(a, rows[i], token)
+            except Exception:
+                self._fail(a, "prefill")
+                continue
+            with self._stats_lock:
+                self._decoding.append(a)
+            self._accept(a, token, scored)
 
     def _score_prompt(self, a: _Active, start: int, logits: torch.Tensor) -> None:
         """Log probabilities of the prompt tokens a chunk's (T, V) logits predict."""

@@ -16,6 +16,8 @@ handed out), never garbage.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import torch
 import torch.nn.functional as F
@@ -289,6 +291,89 @@ def _attention(
 
 
 @attrs.define(eq=False)
+class _Group:
+    """One group's layout in a forward pass, made once for every layer: its rows'
+    place among the pass's positions, where their new keys go, which blocks hold
+    their keys, and what each query may see."""
+
+    B: int
+    T: int
+    start: int  # the group's first position among the pass's N
+    write_page: torch.Tensor  # (B*T,): the page each new position's keys go to
+    write_offset: torch.Tensor  # (B*T,): and the slot in it
+    blocks: torch.Tensor  # the blocks its keys are in
+    keys: int  # keys per row: pages x page size
+    mask: torch.Tensor  # (B, 1, T, keys), True = visible
+    mask_local: torch.Tensor
+    hidden: torch.Tensor  # ~mask as (B, 1, 1, T, keys), made once for every layer
+    hidden_local: torch.Tensor
+
+    @property
+    def end(self) -> int:
+        return self.start + self.B * self.T
+
+    @classmethod
+    def plan(
+        cls,
+        model: Transformer,
+        kv: KVPages,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        page_table: torch.Tensor,
+        start: int = 0,
+    ) -> _Group:
+        B, T = tokens.shape
+        P = page_table.shape[1]
+        S = kv.page_size
+        assert positions.shape == (B, T)
+        assert int(positions.max()) < P * S, "positions beyond the row's pages"
+        # Which page slot each new position writes: page ids and offsets.
+        write_page = torch.gather(page_table, 1, positions // S)
+        # Key index j of a row is visible to query t iff j <= positions[t].
+        key_pos = torch.arange(P * S, device=model.device)
+        mask = key_pos.view(1, 1, 1, -1) <= positions.view(B, 1, T, 1)  # (B, 1, T, P*S)
+        # A local layer's query sees the keys less than a window behind it.
+        window = model.args.sliding_window
+        mask_local = (
+            mask & (key_pos.view(1, 1, 1, -1) > positions.view(B, 1, T, 1) - window)
+            if window > 0
+            else mask
+        )
+        hidden = ~mask.view(B, 1, 1, T, P * S)
+        return cls(
+            B=B,
+            T=T,
+            start=start,
+            write_page=write_page.view(-1),
+            write_offset=(positions % S).view(-1),
+            blocks=kv.blocks(page_table),
+            keys=P * S,
+            mask=mask,
+            mask_local=mask_local,
+            hidden=hidden,
+            hidden_local=hidden if window <= 0 else ~mask_local.view(B, 1, 1, T, P * S),
+        )
+
+    def attend(self, model: Transformer, kv: KVPages, li: int, q: torch.Tensor) -> torch.Tensor:
+        """Layer `li`'s attention for this group's queries q (B*T, 1, H, D), its keys
+        already written: (B*T, H*D) float32."""
+        a = model.args
+        B, T, G = self.B, self.T, a.n_kv_heads
+        local = model.layers[li].local
+        keys, values = kv.gather(li, self.blocks, B)  # (B*G, P*S, D) each
+        attn = _attention(
+            q.view(B, T, a.n_heads, a.head_dim).transpose(1, 2),  # (B, H, T, D)
+            keys.view(B, G, self.keys, a.head_dim),
+            values.view(B, G, self.keys, a.head_dim),
+            self.mask_local if local else self.mask,
+            scale=a.attn_scale,
+            softcap=a.attn_softcap,
+            hidden=self.hidden_local if local else self.hidden,
+        )  # (B, H, T, D)
+        return attn.transpose(1, 2).reshape(B * T, a.n_heads * a.head_dim)
+
+
+@attrs.define(eq=False)
 class Transformer:
     args: ModelArgs
     embedding: Embedding  # (vocab, dim)
@@ -334,51 +419,51 @@ class Transformer:
         kv: KVPages,
     ) -> torch.Tensor:
         """`forward` up to the final norm: (B, T, dim) hidden states, K/V written."""
-        a = self.args
-        B, T = tokens.shape
-        P = page_table.shape[1]
-        S = kv.page_size
-        assert positions.shape == (B, T)
-        assert int(positions.max()) < P * S, "positions beyond the row's pages"
-        rot = self.rope[positions].unsqueeze(2)  # (B, T, 1, D/2): every head alike
-        rot_local = rot if self.rope_local is None else self.rope_local[positions].unsqueeze(2)
-        # Which page slot each new position writes: (B, T) page ids and offsets.
-        write_page = torch.gather(page_table, 1, positions // S)
-        write_off = positions % S
-        G = a.n_kv_heads
-        blocks = kv.blocks(page_table)  # where each row's keys are
-        slots = kv.slots(write_page, write_off)  # where the new ones go
-        # Key index j of a row is visible to query t iff j <= positions[t].
-        key_pos = torch.arange(P * S, device=self.device)
-        mask = key_pos.view(1, 1, 1, -1) <= positions.view(B, 1, T, 1)  # (B, 1, T, P*S)
-        # A local layer's query sees the keys less than a window behind it.
-        window = a.sliding_window
-        mask_local = (
-            mask & (key_pos.view(1, 1, 1, -1) > positions.view(B, 1, T, 1) - window)
-            if window > 0
-            else mask
-        )
-        # What each layer's attention masks out, made once for every layer.
-        hidden = ~mask.view(B, 1, 1, T, P * S)
-        hidden_local = hidden if window <= 0 else ~mask_local.view(B, 1, 1, T, P * S)
+        return self.hidden_many([(tokens, positions, page_table)], kv)[0]
 
-        # The residual stream as (B*T, dim) rows: the matmuls' own layout, so that no
+    def hidden_many(
+        self, groups: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], kv: KVPages
+    ) -> list[torch.Tensor]:
+        """`hidden` of several groups of rows in one pass: each group is (tokens,
+        positions, page table) as `hidden` takes them, with its own B and T (a decode
+        batch is one group of B rows x 1 position; prompts prefilled together are a
+        group each). Every matmul runs once over all the groups' positions as rows;
+        attention runs per group. Returns each group's (B, T, dim) hidden states."""
+        a = self.args
+        plans: list[_Group] = []
+        for g in groups:
+            plans.append(_Group.plan(self, kv, *g, start=plans[-1].end if plans else 0))
+        if len(plans) == 1:
+            tokens, positions = groups[0][0].reshape(-1), groups[0][1].reshape(-1)
+            page, offset = plans[0].write_page, plans[0].write_offset
+        else:
+            tokens = torch.cat([g[0].reshape(-1) for g in groups])
+            positions = torch.cat([g[1].reshape(-1) for g in groups])
+            page = torch.cat([p.write_page for p in plans])
+            offset = torch.cat([p.write_offset for p in plans])
+        N = positions.numel()
+        slots = kv.slots(page.view(N, 1), offset.view(N, 1))  # where the new keys go
+        # Each position's rotation (N, 1, 1, D/2): every head alike.
+        rot = self.rope[positions].view(N, 1, 1, -1)
+        rot_local = rot if self.rope_local is None else self.rope_local[positions].view(N, 1, 1, -1)
+
+        # The residual stream as (N, dim) rows: the matmuls' own layout, so that no
         # layer reshapes to and from it.
-        x = self.embedding(tokens).view(B * T, a.dim)
+        x = self.embedding(tokens).view(N, a.dim)
         if a.embed_scale != 1.0:
             x = x * a.embed_scale
         q_end = a.n_heads * a.head_dim
         k_end = q_end + a.kv_dim
         for li, layer in enumerate(self.layers):
             h = F.rms_norm(x, (a.dim,), layer.attn_norm, a.norm_eps)
-            qkv = layer.wqkv(h)  # (B*T, dim + 2*kv_dim)
+            qkv = layer.wqkv(h)  # (N, dim + 2*kv_dim)
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
-            v = qkv[..., k_end:].view(B, T, a.n_kv_heads, a.head_dim)
+            v = qkv[..., k_end:].view(N, 1, a.n_kv_heads, a.head_dim)
             r = rot_local if layer.local else rot
             if layer.q_norm is not None and layer.k_norm is not None:
-                q = qkv[..., :q_end].view(B, T, a.n_heads, a.head_dim)
-                k = qkv[..., q_end:k_end].view(B, T, a.n_kv_heads, a.head_dim)
+                q = qkv[..., :q_end].view(N, 1, a.n_heads, a.head_dim)
+                k = qkv[..., q_end:k_end].view(N, 1, a.n_kv_heads, a.head_dim)
                 q = _apply_rope(F.rms_norm(q, (a.head_dim,), layer.q_norm, a.norm_eps), r,
                                 neox=a.rope_neox)  # fmt: skip
                 k = _apply_rope(F.rms_norm(k, (a.head_dim,), layer.k_norm, a.norm_eps), r,
@@ -386,33 +471,37 @@ class Transformer:
             else:
                 # Queries and keys rotated in one pass (the same rotation for every head:
                 # each head's numbers are what rotating it alone gives).
-                qk = qkv[..., :k_end].view(B, T, a.n_heads + a.n_kv_heads, a.head_dim)
+                qk = qkv[..., :k_end].view(N, 1, a.n_heads + a.n_kv_heads, a.head_dim)
                 qk = _apply_rope(qk, r, neox=a.rope_neox)
                 q, k = qk[:, :, : a.n_heads], qk[:, :, a.n_heads :]
-            kv.write(li, slots, k, v)  # k, v (B, T, G, D)
-            keys, values = kv.gather(li, blocks, B)  # (B*G, P*S, D) each
-            attn = _attention(
-                q.transpose(1, 2),  # (B, H, T, D)
-                keys.view(B, G, P * S, a.head_dim),
-                values.view(B, G, P * S, a.head_dim),
-                mask_local if layer.local else mask,
-                scale=a.attn_scale,
-                softcap=a.attn_softcap,
-                hidden=hidden_local if layer.local else hidden,
-            )
-            attn = _as(attn, x.dtype)  # (B, H, T, D)
-            out = layer.wo(attn.transpose(1, 2).reshape(B * T, q_end))  # heads x head_dim
+            kv.write(li, slots, k, v)  # k, v (N, 1, G, D)
+            if len(plans) == 1:
+                attn = plans[0].attend(self, kv, li, q)
+            else:
+                attn = torch.cat([p.attend(self, kv, li, q[p.start : p.end]) for p in plans])
+            out = layer.wo(_as(attn, x.dtype))  # (N, heads x head_dim)
             if layer.post_attn_norm is not None:
                 out = F.rms_norm(out, (a.dim,), layer.post_attn_norm, a.norm_eps)
             x = x + out
             h = F.rms_norm(x, (a.dim,), layer.ffn_norm, a.norm_eps)
-            gate, up = layer.w_gate_up(h).chunk(2, dim=-1)  # (B*T, ffn) each
+            gate, up = layer.w_gate_up(h).chunk(2, dim=-1)  # (N, ffn) each
             act = F.gelu(gate, approximate="tanh") if a.gelu else F.silu(gate)
             out = layer.w_down(act * up)
             if layer.post_ffn_norm is not None:
                 out = F.rms_norm(out, (a.dim,), layer.post_ffn_norm, a.norm_eps)
             x = x + out
-        return x.view(B, T, a.dim)
+        if len(plans) == 1:
+            return [x.view(plans[0].B, plans[0].T, a.dim)]
+        return [x[p.start : p.end].view(p.B, p.T, a.dim) for p in plans]
+
+    def layer_maps(self) -> list[Linear]:
+        """One of each kind of matrix the layers multiply by (kind, shape and dtype)."""
+        maps: dict[tuple[object, ...], Linear] = {}
+        for layer in self.layers:
+            for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+                dtype = m.weight.dtype if isinstance(m, Dense) else None
+                maps.setdefault((type(m), m.in_features, _out(m), dtype), m)
+        return list(maps.values())
 
     def row_maps(self, *, narrowed: bool = False) -> list[Linear | AttentionRows]:
         """One of each weight shape and kind, and attention with the model's head shapes:
