@@ -46,6 +46,10 @@ class Dense:
             return F.linear(x, self.weight)
         return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
 
+    def native(self, x: torch.Tensor) -> torch.Tensor:
+        """x W^T in W's dtype (x: rows, as the model hands them over)."""
+        return F.linear(_as(x, self.weight.dtype), self.weight)
+
 
 class Int4:
     """y = x W^T with W kept as the GGUF's own 4-bit blocks, through torch's int4 CPU
@@ -71,6 +75,13 @@ class Int4:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
         y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, _GROUP, self.scales_zeros)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def native(self, x: torch.Tensor) -> torch.Tensor:
+        """x W^T in the kernel's bfloat16 (x: rows), for a consumer that adds it to a
+        float32 tensor: the sum promotes it exactly, with no conversion call between."""
+        return torch._weight_int4pack_mm_for_cpu(
+            _as(x, torch.bfloat16), self.packed, _GROUP, self.scales_zeros
+        )
 
 
 Linear = Dense | Int4
@@ -255,7 +266,7 @@ def _attention(
     *,
     scale: float | None = None,
     softcap: float = 0.0,
-    hidden: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Grouped-query attention in float32 with plain matmuls and softmax.
 
@@ -265,8 +276,7 @@ def _attention(
     the batch (and is slow in bfloat16); these ops treat each row alone, and masked
     padding keys contribute exact zeros, so a row's result is the same in any batch.
     Scores are scaled by `scale` (default D ** -0.5), then soft-capped when `softcap`.
-    `hidden`: ~mask viewed as (B, 1, 1, T, K), when the caller made it once for every
-    layer.
+    `bias`: `mask_bias(mask, G, H // G)`, when the caller made it once for every layer.
     """
     B, H, T, D = q.shape
     G, K = keys.shape[1], keys.shape[2]
@@ -279,15 +289,43 @@ def _attention(
     qg = _float(q).reshape(B * G, per_group * T, D).contiguous()  # a kv group's heads
     kg = _float(keys).reshape(B * G, K, D).contiguous()  # no copy when gathered so
     vg = _float(values).reshape(B * G, K, D).contiguous()
-    # (B*G, hT, K): the keys' transpose is a view every batch size hands over alike
-    scores = torch.bmm(qg, kg.transpose(1, 2)) * (D**-0.5 if scale is None else scale)
+    if bias is None:
+        bias = mask_bias(mask, G, per_group)
+    out = _grouped_attention(qg, kg, vg, bias, scale=scale, softcap=softcap)
+    return out.view(B, H, T, D)
+
+
+def _grouped_attention(
+    qg: torch.Tensor,
+    kg: torch.Tensor,
+    vg: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    scale: float | None,
+    softcap: float,
+) -> torch.Tensor:
+    """`_attention` on its own layout: qg (B*G, heads per group x T, D), kg and vg
+    (B*G, K, D), all contiguous float32; bias as `mask_bias` makes it. Returns
+    (B*G, heads per group x T, D)."""
+    scale = qg.shape[-1] ** -0.5 if scale is None else scale
+    # (B*G, hT, K): the keys' transpose is a view every batch size hands over alike.
     if softcap > 0:
-        scores = torch.tanh(scores / softcap) * softcap
-    if hidden is None:
-        hidden = ~mask.view(B, 1, 1, T, K)
-    scores = scores.view(B, G, per_group, T, K).masked_fill(hidden, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(B * G, per_group * T, K)
-    return torch.bmm(probs, vg).view(B, H, T, D)
+        scores = torch.bmm(qg, kg.transpose(1, 2)) * scale
+        scores = torch.tanh(scores / softcap) * softcap + bias
+    else:  # scaled and masked by the matmul itself: one call where there were three
+        scores = torch.baddbmm(bias, qg, kg.transpose(1, 2), alpha=scale)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.bmm(probs, vg)
+
+
+def mask_bias(mask: torch.Tensor, groups: int, per_group: int) -> torch.Tensor:
+    """What attention adds to its scores for a (B, 1, T, K) mask (True = visible): 0
+    where visible, -inf where not (exactly what masking them would give), laid out as
+    the scores are, (B x kv groups, heads per group x T, K)."""
+    B, _, T, K = mask.shape
+    bias = torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, float("-inf"))
+    full = bias.view(B, 1, 1, T, K).expand(B, groups, per_group, T, K)
+    return full.reshape(B * groups, per_group * T, K)
 
 
 @attrs.define(eq=False)
@@ -302,11 +340,8 @@ class _Group:
     write_page: torch.Tensor  # (B*T,): the page each new position's keys go to
     write_offset: torch.Tensor  # (B*T,): and the slot in it
     blocks: torch.Tensor  # the blocks its keys are in
-    keys: int  # keys per row: pages x page size
-    mask: torch.Tensor  # (B, 1, T, keys), True = visible
-    mask_local: torch.Tensor
-    hidden: torch.Tensor  # ~mask as (B, 1, 1, T, keys), made once for every layer
-    hidden_local: torch.Tensor
+    bias: torch.Tensor  # what each query may see, as attention adds it to its scores
+    bias_local: torch.Tensor  # the same for a local layer's sliding window
 
     @property
     def end(self) -> int:
@@ -339,7 +374,8 @@ class _Group:
             if window > 0
             else mask
         )
-        hidden = ~mask.view(B, 1, 1, T, P * S)
+        G, per_group = model.args.n_kv_heads, model.args.n_heads // model.args.n_kv_heads
+        bias = mask_bias(mask, G, per_group)
         return cls(
             B=B,
             T=T,
@@ -347,11 +383,8 @@ class _Group:
             write_page=write_page.view(-1),
             write_offset=(positions % S).view(-1),
             blocks=kv.blocks(page_table),
-            keys=P * S,
-            mask=mask,
-            mask_local=mask_local,
-            hidden=hidden,
-            hidden_local=hidden if window <= 0 else ~mask_local.view(B, 1, 1, T, P * S),
+            bias=bias,
+            bias_local=bias if window <= 0 else mask_bias(mask_local, G, per_group),
         )
 
     def attend(self, model: Transformer, kv: KVPages, li: int, q: torch.Tensor) -> torch.Tensor:
@@ -359,18 +392,25 @@ class _Group:
         already written: (B*T, H*D) float32."""
         a = model.args
         B, T, G = self.B, self.T, a.n_kv_heads
-        local = model.layers[li].local
         keys, values = kv.gather(li, self.blocks, B)  # (B*G, P*S, D) each
-        attn = _attention(
-            q.view(B, T, a.n_heads, a.head_dim).transpose(1, 2),  # (B, H, T, D)
-            keys.view(B, G, self.keys, a.head_dim),
-            values.view(B, G, self.keys, a.head_dim),
-            self.mask_local if local else self.mask,
+        # Queries as (B*G, heads per group x T, D): each kv head's query heads (then
+        # positions), in one contiguous block, as `_attention` lays them out.
+        if T == 1:
+            qg = _float(q).reshape(B * G, -1, a.head_dim).contiguous()
+        else:
+            qg = _float(q).view(B, T, a.n_heads, a.head_dim).transpose(1, 2)
+            qg = qg.reshape(B * G, -1, a.head_dim)
+        attn = _grouped_attention(
+            qg,
+            keys,
+            values,
+            self.bias_local if model.layers[li].local else self.bias,
             scale=a.attn_scale,
             softcap=a.attn_softcap,
-            hidden=self.hidden_local if local else self.hidden,
-        )  # (B, H, T, D)
-        return attn.transpose(1, 2).reshape(B * T, a.n_heads * a.head_dim)
+        )  # (B*G, heads per group x T, D)
+        if T == 1:
+            return attn.view(B, a.n_heads * a.head_dim)
+        return attn.view(B, a.n_heads, T, a.head_dim).transpose(1, 2).reshape(B * T, -1)
 
 
 @attrs.define(eq=False)
@@ -479,16 +519,20 @@ class Transformer:
                 attn = plans[0].attend(self, kv, li, q)
             else:
                 attn = torch.cat([p.attend(self, kv, li, q[p.start : p.end]) for p in plans])
-            out = layer.wo(_as(attn, x.dtype))  # (N, heads x head_dim)
+            # Each output is added to the float32 residual as the matmul gives it (its
+            # dtype promoted inside the add: the same sum as converting it first).
             if layer.post_attn_norm is not None:
-                out = F.rms_norm(out, (a.dim,), layer.post_attn_norm, a.norm_eps)
+                out = F.rms_norm(layer.wo(attn), (a.dim,), layer.post_attn_norm, a.norm_eps)
+            else:
+                out = layer.wo.native(attn)  # (N, dim)
             x = x + out
             h = F.rms_norm(x, (a.dim,), layer.ffn_norm, a.norm_eps)
             gate, up = layer.w_gate_up(h).chunk(2, dim=-1)  # (N, ffn) each
             act = F.gelu(gate, approximate="tanh") if a.gelu else F.silu(gate)
-            out = layer.w_down(act * up)
             if layer.post_ffn_norm is not None:
-                out = F.rms_norm(out, (a.dim,), layer.post_ffn_norm, a.norm_eps)
+                out = F.rms_norm(layer.w_down(act * up), (a.dim,), layer.post_ffn_norm, a.norm_eps)
+            else:
+                out = layer.w_down.native(act * up)
             x = x + out
         if len(plans) == 1:
             return [x.view(plans[0].B, plans[0].T, a.dim)]
