@@ -129,6 +129,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("prefill_chunk", int, 256, "prompt tokens per prefill step", 1, 65536),
     Setting(
+        "no_prefix_cache",
+        bool,
+        False,
+        "compute every prompt whole instead of reusing the keys and values of a cached prefix: "
+        "slower for shared prefixes, and never subject to the prefix cache's known gap "
+        "(a shared prompt's last bits; docs/engine.md)",
+    ),
+    Setting(
         "max_request_mib", float, 4.0, "request body limit before JSON parsing (413)", 0.001, 1024
     ),
     Setting(
@@ -296,6 +304,7 @@ class ServerConfig:
     max_pending_requests: int = 16
     pending_timeout_ms: int = 30000
     prefill_chunk: int = 256
+    no_prefix_cache: bool = False
     max_request_mib: float = 4.0
     default_max_tokens: int = 512
     response_store_max_records: int = 1024

@@ -97,6 +97,7 @@ class Lifespan:
                     kv_capacity=config.kv_capacity or config.max_context or 8192,
                     page_size=16,
                     prefill_chunk=config.prefill_chunk,
+                    prefix_cache=not config.no_prefix_cache,
                     max_context=config.max_context,
                     dtype=config.dtype,
                     weights=config.weights,

@@ -58,7 +58,9 @@ def main() -> None:
     sink = Sink()
     engine = Engine(
         lambda: load_model(model_path, dtype=torch.float32, device="cpu", max_positions=8192),
-        EngineConfig(max_batch=8, kv_capacity=8192, page_size=16, prefill_chunk=chunk),
+        EngineConfig(
+            max_batch=8, kv_capacity=8192, page_size=16, prefill_chunk=chunk, prefix_cache=False
+        ),
         sink,
     )
     ready = threading.Event()

@@ -282,9 +282,10 @@ def test_waiting_prompts_are_prefilled_together_with_the_tokens_each_gets_alone(
 def test_shared_prompt_pages_give_the_same_tokens(
     tiny_gguf: Path, tiny_engine: RunningEngine
 ) -> None:
-    """A prompt whose full pages are in the prefix cache skips computing them and still
-    gets exactly the tokens it gets computed from scratch; the pages are held once per
-    request and come back when both are done."""
+    """A prompt whose pages are in the prefix cache skips computing them and still gets
+    exactly the tokens it gets computed from scratch: whole pages, then the first tokens
+    of its next page, copied from a cached page that goes on as the prompt does. The
+    pages are held once per request and come back when both are done."""
     eng, sink = tiny_engine.engine, tiny_engine.sink
     total = eng.statistics().pages_total
     base = _prompt(50)  # three full pages and two tokens
@@ -300,12 +301,51 @@ def test_shared_prompt_pages_give_the_same_tokens(
     again = eng.submit(req("again", base))
     forked = eng.submit(req("forked", fork))
     f2, f3 = sink.wait_done(again, forked)
-    assert (f2.usage.cached_tokens, f3.usage.cached_tokens) == (48, 32)
+    # `again`: three pages, then one token of the fourth (which the first request's
+    # output filled; the last prompt token is always computed). `forked`: two pages,
+    # then eight tokens of the third.
+    assert (f2.usage.cached_tokens, f3.usage.cached_tokens) == (49, 40)
     assert sink.tokens[again.id] == sink.tokens[first.id] == _alone(tiny_gguf, req("b", base))
     assert sink.tokens[forked.id] == _alone(tiny_gguf, req("f", fork))
     stats = eng.statistics()
-    assert stats.cached_prompt_tokens == 48 + 32
+    assert stats.cached_prompt_tokens == 49 + 40
     assert stats.pages_free == total  # cached pages nobody holds count as free
+
+
+def test_a_next_turn_reuses_the_pages_the_last_answer_filled(
+    tiny_gguf: Path, tiny_engine: RunningEngine
+) -> None:
+    """A finished request's output pages join the prefix cache: a prompt that goes on
+    from its prompt and answer (a conversation's next turn) computes only what follows
+    the answer's last full page, and gets the tokens it gets from scratch."""
+    eng, sink = tiny_engine.engine, tiny_engine.sink
+    sampling = SamplingParams(temperature=0.8, seed=11)
+    first = eng.submit(GenerationRequest("turn1", _prompt(30, 4), 19, sampling, ignore_eos=True))
+    sink.wait_done(first)
+    # Its keys and values cover the prompt and all but the last output token: 48 of
+    # them, three full pages.
+    turn2 = (*_prompt(30, 4), *sink.tokens[first.id], 5, 6, 7)
+    second = eng.submit(GenerationRequest("turn2", turn2, 12, sampling, ignore_eos=True))
+    (f2,) = sink.wait_done(second)
+    assert f2.usage.cached_tokens == 48
+    alone = _alone(tiny_gguf, GenerationRequest("b", turn2, 12, sampling, ignore_eos=True))
+    assert sink.tokens[second.id] == alone
+
+
+def test_without_the_prefix_cache_every_prompt_is_computed_whole(tmp_path: Path) -> None:
+    from tinymodel import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    config = EngineConfig(max_batch=4, kv_capacity=1024, page_size=16, prefix_cache=False)
+    running = start_engine(path, config)
+    try:
+        eng, sink = running.engine, running.sink
+        req = GenerationRequest("same", _prompt(40), 8, ignore_eos=True)
+        finishes = [sink.wait_done(eng.submit(req))[0] for _ in range(2)]
+        assert [f.usage.cached_tokens for f in finishes] == [0, 0]
+        assert eng.statistics().pages_cached == 0
+    finally:
+        stop_engine(running)
 
 
 def test_waiting_for_work_is_not_a_stall(

@@ -196,6 +196,7 @@ class EngineConfig:
     kv_capacity: int = 16384  # tokens in the page pool
     page_size: int = 16
     prefill_chunk: int = 256
+    prefix_cache: bool = True  # reuse cached prompt prefixes (docs/engine.md)
     max_context: int | None = None  # None: the model's own context length
     dtype: str = "float32"  # one of DTYPE_NAMES
     weights: str = "int4"  # one of WEIGHT_MODES

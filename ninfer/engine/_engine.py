@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import attrs
@@ -99,6 +99,7 @@ class _Active:
     prefill_start: float = 0.0
     decode_start: float = 0.0
     pending_ids: list[int] = attrs.field(factory=list)
+    output_ids: list[int] = attrs.field(factory=list)  # every token sampled
     paused: bool = False  # its reader is far behind: left out of decode steps until it reads
     cached: int = 0  # prompt tokens whose pages were shared from the prefix cache
     page_keys: list[bytes] = attrs.field(factory=list)  # of the prompt's full pages
@@ -442,9 +443,9 @@ class Engine:
     def _prefill(self) -> None:
         """Prefill chunks up to --prefill-chunk tokens in all, across as many waiting
         requests as fit whole, in order: a burst of short prompts starts decoding
-        together instead of one per decode step. A prompt's chunks start at page
-        boundaries and every row is computed on its own, so its numbers never depend on
-        what else was waiting or cached. When the model's matmuls compute a row the same
+        together instead of one per decode step. Every row is computed on its own, so
+        a prompt's numbers never depend on what else was waiting (on what was cached,
+        see docs/engine.md, "A known gap"). When the model's matmuls compute a row the same
         in any number of rows (measured at start-up: the int4 kernel does), the chunks
         run as one pass, which pays a pass's fixed cost once; else one pass each."""
         budget = self.config.prefill_chunk
@@ -479,18 +480,31 @@ class Engine:
         # output). Keys of the prompt's full pages: the lookup uses all but a page
         # holding the last token, the registration after prefill uses them all.
         a.page_keys = page_keys(prompt, S, len(prompt) // S)
+        part = None
         if a.request.prompt_logprobs is not None:
-            shared = []  # every prompt position's logits are wanted: computed here
             a.prompt_lps = [None]  # the first token has no context to score it
+        if a.request.prompt_logprobs is not None or not self.config.prefix_cache:
+            shared = []  # every prompt position's logits are wanted, or none reused
         else:
             shared = self._pool.share(a.page_keys[: (len(prompt) - 1) // S])
+            # Then the first tokens of the next page, from a cached page that goes on
+            # as this prompt does (a common system prompt rarely ends on a page).
+            start = len(shared) * S
+            before = a.page_keys[len(shared) - 1] if shared else b""
+            part = self._pool.share_part(before, prompt[start : min(start + S, len(prompt) - 1)])
+        held = shared + ([part[0]] if part else [])
         fresh = self._pool.allocate(_reserved_pages(a.request, S) - len(shared))
         if fresh is None:
-            self._pool.release(shared)
+            self._pool.release(held)
             return False  # pages come back when running requests finish
         self._kv.zero_pages(fresh)
         a.pages = shared + fresh
-        a.prefilled = a.cached = len(shared) * S
+        a.prefilled = len(shared) * S
+        if part:  # its rows copied into this prompt's own page, which goes on from there
+            self._kv.copy_rows(part[0], fresh[0], part[1])
+            self._pool.release([part[0]])
+            a.prefilled += part[1]
+        a.cached = a.prefilled
         self._cached_tokens += a.cached
         a.prefill_start = time.perf_counter()
         return True
@@ -538,10 +552,7 @@ class Engine:
             a.prefilled += len(chunk)
             if a.prefilled < len(a.request.prompt_ids):
                 continue
-            # Pages of prompt tokens only are final from now on.
-            assert self._pool is not None
-            for page, key in zip(a.pages, a.page_keys, strict=False):
-                self._pool.register(page, key)
+            self._index_pages(a, a.request.prompt_ids, a.page_keys)
             with self._stats_lock:
                 self._waiting.remove(a)
             a.position = len(a.request.prompt_ids)
@@ -555,6 +566,16 @@ class Engine:
             with self._stats_lock:
                 self._decoding.append(a)
             self._accept(a, token, scored)
+
+    def _index_pages(self, a: _Active, tokens: Sequence[int], keys: list[bytes]) -> None:
+        """Put `a`'s full pages of `tokens` (whose keys and values are final) in the
+        prefix cache, `keys` their chained digests."""
+        assert self._pool is not None
+        if not self.config.prefix_cache:
+            return
+        S = self.config.page_size
+        for i, (page, key) in enumerate(zip(a.pages, keys, strict=False)):
+            self._pool.register(page, key, keys[i - 1] if i else b"", tokens[i * S : (i + 1) * S])
 
     def _score_prompt(self, a: _Active, start: int, logits: torch.Tensor) -> None:
         """Log probabilities of the prompt tokens a chunk's (T, V) logits predict."""
@@ -643,6 +664,7 @@ class Engine:
             self._generated += 1
             a.last_token = token
             a.pending_ids.append(token)
+            a.output_ids.append(token)
             a.sampler.observe(token)
             assert self.model is not None
             if token in self.model.tokenizer.eos_ids and not req.ignore_eos:
@@ -687,6 +709,12 @@ class Engine:
                 self._waiting.remove(a)
             if a.pages:
                 assert self._pool is not None
+                if reason not in ("cancelled", "error") and a.position:
+                    # Its output's full pages too (a next turn of the conversation
+                    # starts with them): the tokens whose keys and values were written.
+                    seen = (*a.request.prompt_ids, *a.output_ids)[: a.position]
+                    S = self.config.page_size
+                    self._index_pages(a, seen, page_keys(seen, S, len(seen) // S))
                 self._pool.release(a.pages)
                 a.pages = []
         if reason not in ("cancelled", "error"):

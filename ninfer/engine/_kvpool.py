@@ -1,15 +1,17 @@
 """Accounting of KV-cache pages: a fixed pool of fixed-size pages, owned by the engine,
-with a prefix cache of full prompt pages.
+with a prefix cache of full pages.
 
-A page full of prompt tokens is never written again once its request's prefill is
-done; it is indexed by a digest of every token up to its end, and a later prompt that
-starts with the same tokens shares it instead of computing it again (reference counts
-per page). A page no request holds any more stays cached until its memory is needed:
-it counts as free, and `allocate` takes the least recently used of those after the
-never-used ones. A prompt prefilled from a page boundary computes its rest as a chunk
-of fewer rows than the whole prompt would, which the linear layers may compute in the
-last bits differently (docs/engine.md, "A known gap"): tokens have not been seen to
-change, logprobs have.
+A page full of a request's tokens (its prompt's, once prefilled; its output's too, once
+it has finished) is never written again; it is indexed by a digest of every token up
+to its end, and a later prompt that starts with the same tokens shares it instead of
+computing it again (reference counts per page). Where the shared pages end, an indexed
+page that goes on as the prompt does for some tokens lends them: their keys and values
+are copied into the prompt's own page (`share_part`). A page no request holds any more
+stays cached until its memory is needed: it counts as free, and `allocate` takes the
+least recently used of those after the never-used ones. A prompt prefilled from the end
+of its cached part computes its rest as a chunk of other rows than the whole prompt
+would, which the linear layers may compute in the last bits differently
+(docs/engine.md, "A known gap"): tokens have not been seen to change, logprobs have.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ class PagePool:
     _index: dict[bytes, int] = attrs.field(init=False, factory=dict)
     _key_of: dict[int, bytes] = attrs.field(init=False, factory=dict)
     _idle: OrderedDict[int, None] = attrs.field(init=False, factory=OrderedDict)
+    # Indexed pages by what comes before them and their first token, with their tokens:
+    # where a prompt's shared pages end, the pages that may go on as it does.
+    _next: dict[tuple[bytes, int], list[int]] = attrs.field(init=False, factory=dict)
+    _tokens_of: dict[int, tuple[bytes, tuple[int, ...]]] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         # Pop from the end: lowest ids first, so a light load touches little memory.
@@ -83,7 +89,7 @@ class PagePool:
                 page = self._free.pop()
             else:
                 page, _ = self._idle.popitem(last=False)
-                del self._index[self._key_of.pop(page)]
+                self._unindex(page)
             self._refs[page] = 1
             taken.append(page)
         return taken
@@ -95,18 +101,55 @@ class PagePool:
             page = self._index.get(key)
             if page is None:
                 break
-            if self._refs.get(page, 0) == 0:
-                del self._idle[page]
-            self._refs[page] = self._refs.get(page, 0) + 1
+            self._hold(page)
             pages.append(page)
         return pages
 
-    def register(self, page: int, key: bytes) -> None:
-        """Index a held page whose tokens are complete and final (a full prompt page)."""
+    def share_part(self, before: bytes, tokens: Sequence[int]) -> tuple[int, int] | None:
+        """The indexed page that follows the pages keyed up to `before` (b"" for a first
+        page) and begins with the longest run of `tokens`: (page, how many of them),
+        the page now held once more (release it when its rows are copied); None when
+        none begins with tokens[0]."""
+        if not tokens:
+            return None
+        best, length = 0, 0
+        for page in self._next.get((before, tokens[0]), ()):
+            theirs = self._tokens_of[page][1]
+            n = 0
+            for mine, other in zip(tokens, theirs, strict=False):
+                if mine != other:
+                    break
+                n += 1
+            if n > length:
+                best, length = page, n
+        if not length:
+            return None
+        self._hold(best)
+        return best, length
+
+    def register(self, page: int, key: bytes, before: bytes, tokens: Sequence[int]) -> None:
+        """Index a held page whose tokens are complete and final (a full page): `key` its
+        chained digest, `before` the previous page's (b"" for a first page), `tokens`
+        its own."""
         if key in self._index or page in self._key_of:
             return  # the same prefix computed twice at once: the first copy serves
         self._index[key] = page
         self._key_of[page] = key
+        self._tokens_of[page] = (before, tuple(tokens))
+        self._next.setdefault((before, tokens[0]), []).append(page)
+
+    def _unindex(self, page: int) -> None:
+        del self._index[self._key_of.pop(page)]
+        before, tokens = self._tokens_of.pop(page)
+        following = self._next[(before, tokens[0])]
+        following.remove(page)
+        if not following:
+            del self._next[(before, tokens[0])]
+
+    def _hold(self, page: int) -> None:
+        if self._refs.get(page, 0) == 0:
+            del self._idle[page]
+        self._refs[page] = self._refs.get(page, 0) + 1
 
     def release(self, pages: list[int]) -> None:
         """Let go of one hold on each page; a page nobody holds is free again, or cached

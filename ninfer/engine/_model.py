@@ -207,6 +207,12 @@ class KVPages:
         k = k_blocks.index_select(0, blocks).view(groups, -1, dim)
         return k, v_blocks.index_select(0, blocks).view(groups, -1, dim)
 
+    def copy_rows(self, source: int, target: int, rows: int) -> None:
+        """Every layer's keys and values of the first `rows` slots of page `source`
+        into page `target`."""
+        self.k[:, target, :, :rows] = self.k[:, source, :, :rows]
+        self.v[:, target, :, :rows] = self.v[:, source, :, :rows]
+
     def zero_pages(self, pages: list[int]) -> None:
         idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
         self.k.index_fill_(1, idx, 0.0)
