@@ -1,0 +1,92 @@
+"""Where one decode step goes: torch calls and time per op, on the real model.
+
+    .venv/bin/python benchmarks/step_profile.py [--model NAME|PATH] [--rows 1,16]
+        [--context 100] [--threads 2] [--steps 20] [--top 14]
+
+Runs `Transformer.forward` on a fixed decode batch (`rows` rows of one new token each,
+`context` tokens of keys, pages spread over a pool as a server's are), outside the
+server. Prints, per batch size: the step time (minimum over repeats of 5 steps), the
+number of top-level torch calls a step (exact: the figure to compare between
+versions), and the ops that take the most time under `torch.profiler` (which inflates
+small ops; read the counts and the share, not the absolute times). To compare two
+versions, run it from each checkout. Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections import Counter, defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ninfer._artifacts import DEFAULT_MODEL, cache_dir, resolve_model
+from ninfer.engine._loader import load_model
+from ninfer.engine._model import KVPages, Transformer
+
+PAGE = 16
+
+
+def profile_rows(model: Transformer, kv: KVPages, rows: int, args: argparse.Namespace) -> None:
+    pages = args.context // PAGE + 1
+    # Each row's pages scattered over the pool, as a busy server's are.
+    table = torch.tensor(
+        [[1 + (b * pages + p) * 7 % 500 for p in range(pages)] for b in range(rows)]
+    )
+    tokens = torch.full((rows, 1), 42)
+    positions = torch.full((rows, 1), args.context)
+
+    def step() -> None:
+        model.forward(tokens, positions, table, kv, last_only=True)
+
+    with torch.inference_mode():
+        for _ in range(5):
+            step()
+        best = float("inf")
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            for _ in range(5):
+                step()
+            best = min(best, (time.perf_counter() - t0) / 5)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+    top_level = [e for e in prof.events() if e.cpu_parent is None]
+    # The time of everything under each top-level op, by that op's name.
+    spent: dict[str, float] = defaultdict(float)
+    for e in top_level:
+        spent[e.name] += e.cpu_time_total
+    calls = Counter(e.name for e in top_level)
+    total = sum(spent.values())
+    print(f"\n{rows} row(s), {args.context} tokens of context, {args.threads} threads:")
+    print(f"  step {best * 1e3:.2f} ms (minimum of {args.steps} x 5), "
+          f"{len(top_level)} top-level torch calls")  # fmt: skip
+    print(f"  {'op':40s} {'calls':>6s} {'share':>7s}")
+    for name, us in sorted(spent.items(), key=lambda item: -item[1])[: args.top]:
+        print(f"  {name:40s} {calls[name]:6d} {us / total:7.1%}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--rows", default="1,16")
+    ap.add_argument("--context", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--top", type=int, default=14)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    path = resolve_model(args.model, cache_dir(None, os.environ))
+    loaded = load_model(str(path), dtype=torch.float32, device="cpu", max_positions=4096)
+    kv = KVPages.allocate(
+        loaded.transformer.args, n_pages=512, page_size=PAGE, dtype=torch.float32, device="cpu"
+    )
+    kv.k.zero_()
+    kv.v.zero_()
+    for rows in (int(r) for r in args.rows.split(",")):
+        profile_rows(loaded.transformer, kv, rows, args)
+
+
+if __name__ == "__main__":
+    main()
