@@ -178,3 +178,49 @@ def test_narrowing_keeps_the_layers_dense_matrices_in_bfloat16(tiny_gguf: Path) 
         logits = model.forward(tokens, torch.arange(3).view(1, -1), torch.tensor([[1]]), kv,
                                last_only=True)  # fmt: skip
     assert torch.isfinite(logits).all()
+
+
+def test_groups_in_one_pass_equal_each_group_alone(tmp_path: Path) -> None:
+    """`hidden_many` (prompts prefilled together, a decode batch beside them) gives each
+    group the hidden states and the keys and values it gets in a pass of its own, bit
+    for bit, on a model whose matrices all run through the int4 kernel; a chunk may
+    start inside a page."""
+    from tinymodel import write_tiny_gguf
+
+    from ninfer.engine._invariance import rows_independent_of_count
+
+    path = write_tiny_gguf(tmp_path / "packed.gguf", packed_layers=True)
+    model = load_model(str(path), dtype=torch.float32, device="cpu", max_positions=256).transformer
+    assert rows_independent_of_count(model.layer_maps(), max_rows=64)
+    gen = torch.Generator().manual_seed(5)
+
+    def groups() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        gen.manual_seed(5)
+        return [
+            # a prompt's chunk from position 5 (inside its first page) to 17
+            (torch.randint(3, 200, (1, 12), generator=gen), torch.arange(5, 17).view(1, -1),
+             torch.tensor([[1, 2, 3]])),
+            # a decode batch of two rows
+            (torch.randint(3, 200, (2, 1), generator=gen), torch.tensor([[9], [3]]),
+             torch.tensor([[4, 5], [6, 0]])),
+            # a whole short prompt
+            (torch.randint(3, 200, (1, 4), generator=gen), torch.arange(4).view(1, -1),
+             torch.tensor([[7]])),
+        ]  # fmt: skip
+
+    with torch.inference_mode():
+        pools = []
+        for _ in range(2):
+            kv = KVPages.allocate(model.args, n_pages=8, page_size=8, dtype=torch.float32,
+                                  device="cpu")  # fmt: skip
+            kv.zero_pages(list(range(1, 9)))
+            kv.k[:, 1:8].normal_(generator=gen)  # earlier keys and values, the same in both
+            kv.v[:, 1:8].normal_(generator=gen)
+            pools.append(kv)
+        pools[1].k.copy_(pools[0].k)
+        pools[1].v.copy_(pools[0].v)
+        together = model.hidden_many(groups(), pools[0])
+        alone = [model.hidden(*g, pools[1]) for g in groups()]
+    assert all(torch.equal(t, a) for t, a in zip(together, alone, strict=True))
+    assert torch.equal(pools[0].k, pools[1].k)
+    assert torch.equal(pools[0].v, pools[1].v)
