@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 from conftest import (
     FAILING_SEED,
@@ -330,6 +331,68 @@ def test_a_next_turn_reuses_the_pages_the_last_answer_filled(
     assert f2.usage.cached_tokens == 48
     alone = _alone(tiny_gguf, GenerationRequest("b", turn2, 12, sampling, ignore_eos=True))
     assert sink.tokens[second.id] == alone
+
+
+def test_the_prefix_cache_under_churn_loses_no_page_and_changes_no_token(
+    tmp_path: Path,
+) -> None:
+    """Prompts drawn from a few shared prefixes (whole pages, parts of pages, answers'
+    pages), some cancelled while they wait or run, some asking for prompt logprobs,
+    through a pool that must reclaim cached pages: nothing fails, every page is free
+    at the end, and on a model whose matrices all run through the int4 kernel the
+    requests served from the cache get the tokens an engine without it computes."""
+    import random
+
+    from tinymodel import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "packed.gguf", packed_layers=True)
+    config = EngineConfig(max_batch=6, kv_capacity=640, page_size=16, prefill_chunk=24)
+    rng = random.Random(7)
+    bases = [tuple(rng.randrange(3, 12) for _ in range(70)) for _ in range(3)]
+    running = start_engine(path, config)
+    try:
+        eng, sink = running.engine, running.sink
+        reqs: list[GenerationRequest] = []
+        handles: list[RequestHandle] = []
+        for i in range(60):
+            # Waited for below and never cancelled: their answers are whole and known.
+            done = [j for j in range(len(handles) - len(handles) % 10) if j % 7 != 3]
+            if i % 5 == 4 and done:  # a next turn: a request's prompt and answer, and more
+                j = done[rng.randrange(len(done))]
+                prompt = (*reqs[j].prompt_ids, *sink.tokens[handles[j].id])
+            else:
+                prompt = rng.choice(bases)[: rng.randrange(1, 70)]
+            prompt = (*prompt, *(rng.randrange(3, 12) for _ in range(rng.randrange(1, 6))))
+            sampling = SamplingParams(temperature=0.9, seed=i) if i % 2 else SamplingParams()
+            reqs.append(GenerationRequest(f"c{i}", prompt[-200:], rng.randrange(1, 20), sampling,
+                                          ignore_eos=True,
+                                          prompt_logprobs=2 if i % 17 == 0 else None))  # fmt: skip
+            handles.append(eng.submit(reqs[-1]))
+            if i % 7 == 3:
+                eng.cancel(handles[-1])
+            if i % 10 == 9:  # a few at a time: the pool fills, and cached pages go
+                sink.wait_done(*handles[-10:])
+        finishes = sink.wait_done(*handles)
+        stats = eng.statistics()
+    finally:
+        stop_engine(running)
+    assert {f.reason for f in finishes} <= {"length", "cancelled"}
+    assert stats.pages_free == stats.pages_total
+    assert stats.cached_prompt_tokens > 0
+    served = [
+        (req, sink.tokens.get(h.id))
+        for req, h, f in zip(reqs, handles, finishes, strict=True)
+        if f.reason == "length" and f.usage.cached_tokens > 0
+    ]
+    assert len(served) >= 20
+    fresh = start_engine(path, attrs.evolve(config, prefix_cache=False))
+    try:
+        for req, tokens in served[::4]:
+            h = fresh.engine.submit(req)
+            fresh.sink.wait_done(h)
+            assert fresh.sink.tokens[h.id] == tokens, req.request_id
+    finally:
+        stop_engine(fresh)
 
 
 def test_without_the_prefix_cache_every_prompt_is_computed_whole(tmp_path: Path) -> None:
