@@ -44,3 +44,10 @@ def test_a_lent_page_is_held_and_a_reclaimed_one_is_no_longer_offered() -> None:
     assert pool.allocate(2) is not None  # takes the cached page too
     assert pool.share_part(b"", [1, 2, 3]) is None
     assert pool.cached == 0
+
+
+def test_keys_go_on_from_the_known_ones() -> None:
+    tokens = list(range(3, 40))
+    whole = page_keys(tokens, S, 9)
+    assert page_keys(tokens, S, 9, known=whole[:4]) == whole
+    assert page_keys(tokens, S, 2, known=whole[:4]) == whole[:2]

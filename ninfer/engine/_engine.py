@@ -337,6 +337,11 @@ class Engine:
         model.forward(tokens[:, :1], torch.tensor([[2]]), table, self._kv, last_only=True)
         self._pool.release(pages)
 
+    def _padded(self, rows: int) -> int:
+        """The batch size `rows` rows are padded to: the next one whose rows are computed
+        as in any other (see _invariance)."""
+        return next((n for n in self._batch_sizes if n >= rows), rows)
+
     @property
     def _transformer(self) -> Transformer:
         assert self.model is not None
@@ -533,7 +538,7 @@ class Engine:
             if len(group) == 1:
                 last = xs[0][:, -1]  # (1, dim): as `forward(last_only=True)`
             else:  # padded to a batch size whose rows the head computes as alone
-                n = next((n for n in self._batch_sizes if n >= len(group)), len(group))
+                n = self._padded(len(group))
                 last = torch.cat([x[:, -1] for x in xs] + [xs[0][:, -1]] * (n - len(group)))
             rows = model.logits(last)[: len(group)].float().cpu()  # (n, V)
             for a, x in zip(group, xs, strict=True):
@@ -624,7 +629,7 @@ class Engine:
         tokens_in = [[a.last_token] for a in rows]
         positions = [[a.position] for a in rows]
         # Padding rows (see _invariance): token 0 at position 0, writing the scratch page.
-        pad = next((n for n in self._batch_sizes if n >= len(rows)), len(rows)) - len(rows)
+        pad = self._padded(len(rows)) - len(rows)
         table += [[self._kv.scratch_page] + [0] * (width - 1)] * pad
         tokens_in += [[0]] * pad
         positions += [[0]] * pad
@@ -714,7 +719,8 @@ class Engine:
                     # starts with them): the tokens whose keys and values were written.
                     seen = (*a.request.prompt_ids, *a.output_ids)[: a.position]
                     S = self.config.page_size
-                    self._index_pages(a, seen, page_keys(seen, S, len(seen) // S))
+                    keys = page_keys(seen, S, len(seen) // S, known=a.page_keys)
+                    self._index_pages(a, seen, keys)
                 self._pool.release(a.pages)
                 a.pages = []
         if reason not in ("cancelled", "error"):

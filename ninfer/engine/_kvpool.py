@@ -29,12 +29,15 @@ def pages_for(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
 
-def page_keys(tokens: Sequence[int], page_size: int, pages: int) -> list[bytes]:
+def page_keys(
+    tokens: Sequence[int], page_size: int, pages: int, known: Sequence[bytes] = ()
+) -> list[bytes]:
     """The cache keys of the first `pages` full pages of `tokens`: a chained digest, so a
-    page's key stands for every token before its end."""
-    keys = []
-    digest = b""
-    for i in range(pages):
+    page's key stands for every token before its end. `known`: keys of the first pages
+    of the same tokens, computed before (they are taken, and the chain goes on)."""
+    keys = list(known[:pages])
+    digest = keys[-1] if keys else b""
+    for i in range(len(keys), pages):
         block = tokens[i * page_size : (i + 1) * page_size]
         h = hashlib.blake2b(digest, digest_size=16)
         h.update(b"".join(t.to_bytes(4, "little") for t in block))

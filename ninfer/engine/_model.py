@@ -42,9 +42,7 @@ class Dense:
         self.input_dtype = weight.dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == self.weight.dtype:
-            return F.linear(x, self.weight)
-        return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        return _as(self.native(x), x.dtype)
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
         """x W^T in W's dtype (x: rows, as the model hands them over)."""
@@ -68,12 +66,8 @@ class Int4:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2:  # (rows, in): the model's layout; no reshaping calls
-            y = torch._weight_int4pack_mm_for_cpu(
-                _as(x, torch.bfloat16), self.packed, _GROUP, self.scales_zeros
-            )
-            return _as(y, x.dtype)
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, _GROUP, self.scales_zeros)
+            return _as(self.native(x), x.dtype)
+        y = self.native(x.reshape(-1, self.in_features))
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
