@@ -478,3 +478,22 @@ def test_output_past_its_reservation_grows_into_free_pages_or_ends(tiny_gguf: Pa
         assert sink.wait_done(big)[0].reason == "length"
     finally:
         stop_engine(running)
+
+
+def test_engine_diagnostics_go_to_stderr_never_stdout(
+    tiny_gguf: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """An engine given no logger of the server's (a program using it directly, as the
+    fidelity test's subprocess does) writes its diagnostics to stderr: its stdout is
+    the program's own. bfloat16 activations always log `batching_not_invariant` (and
+    they serve: that mode's attention once met bfloat16 keys with float32 queries)."""
+    running = start_engine(tiny_gguf, EngineConfig(dtype="bfloat16", max_batch=2))
+    try:
+        h = running.engine.submit(GenerationRequest("bf16", _prompt(9), 6))
+        (fin,) = running.sink.wait_done(h)
+        assert fin.reason == "length"
+    finally:
+        stop_engine(running)
+    out, err = capfd.readouterr()
+    assert "batching_not_invariant" in err
+    assert out == ""

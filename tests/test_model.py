@@ -141,6 +141,33 @@ def test_logits_equal_an_independent_float64_forward(
     torch.testing.assert_close(ours.double(), ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_head_gives_float32_logits_in_int4_mode(tmp_path: Path, tied: bool) -> None:
+    """The output head's logits are the float32 product of the final hidden states and
+    the file's head values (to float32 rounding), in the default int4 mode too. The head
+    used to be a bfloat16 matmul whose output was rounded to 8 significant bits (steps of
+    0.125 near 25): SmolLM2's two best first tokens for the README's question are 0.08
+    apart, tied after rounding on AVX2 CPUs, and argmax answered in French (issue 27).
+    An untied Q4 head is not the int4 kernel either: it rounds its output the same way."""
+    import gguf
+    import numpy as np
+    from tinymodel import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", tied=tied, packed_layers=True)
+    m = load_model(str(path), dtype=torch.float32, device="cpu", max_positions=64)
+    reader = gguf.GGUFReader(str(path))
+    name = "token_embd.weight" if tied else "output.weight"
+    (t,) = [t for t in reader.tensors if t.name == name]
+    table = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1, 64)
+    x = torch.randn((5, 64), generator=torch.Generator().manual_seed(3)) * 4
+    with torch.inference_mode():
+        ours = m.transformer.lm_head(x)
+    ref = torch.from_numpy(x.double().numpy() @ table.T)
+    assert ours.dtype == torch.float32
+    rel = ((ours.double() - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
+    assert rel < 1e-6, rel  # bfloat16 output: ~1e-3
+
+
 def test_narrowing_keeps_the_layers_dense_matrices_in_bfloat16(tiny_gguf: Path) -> None:
     """What the engine does when float32 matmuls would pad most decode steps: every
     float32 matrix of the layers becomes its bfloat16 rounding (the int4 ones and the

@@ -232,7 +232,7 @@ def write_tiny_gguf(
         factors = np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32)
         w.add_tensor("rope_freqs.weight", factors)
     if not tied:
-        add("output.weight", (vocab, dim), T.F16)
+        add("output.weight", (vocab, dim), T.Q4_1 if packed_layers else T.F16)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -120,7 +121,11 @@ class Engine:
         log: FilteringBoundLogger | None = None,
     ) -> None:
         self._loader = loader
-        self._log: FilteringBoundLogger = log if log is not None else structlog.get_logger()
+        # Without a logger of the server's, diagnostics still go to stderr, never to
+        # stdout, where a program using the engine writes its own output.
+        self._log: FilteringBoundLogger = (
+            log if log is not None else structlog.wrap_logger(structlog.PrintLogger(sys.stderr))
+        )
         self.config = config
         self._sink = sink
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()

@@ -34,19 +34,46 @@ _GROUP = 32  # the GGUF's Q4 block: one scale (and min) per 32 weights
 
 
 class Dense:
-    """y = x W^T with W held as a dense tensor (x is cast to W's dtype and back)."""
+    """y = x W^T with W held as a dense tensor (x is cast to W's dtype and back).
+
+    A float32 matrix on the CPU multiplies through oneDNN's matmul, not MKL's (what
+    `F.linear` calls): oneDNN computes a row bit-identically in any number of rows from
+    2 up (measured to 300 rows at any offset, with AVX-512 and with AVX2 dispatch),
+    where MKL's rows change with the row count (on one CPU only batches of 16 agreed
+    for SmolLM2's head). A lone row takes oneDNN's matrix-vector path, which sums in
+    another order, so it is computed as two rows. Whether that holds on the CPU at hand
+    is measured at start-up like every other map (`_invariance`)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight
         self.in_features = int(weight.shape[1])
         self.input_dtype = weight.dtype
+        self.onednn = (
+            weight.dtype == torch.float32
+            and weight.device.type == "cpu"
+            and bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return _as(self.native(x), x.dtype)
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
         """x W^T in W's dtype (x: rows, as the model hands them over)."""
-        return F.linear(_as(x, self.weight.dtype), self.weight)
+        x = _as(x, self.weight.dtype)
+        if not self.onednn:
+            return F.linear(x, self.weight)
+        if x.dim() != 2:
+            y = self.native(x.reshape(-1, self.in_features))
+            return y.view(*x.shape[:-1], -1)
+        if x.shape[0] == 1:  # (1, in) -> (2, in): the matrix-matrix path, row 0 of it
+            return _onednn_linear(x.expand(2, -1).contiguous(), self.weight)[:1]
+        return _onednn_linear(x.contiguous(), self.weight)
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (rows, in) W^T through oneDNN's float32 matmul: (rows, out)."""
+    y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+    return y
 
 
 class Int4:
@@ -393,6 +420,7 @@ class _Group:
         a = model.args
         B, T, G = self.B, self.T, a.n_kv_heads
         keys, values = kv.gather(li, self.blocks, B)  # (B*G, P*S, D) each
+        keys, values = _float(keys), _float(values)  # a bfloat16 pool (--dtype bfloat16)
         # Queries as (B*G, heads per group x T, D): each kv head's query heads (then
         # positions), in one contiguous block, as `_attention` lays them out.
         if T == 1:
@@ -682,12 +710,14 @@ def load_transformer(
     kind, rows = gguf.rows("token_embd.weight")
     embedding = Embedding(kind, rows, a.dim, dtype)
     assert embedding.shape == (a.vocab_size, a.dim), embedding.shape
+    # The head is dense in `dtype` in every mode, never the int4 kernel nor bfloat16:
+    # both return their products rounded to bfloat16, 8 significant bits, so logits
+    # near 25 land on steps of 0.125 and two candidates closer than that tie. SmolLM2's
+    # answer to the README's question is such a near tie (" The" ahead of "L" by 0.08
+    # in float64), and on AVX2 CPUs the bfloat16 head rounded both to 25.25; argmax took
+    # the lower id and the model answered in French (issue 27).
     if gguf.has_tensor("output.weight"):
-        lm_head = linear("output.weight")
-    elif use_int4:
-        # With the int4 kernel the matmuls already take bfloat16 inputs; the tied head,
-        # the largest matrix read every step, does too (half the bytes of float32).
-        lm_head = Dense(embedding.table(torch.bfloat16, device))
+        lm_head = Dense(w("output.weight"))
     else:
         lm_head = Dense(embedding.table(dtype, device))
     rope_freqs = (
