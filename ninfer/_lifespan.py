@@ -24,7 +24,13 @@ from ninfer._estimate import ServiceTimes
 from ninfer._flow import FlowContext
 from ninfer._metrics import Metrics
 from ninfer._requestlog import RequestLog
-from ninfer.engine import CompiledGrammar, EngineConfig, EngineStatistics, ServedModel
+from ninfer.engine import (
+    ChatText,
+    CompiledGrammar,
+    EngineConfig,
+    EngineStatistics,
+    ServedModel,
+)
 from ninfer.frontends import (
     ChatFrontend,
     CompletionsFrontend,
@@ -356,12 +362,20 @@ class Lifespan:
                 "invalid_request", UNENFORCEABLE, param=param, code="invalid_value"
             ) from None
 
-    async def tokenize(self, text: str) -> list[int]:
+    async def tokenize(self, prompt: str | ChatText) -> list[int]:
+        """A prompt's ids (a rendered chat's client text never a control token), on a
+        worker thread when it is long."""
         assert self.serving is not None
         tok = self.serving.model.tokenizer
-        if len(text) <= _INLINE_TOKENIZE_CHARS:
-            return tok.encode(text)
-        return await trio.to_thread.run_sync(tok.encode, text, limiter=self._tokenize_limiter)
+        if isinstance(prompt, ChatText):
+            if len(prompt.text) <= _INLINE_TOKENIZE_CHARS:
+                return tok.encode_chat(prompt)
+            return await trio.to_thread.run_sync(
+                tok.encode_chat, prompt, limiter=self._tokenize_limiter
+            )
+        if len(prompt) <= _INLINE_TOKENIZE_CHARS:
+            return tok.encode(prompt)
+        return await trio.to_thread.run_sync(tok.encode, prompt, limiter=self._tokenize_limiter)
 
     # ---- periodic statistics ---------------------------------------------------------------
 

@@ -366,6 +366,8 @@ def _check_input(value: Input | None, *, required: bool) -> None:
                                "unknown_parameter")  # fmt: skip
         if item.role is None:
             raise _invalid(f"{where}.role", f"{where} needs its role", "missing_required_parameter")
+        if item.role not in _ROLES:  # never rendered raw into the chat template
+            raise _invalid(f"{where}.role", f"{where}.role must be one of {', '.join(_ROLES)}")
         if item.content is None:
             raise _invalid(
                 f"{where}.content", f"{where} needs its content", "missing_required_parameter"

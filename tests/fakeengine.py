@@ -22,6 +22,7 @@ import orjson
 import trio
 
 from ninfer.engine import (
+    ChatText,
     EngineStatistics,
     EngineTimings,
     EventSink,
@@ -51,6 +52,15 @@ class FakeTemplate:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
+    def render_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> ChatText:
+        return ChatText(self.render(messages, add_generation_prompt=add_generation_prompt))
+
 
 class FakeTokenizer:
     """One token per character (ids 1..255)."""
@@ -60,6 +70,9 @@ class FakeTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) % 255 + 1 for c in text]
+
+    def encode_chat(self, chat: ChatText) -> list[int]:
+        return self.encode(chat.text)
 
     def token_bytes(self, token_id: int) -> bytes:
         return chr(token_id - 1).encode("utf-8")

@@ -21,6 +21,7 @@ __all__ = [
     "DTYPE_NAMES",
     "WEIGHT_MODES",
     "ChatTemplate",
+    "ChatText",
     "CompiledGrammar",
     "EngineConfig",
     "EngineStatistics",
@@ -241,6 +242,15 @@ class ModelIdentity:
     path: str
 
 
+@attrs.frozen
+class ChatText:
+    """A rendered chat prompt whose client strings are escaped (`_controltext`): only
+    the control tokens its template wrote are control tokens when it is encoded with
+    `Tokenizer.encode_chat`. Not for display: the escapes are private-use characters."""
+
+    text: str
+
+
 class ChatTemplate(Protocol):
     """A model's chat template, rendered in a sandbox."""
 
@@ -257,6 +267,16 @@ class ChatTemplate(Protocol):
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> str: ...
 
+    def render_chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> ChatText:
+        """`render` with every client string escaped: for `Tokenizer.encode_chat`."""
+        ...
+
 
 class Tokenizer(Protocol):
     """What the server needs of a model's tokenizer: text to ids, and its template."""
@@ -269,7 +289,15 @@ class Tokenizer(Protocol):
         """The most UTF-8 bytes one token covers (an upper bound)."""
         ...
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """A prompt's ids; control tokens written in `text` are control tokens (the
+        native and completions routes, whose clients write the template themselves)."""
+        ...
+
+    def encode_chat(self, chat: ChatText) -> list[int]:
+        """A rendered chat's ids: its template's control tokens as control tokens, the
+        client's text as plain text, whatever it spells."""
+        ...
 
     def token_bytes(self, token_id: int) -> bytes:
         """One token's bytes (part of a UTF-8 character, for some byte-level tokens)."""

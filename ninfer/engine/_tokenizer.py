@@ -33,6 +33,8 @@ from tokenizers import (
 )
 
 from ninfer._errors import ArtifactError
+from ninfer.engine._contract import ChatText
+from ninfer.engine._controltext import ControlText
 
 __all__ = ["ChatTemplate", "TextTokenizer", "tokenizer_from_metadata"]
 
@@ -100,9 +102,17 @@ class ChatTemplate:
     _template: jinja2.Template = attrs.field(alias="template")
     bos_token: str
     eos_token: str
+    controls: ControlText = attrs.field(factory=lambda: ControlText.of({}))
 
     @classmethod
-    def from_source(cls, source: str, *, bos_token: str, eos_token: str) -> ChatTemplate:
+    def from_source(
+        cls,
+        source: str,
+        *,
+        bos_token: str,
+        eos_token: str,
+        controls: ControlText | None = None,
+    ) -> ChatTemplate:
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
         )
@@ -117,7 +127,13 @@ class ChatTemplate:
             template = env.from_string(source)
         except jinja2.TemplateError as exc:
             raise ArtifactError(f"the GGUF chat template does not compile: {exc}") from exc
-        return cls(source=source, template=template, bos_token=bos_token, eos_token=eos_token)
+        return cls(
+            source=source,
+            template=template,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            controls=controls or ControlText.of({}),
+        )
 
     @property
     def writes_tool_calls(self) -> bool:
@@ -146,6 +162,24 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ValueError(f"chat template error: {exc}") from exc
 
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> ChatText:
+        """`render` with every string of the messages and tools escaped (client text:
+        see `_controltext`), for `TextTokenizer.encode_chat`."""
+        escape = self.controls.escape_all
+        return ChatText(
+            self.render(
+                [escape(dict(m)) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                tools=[escape(dict(t)) for t in tools] if tools else None,
+            )
+        )
+
 
 # Texts longer than this many characters are encoded with encode_batch (measured
 # here: the other threads' worst wait during a 900 KB encode, 26 ms with encode and
@@ -170,6 +204,10 @@ class TextTokenizer:
     # Whether a prompt starts with the BOS token (the file's tokenizer.ggml.add_bos_token;
     # added once: a chat template that writes it already is not given a second).
     add_bos: bool = False
+    # The same vocabulary with its control tokens read as plain text (for client text in
+    # a chat prompt: `encode_chat`), and the control tokens' texts.
+    plain: Tokenizer | None = None
+    controls: ControlText = attrs.field(factory=lambda: ControlText.of({}))
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.spellings[token_id]
@@ -180,6 +218,22 @@ class TextTokenizer:
             ids = list(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
         else:
             ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return self._with_bos(ids)
+
+    def encode_chat(self, chat: ChatText) -> list[int]:
+        """A rendered chat's ids: split at the control tokens its template wrote (client
+        text was escaped before rendering), the text between encoded with control
+        tokens not recognised."""
+        parts = self.controls.split(chat.text)
+        texts = [p for p in parts if isinstance(p, str)]
+        plain = self.plain or self.tokenizer
+        encoded = iter(plain.encode_batch(texts, add_special_tokens=False) if texts else ())
+        ids: list[int] = []
+        for p in parts:
+            ids.extend([p] if isinstance(p, int) else next(encoded).ids)
+        return self._with_bos(ids)
+
+    def _with_bos(self, ids: list[int]) -> list[int]:
         if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
             ids.insert(0, self.bos_id)
         return ids
@@ -297,6 +351,11 @@ def tokenizer_from_metadata(md: Mapping[str, Any]) -> TextTokenizer:
     tok.add_special_tokens(special)
     if user:
         tok.add_tokens(user)
+    plain = Tokenizer.from_str(tok.to_str())
+    plain.encode_special_tokens = True  # control tokens' texts read as plain text
+    controls = ControlText.of(
+        {tokens[i]: i for i, t in enumerate(types) if t == _TOKEN_TYPE_CONTROL}
+    )
 
     eos = md.get("tokenizer.ggml.eos_token_id")
     bos = md.get("tokenizer.ggml.bos_token_id")
@@ -321,9 +380,12 @@ def tokenizer_from_metadata(md: Mapping[str, Any]) -> TextTokenizer:
             str(template_src),
             bos_token=tokens[int(bos)] if bos is not None else "",
             eos_token=tokens[int(eos)] if eos is not None else "",
+            controls=controls,
         )
     return TextTokenizer(
         tokenizer=tok,
+        plain=plain,
+        controls=controls,
         eos_ids=frozenset(eos_ids),
         bos_id=int(bos) if bos is not None else None,
         chat_template=template,

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import attrs
 import orjson
 
-from ninfer.engine import TokenDelta
+from ninfer.engine import ChatText, TokenDelta
 from ninfer.frontends._base import (
     Frontend,
     FrontendContext,
@@ -217,7 +217,7 @@ class MessagesFrontend(Frontend):
         system: str | None,
         messages: list[AnthropicMessage],
         tools: tuple[Tool, ...],
-    ) -> str:
+    ) -> ChatText:
         conv: list[dict[str, Any]] = []
         if system is not None:
             conv.append({"role": "system", "content": system})

@@ -18,6 +18,7 @@ import attrs
 
 from ninfer._config import ServerConfig
 from ninfer.engine import (
+    ChatText,
     CompiledGrammar,
     Finish,
     GenerationRequest,
@@ -53,7 +54,7 @@ def clamp_headers(grant: Grant) -> tuple[tuple[bytes, bytes], ...]:
     return ((CLAMPED_HEADER, str(grant.max_new_tokens).encode()),)
 
 
-Tokenize = Callable[[str], Awaitable[list[int]]]
+Tokenize = Callable[[str | ChatText], Awaitable[list[int]]]
 # Compiles a structured output's JSON schema (schema, param) to its grammar, off the
 # event loop: a large schema takes llguidance hundreds of milliseconds.
 CompileSchema = Callable[[dict[str, Any], str], Awaitable[str | CompiledGrammar]]
@@ -203,11 +204,13 @@ class Frontend(abc.ABC):
         self.dialect = dialect
         self.budget = Budget(ctx.model, ctx.config.default_max_tokens)
 
-    async def tokens(self, text: str, *, prompt_param: str) -> list[int]:
-        """The prompt's tokens, or a refusal without tokenizing a text that cannot fit
-        the context: more bytes than the context's tokens could cover, at the most bytes
-        one token covers, is more tokens than the context (never a text that fits)."""
+    async def tokens(self, prompt: str | ChatText, *, prompt_param: str) -> list[int]:
+        """The prompt's tokens (a rendered chat's client text never spells a control
+        token), or a refusal without tokenizing a text that cannot fit the context:
+        more bytes than the context's tokens could cover, at the most bytes one token
+        covers, is more tokens than the context (never a text that fits)."""
         model = self.ctx.model
+        text = prompt.text if isinstance(prompt, ChatText) else prompt
         limit = model.max_context * model.tokenizer.max_token_bytes
         # A character is at most 4 UTF-8 bytes: only a text near the bound is measured.
         if len(text) * 4 > limit and (
@@ -220,11 +223,11 @@ class Frontend(abc.ABC):
                 param=prompt_param,
                 code="context_length_exceeded",
             )
-        return await self.ctx.tokenize(text)
+        return await self.ctx.tokenize(prompt)
 
     def render_chat(
         self, conversation: list[dict[str, Any]], *, param: str, tools: Sequence[Tool] = ()
-    ) -> str:
+    ) -> ChatText:
         """The model's chat template over a conversation of {role, content} turns (and
         tool calls and results: `ninfer.frontends._tools`), ready for the assistant's
         reply, with `tools` offered (`developer` rendered as `system`: ChatML templates
@@ -244,7 +247,7 @@ class Frontend(abc.ABC):
         if tools or any(t["role"] == "tool" or t.get("tool_calls") for t in turns):
             turns, offered = render_tool_turns(turns, tools, native=template.writes_tool_calls)
         try:
-            return template.render(turns, add_generation_prompt=True, tools=offered)
+            return template.render_chat(turns, add_generation_prompt=True, tools=offered)
         except ValueError:
             raise ApiError(
                 "invalid_request",
