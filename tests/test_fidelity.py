@@ -15,6 +15,9 @@ import pytest
 import trio
 from server import serve
 
+PREFACE = "A preface shared by two prompts, long enough for several KV pages: " + ", ".join(
+    f"item {i} of {i * 3 % 11}" for i in range(14)
+)
 PROMPTS = [
     "The capital of France is",
     "Once upon a time",
@@ -38,6 +41,10 @@ PROMPTS = [
     "   leading spaces and\ttabs",
     "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n",
     "The end.",
+    # Two prompts after one long preface: whichever comes second may be served from the
+    # prefix cache (whole pages and part of one), and must get the bits computed whole.
+    PREFACE + " First, the weather.",
+    PREFACE + " Second, the news.",
 ]
 
 
@@ -141,13 +148,12 @@ def _direct(model: Path, cases: list[dict[str, Any]], tmp_path: Path) -> list[di
 
 async def _check(model: Path, tmp_path: Path, cases: list[dict[str, Any]]) -> None:
     # All cases at once wait in the queue: a deadline no machine, however slow, reaches
-    # (this test is about tokens; deadlines are tested elsewhere). No prefix cache here
-    # or in the direct run: which prompt finds which in the cache depends on timing over
-    # HTTP, and a shared prefix changes the rest's logits in the last bits
-    # (docs/engine.md, "A known gap"), which logprobs show; the cache's exactness is
-    # tested in test_engine.py, where what is cached is known.
+    # (this test is about tokens; deadlines are tested elsewhere). The server keeps its
+    # prefix cache (which prompt finds which in it depends on timing over HTTP) and the
+    # direct run has none: a prompt served from the cache gets the bits it gets computed
+    # whole (docs/engine.md, "Prefix cache"), which the logprobs check.
     settings = {"max_concurrency": 8, "max_pending_requests": 64, "pending_timeout_ms": 600_000,
-                "served_model_name": [MODEL_NAME], "no_prefix_cache": True}  # fmt: skip
+                "served_model_name": [MODEL_NAME]}  # fmt: skip
     async with serve(model, tmp_path, **settings) as srv:
         http = await _over_http(srv, cases)
     direct = await trio.to_thread.run_sync(_direct, model, cases, tmp_path)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import start_engine, stop_engine
+from conftest import RunningEngine, start_engine, stop_engine
 
-from ninfer.engine import EngineConfig, GenerationRequest
+from ninfer.engine import EngineConfig, GenerationRequest, RequestHandle, TokenDelta
 
 pytestmark = pytest.mark.realmodel
 
@@ -42,3 +42,56 @@ def test_chatml_prompt_tokenizes_and_greedy_reply_is_paris(real_gguf: Path) -> N
         )
     finally:
         stop_engine(running)
+
+
+def _logprobs(running: RunningEngine, h: RequestHandle) -> list[float]:
+    return [
+        lp.logprob
+        for handle, event in running.sink.events
+        if handle.id == h.id and isinstance(event, TokenDelta)
+        for lp in event.logprobs or ()
+    ]
+
+
+def test_the_prefix_cache_changes_no_bit_of_an_answer(real_gguf: Path) -> None:
+    """Greedy answers to questions after a ~1,000-token shared system prompt, and a
+    conversation's next turn, get the same tokens and bit-identical logprobs whether
+    their first ~1,000 tokens come from the prefix cache or are computed whole
+    (`--no-prefix-cache`). Attention once summed over keys in an order that depended on
+    how many (masked) keys a row was padded to, so a prompt's last positions differed
+    by the chunk they were computed in: 4 of 9 answers changed."""
+    system = " ".join(
+        f"Rule {i}: when asked about item {i * 7 % 97}, answer with care and cite the "
+        f"{['first', 'second', 'third', 'last'][i % 4]} source."
+        for i in range(42)
+    )
+    questions = ["Which rule covers item 14?", "Summarize rule 3.", "What is 2 + 2?"]
+    answers: dict[bool, list[tuple[list[int], list[float]]]] = {}
+    for cache in (True, False):
+        running = start_engine(
+            real_gguf, EngineConfig(max_batch=2, kv_capacity=4096, prefix_cache=cache)
+        )
+        try:
+            tok = running.model.tokenizer
+            assert tok.chat_template is not None
+            out: list[tuple[list[int], list[float]]] = []
+            turns = [{"role": "system", "content": system}]
+            for i, q in enumerate([*questions, "And item 21?"]):
+                conv = [*turns, {"role": "user", "content": q}]
+                if i == len(questions):  # a next turn after the first answer
+                    first = tok.decode(out[0][0])
+                    conv = [*turns, {"role": "user", "content": questions[0]},
+                            {"role": "assistant", "content": first}, conv[-1]]  # fmt: skip
+                ids = tok.encode_chat(tok.chat_template.render_chat(conv))
+                assert len(ids) > 900
+                h = running.engine.submit(
+                    GenerationRequest(f"q{i}", tuple(ids), 12, logprobs=0, ignore_eos=True)
+                )
+                running.sink.wait_done(h)
+                out.append((running.sink.tokens[h.id], _logprobs(running, h)))
+            if cache:
+                assert running.engine.statistics().cached_prompt_tokens > 3 * 900
+        finally:
+            stop_engine(running)
+        answers[cache] = out
+    assert answers[True] == answers[False]

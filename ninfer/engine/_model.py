@@ -16,6 +16,7 @@ handed out), never garbage.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import attrs
@@ -285,6 +286,10 @@ def _apply_rope(x: torch.Tensor, rot: torch.Tensor, *, neox: bool = False) -> to
     return _as(out, x.dtype)
 
 
+# Attention reduces over keys in blocks of this many: see `_grouped_attention`.
+KEY_BLOCK = 64
+
+
 def _attention(
     q: torch.Tensor,
     keys: torch.Tensor,
@@ -293,31 +298,35 @@ def _attention(
     *,
     scale: float | None = None,
     softcap: float = 0.0,
-    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Grouped-query attention in float32 with plain matmuls and softmax.
+    """Grouped-query attention in float32 with plain matmuls and a softmax written out.
 
     q (B, H, T, D); keys, values (B, G, K, D); mask (B, 1, T, K), True = visible.
-    Returns (B, H, T, D) float32. Written out rather than calling torch's fused CPU
-    kernel: that kernel computes a row differently depending on how many rows share
-    the batch (and is slow in bfloat16); these ops treat each row alone, and masked
-    padding keys contribute exact zeros, so a row's result is the same in any batch.
-    Scores are scaled by `scale` (default D ** -0.5), then soft-capped when `softcap`.
-    `bias`: `mask_bias(mask, G, H // G)`, when the caller made it once for every layer.
+    Returns (B, H, T, D) float32. The keys are padded (masked) to whole key blocks
+    first, as `forward` pads its page tables. Written out rather than calling torch's
+    fused CPU kernel: that kernel computes a row differently depending on how many rows
+    share the batch (and is slow in bfloat16); here each row is computed alone, and its
+    numbers do not depend on how many masked keys it is padded with (see
+    `_grouped_attention`). Scores are scaled by `scale` (default D ** -0.5), then
+    soft-capped when `softcap`.
     """
     B, H, T, D = q.shape
     G, K = keys.shape[1], keys.shape[2]
     assert H % G == 0
     assert mask.shape == (B, 1, T, K)
     per_group = H // G
+    pad = -K % KEY_BLOCK
+    if pad:
+        keys = F.pad(keys, (0, 0, 0, pad))
+        values = F.pad(values, (0, 0, 0, pad))
+        mask = F.pad(mask, (0, pad), value=False)
     # One contiguous (B*G)-batch layout whatever the callers' strides: a batched matmul
     # over strided views can take another path at B=1 than at B>1, and a row's result
     # would then depend on the batch it is in.
     qg = _float(q).reshape(B * G, per_group * T, D).contiguous()  # a kv group's heads
-    kg = _float(keys).reshape(B * G, K, D).contiguous()  # no copy when gathered so
-    vg = _float(values).reshape(B * G, K, D).contiguous()
-    if bias is None:
-        bias = mask_bias(mask, G, per_group)
+    kg = _float(keys).reshape(B * G, K + pad, D).contiguous()
+    vg = _float(values).reshape(B * G, K + pad, D).contiguous()
+    bias = mask_bias(mask, G, per_group)
     out = _grouped_attention(qg, kg, vg, bias, scale=scale, softcap=softcap)
     return out.view(B, H, T, D)
 
@@ -332,17 +341,39 @@ def _grouped_attention(
     softcap: float,
 ) -> torch.Tensor:
     """`_attention` on its own layout: qg (B*G, heads per group x T, D), kg and vg
-    (B*G, K, D), all contiguous float32; bias as `mask_bias` makes it. Returns
-    (B*G, heads per group x T, D)."""
-    scale = qg.shape[-1] ** -0.5 if scale is None else scale
-    # (B*G, hT, K): the keys' transpose is a view every batch size hands over alike.
+    (B*G, K, D) with K a whole number of `KEY_BLOCK`s, all contiguous float32; bias as
+    `mask_bias` makes it. Returns (B*G, heads per group x T, D).
+
+    A row's result is the same whatever K it is padded to (masked keys beyond its own)
+    and whatever rows share the call. torch's softmax and a matmul over all K keys sum
+    in an order that depends on K (measured: a row's output changed from 1,008 to
+    1,024 keys), which made a prompt's numbers depend on the chunk it was prefilled in
+    (so on the prefix cache) and a decode row's on the longest row of its batch. So the
+    sums over keys are taken per block of KEY_BLOCK keys (fixed shapes), and the
+    blocks' sums added strictly in order (`cumsum`): a block a row cannot see adds an
+    exact zero. The maximum subtracted before `exp` is order-free."""
+    BG, M, D = qg.shape
+    K = kg.shape[1]
+    nb = K // KEY_BLOCK
+    assert K == nb * KEY_BLOCK, "keys come in whole blocks"
+    scale = D**-0.5 if scale is None else scale
+    # (B*G, M, K): the keys' transpose is a view every batch size hands over alike.
     if softcap > 0:
         scores = torch.bmm(qg, kg.transpose(1, 2)) * scale
         scores = torch.tanh(scores / softcap) * softcap + bias
     else:  # scaled and masked by the matmul itself: one call where there were three
         scores = torch.baddbmm(bias, qg, kg.transpose(1, 2), alpha=scale)
-    probs = torch.softmax(scores, dim=-1)
-    return torch.bmm(probs, vg)
+    probs = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # unnormalized
+    if nb == 1:
+        return torch.bmm(probs, vg) / probs.sum(dim=-1, keepdim=True)
+    blocks = probs.view(BG, M, nb, KEY_BLOCK)
+    total = blocks.sum(dim=-1).cumsum(dim=-1)[..., -1:]  # (B*G, M, 1)
+    # Each block's share of the output, (B*G x blocks, M, D), then the blocks in order.
+    part = torch.bmm(
+        blocks.transpose(1, 2).reshape(BG * nb, M, KEY_BLOCK),
+        vg.view(BG * nb, KEY_BLOCK, D),
+    )
+    return part.view(BG, nb, M, D).cumsum(dim=1)[:, -1] / total
 
 
 def mask_bias(mask: torch.Tensor, groups: int, per_group: int) -> torch.Tensor:
@@ -385,8 +416,12 @@ class _Group:
         start: int = 0,
     ) -> _Group:
         B, T = tokens.shape
-        P = page_table.shape[1]
         S = kv.page_size
+        # Keys in whole blocks for attention: the always-zero page 0 fills the table up.
+        per_block = math.lcm(S, KEY_BLOCK) // S
+        if page_table.shape[1] % per_block:
+            page_table = F.pad(page_table, (0, -page_table.shape[1] % per_block))
+        P = page_table.shape[1]
         assert positions.shape == (B, T)
         assert int(positions.max()) < P * S, "positions beyond the row's pages"
         # Which page slot each new position writes: page ids and offsets.
