@@ -355,7 +355,7 @@ def _grouped_attention(
     BG, M, D = qg.shape
     K = kg.shape[1]
     nb = K // KEY_BLOCK
-    assert K == nb * KEY_BLOCK, "keys come in whole blocks"
+    assert K % KEY_BLOCK == 0, "keys come in whole blocks"
     scale = D**-0.5 if scale is None else scale
     # (B*G, M, K): the keys' transpose is a view every batch size hands over alike.
     if softcap > 0:
