@@ -355,7 +355,11 @@ class App:
         summary = {"id": self.public_id, "architecture": model.identity.architecture}
         summary["sha256"] = model.identity.sha256
         log = self.lifespan.log_health()
-        body = {"status": "ready", "model": summary, "request_log": log}
+        # The fast paths the self-check refused at start-up, and what runs instead.
+        refused = [{"path": r.path, "instead": r.instead} for r in model.self_check if not r.ok]
+        body = {"status": "ready", "model": summary, "request_log": log, "self_check": {
+            "passed": [r.path for r in model.self_check if r.ok], "refused": refused
+        }}  # fmt: skip
         await self._ok(exchange, life, dumps(body))
 
     async def _metrics(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:

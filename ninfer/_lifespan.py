@@ -207,6 +207,7 @@ class Lifespan:
                 "batch_invariant": model.batch_invariant,
                 "batch_sizes": list(model.batch_sizes),
                 "prefill_together_rows": model.prefill_together_rows,
+                "self_check": [r.as_dict() for r in model.self_check],
             },
         )
         self.log.console(

@@ -208,7 +208,17 @@ def openapi_document(version: str) -> dict[str, Any]:
                              "records dropped since start-up",
                              "properties": {"ok": {"type": "boolean"},
                                             "dropped": {"type": "integer", "minimum": 0},
-                                            "error": {"type": "string"}}}}})},
+                                            "error": {"type": "string"}}},
+                         "self_check": {
+                             "type": "object", "required": ["passed", "refused"],
+                             "description": "the fast paths checked against float64 at "
+                             "start-up: those in use, and those refused with what runs instead",
+                             "properties": {
+                                 "passed": {"type": "array", "items": {"type": "string"}},
+                                 "refused": {"type": "array", "items": {
+                                     "type": "object", "required": ["path", "instead"],
+                                     "properties": {"path": {"type": "string"},
+                                                    "instead": {"type": "string"}}}}}}}})},
                     **_errors(native_err, ("503",), "X-Request-Id"),
                 },
             }

@@ -115,7 +115,11 @@ def start_engine(path: Path, config: EngineConfig) -> RunningEngine:
     sink = CollectingSink()
     engine = Engine(
         lambda: load_model(
-            str(path), dtype=getattr(torch, config.dtype), device="cpu", max_positions=8192
+            str(path),
+            dtype=getattr(torch, config.dtype),
+            device="cpu",
+            max_positions=8192,
+            weights=config.weights,
         ),
         config,
         sink,

@@ -32,6 +32,7 @@ __all__ = [
     "FinishReason",
     "GenerationRequest",
     "ModelIdentity",
+    "PathCheck",
     "RequestHandle",
     "SamplingParams",
     "ServedModel",
@@ -305,6 +306,27 @@ class Tokenizer(Protocol):
 
 
 @attrs.frozen
+class PathCheck:
+    """One fast path's known-answer check at start-up (`_selfcheck`): its worst error
+    against the float64 computation of the file's values, the tolerance it was held
+    to, and what the engine uses instead when it failed (empty when it passed)."""
+
+    path: str  # e.g. "int4_kernel", "head", "attention", "prefill_together"
+    ok: bool
+    error: float  # relative; 0.0 where bit-identity is the test
+    tolerance: float
+    instead: str = ""  # the exact path used instead, when not ok
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "path": self.path, "ok": self.ok, "error": self.error, "tolerance": self.tolerance
+        }  # fmt: skip
+        if self.instead:
+            out["instead"] = self.instead
+        return out
+
+
+@attrs.frozen
 class ServedModel:
     """A loaded model as the server sees it: identity, text handling and the engine's
     limits, fixed once loading has finished. Holds no tensor."""
@@ -322,6 +344,8 @@ class ServedModel:
     # Rows a prefill pass may have when prompts are prefilled together (0: one prompt a
     # pass, as the layers' matmuls compute a row differently in other row counts).
     prefill_together_rows: int = 0
+    # The self-check of every fast path the engine chose, in the order checked.
+    self_check: tuple[PathCheck, ...] = ()
     # Compiles a grammar for this engine on the calling thread (thread-safe; ValueError
     # for a grammar it refuses); None where the engine takes grammars as text only.
     compile_grammar: Callable[[str], CompiledGrammar] | None = attrs.field(default=None, eq=False)

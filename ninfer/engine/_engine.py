@@ -36,6 +36,7 @@ from ninfer.engine._contract import (
     Finish,
     FinishReason,
     GenerationRequest,
+    PathCheck,
     RequestHandle,
     ServedModel,
     TokenDelta,
@@ -45,9 +46,10 @@ from ninfer.engine._contract import (
 from ninfer.engine._grammar import Constraint, GrammarVocabulary, grammar_tokenizer
 from ninfer.engine._invariance import invariant_batch_sizes, rows_independent_of_count
 from ninfer.engine._kvpool import PagePool, page_keys, pages_for
-from ninfer.engine._loader import LoadedModel
+from ninfer.engine._loader import LoadedModel, trim_heap
 from ninfer.engine._model import KVPages, Transformer
 from ninfer.engine._sampling import RowSampler, logprobs_of, sample_rows
+from ninfer.engine._selfcheck import SelfCheck, probe_tokens
 from ninfer.engine._textstream import TextStream
 
 __all__ = ["DTYPES", "Engine"]
@@ -160,6 +162,7 @@ class Engine:
         # Rows a pass may have when prompts are prefilled together: 0 when they cannot be
         # (the layers' matmuls compute a row differently in another number of rows).
         self._together_rows = 0
+        self._self_check: tuple[PathCheck, ...] = ()
 
     # ---- thread-safe API -------------------------------------------------------------
 
@@ -232,6 +235,7 @@ class Engine:
             batch_invariant=self.batch_invariant,
             batch_sizes=tuple(self._batch_sizes),
             prefill_together_rows=self._together_rows,
+            self_check=self._self_check,
             compile_grammar=self.compile_grammar,
         )
 
@@ -303,6 +307,11 @@ class Engine:
         self._pool = PagePool(n_pages=n_pages, page_size=cfg.page_size)
         self.model = loaded
         model = loaded.transformer
+        check = None
+        if loaded.source is not None:  # a model loaded from its file: check what runs it
+            tokens = probe_tokens(loaded.tokenizer, loaded.identity.vocab_size)
+            check = SelfCheck(model, loaded.source, tokens)
+            check.kernels()  # falls back where a kernel is wrong; raises where none is right
         sizes = invariant_batch_sizes(model.row_maps(), max_rows=cfg.max_batch, device=cfg.device)
         # Narrowing rounds those matrices' inputs and weights to bfloat16, and oneDNN's
         # bfloat16 matmuls give a row a result that depends on how many rows a prefill
@@ -311,23 +320,56 @@ class Engine:
             narrow = invariant_batch_sizes(
                 model.row_maps(narrowed=True), max_rows=cfg.max_batch, device=cfg.device
             )
-            if narrow is not None and len(narrow) > len(sizes or ()):
+            better = narrow is not None and len(narrow) > len(sizes or ())
+            if better and (check is None or check.narrowed()):
                 model.narrow_dense()
                 self._log.info("dense_weights_narrowed", dtype="bfloat16", batch_sizes=narrow)
                 sizes = narrow
         self._batch_sizes = sizes or list(range(1, cfg.max_batch + 1))
         # Prompts are prefilled in one pass only if that changes none of their numbers:
-        # measured on each kind of matrix of the layers (up to 1,024 rows a pass).
+        # measured on each kind of matrix of the layers (up to 1,024 rows a pass), then
+        # on the model whole with real prompts.
         together = min(cfg.prefill_chunk, 1024)
-        if sizes is not None and rows_independent_of_count(
+        independent = sizes is not None and rows_independent_of_count(
             model.layer_maps(), max_rows=together, device=cfg.device
-        ):
+        )
+        if independent and (check is None or check.together(cfg.page_size)):
             self._together_rows = together
         # bfloat16 is never promised: batched rows were seen to drift from the same rows
         # alone on this CPU even with every linear shape measured invariant.
         self.batch_invariant = sizes is not None and cfg.dtype == "float32"
+        checked = check is not None and self.batch_invariant
+        if check is not None and checked and not check.decode_batch(cfg.page_size, self._padded):
+            self._batch_sizes = [cfg.max_batch]  # every row computed as in the largest
+            self.batch_invariant = check.decode_batch(
+                cfg.page_size, self._padded, "decode_batch_padded"
+            )
         if not self.batch_invariant:
             self._log.warning("batching_not_invariant", dtype=cfg.dtype)
+        if check is not None:
+            self._report(check)
+            self.model = attrs.evolve(loaded, source=None)  # the file's map is not needed
+            trim_heap()
+
+    def _report(self, check: SelfCheck) -> None:
+        """The self-check on the console and in the log: a warning for each path
+        refused (and what runs instead), one line for the whole."""
+        self._self_check = tuple(check.results)
+        for r in check.results:
+            if not r.ok:
+                self._log.warning(
+                    "fast_path_refused",
+                    path=r.path,
+                    error=r.error,
+                    tolerance=r.tolerance,
+                    instead=r.instead or None,
+                )
+        self._log.info(
+            "self_check",
+            seconds=round(check.seconds, 3),
+            passed=[r.path for r in check.results if r.ok],
+            refused=[r.path for r in check.results if not r.ok],
+        )
 
     def _warm_up(self) -> None:
         """One tiny prefill and decode so the first request does not pay for kernel setup."""

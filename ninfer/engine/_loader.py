@@ -15,11 +15,11 @@ import attrs
 import torch
 
 from ninfer.engine._contract import ModelIdentity
-from ninfer.engine._gguf import file_sha256, open_gguf
+from ninfer.engine._gguf import GGUFFile, file_sha256, open_gguf
 from ninfer.engine._model import Transformer, load_transformer
 from ninfer.engine._tokenizer import TextTokenizer, tokenizer_from_metadata
 
-__all__ = ["LoadedModel", "load_model"]
+__all__ = ["LoadedModel", "load_model", "trim_heap"]
 
 
 @attrs.frozen
@@ -28,6 +28,9 @@ class LoadedModel:
     tokenizer: TextTokenizer
     transformer: Transformer
     load_seconds: float
+    # The opened file (memory-mapped), for the engine's self-check and the exact paths
+    # it may fall back to; dropped once the engine has started.
+    source: GGUFFile | None = attrs.field(default=None, eq=False, repr=False)
 
 
 def _model_id(metadata: Mapping[str, object], path: str) -> str:
@@ -39,7 +42,7 @@ def _model_id(metadata: Mapping[str, object], path: str) -> str:
     return slug or "model"
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     """Return freed staging memory to the OS (glibc only; a no-op elsewhere)."""
     gc.collect()
     name = ctypes.util.find_library("c")
@@ -71,8 +74,7 @@ def load_model(
     transformer = load_transformer(
         gguf, dtype=dtype, device=device, max_positions=max_positions, weights=weights
     )
-    del gguf
-    _trim_heap()
+    trim_heap()
     elapsed = time.perf_counter() - t0
     a = transformer.args
     progress(
@@ -87,5 +89,9 @@ def load_model(
         path=path,
     )
     return LoadedModel(
-        identity=identity, tokenizer=tokenizer, transformer=transformer, load_seconds=elapsed
+        identity=identity,
+        tokenizer=tokenizer,
+        transformer=transformer,
+        load_seconds=elapsed,
+        source=gguf,
     )

@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 
 import attrs
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -32,6 +33,14 @@ __all__ = [
 
 WEIGHT_MODES = ("int4", "dense")
 _GROUP = 32  # the GGUF's Q4 block: one scale (and min) per 32 weights
+
+# Each layer matrix and the GGUF tensors it stacks (along its outputs), per block.
+LAYER_TENSORS = {
+    "wqkv": ("attn_q.weight", "attn_k.weight", "attn_v.weight"),
+    "wo": ("attn_output.weight",),
+    "w_gate_up": ("ffn_gate.weight", "ffn_up.weight"),
+    "w_down": ("ffn_down.weight",),
+}
 
 
 class Dense:
@@ -120,10 +129,16 @@ class Embedding:
         self.dim = dim
         self.dtype = dtype
         self.shape = (int(rows.shape[0]), dim)
+        # Rows decoded by the `gguf` package's numpy dequantizer instead of torch ops:
+        # the slower exact path, where the self-check finds the torch decoding wrong.
+        self.by_reference = False
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         raw = self.rows.index_select(0, tokens.reshape(-1).cpu())
-        values = decode_blocks(self.kind, raw.reshape(-1)).to(tokens.device, self.dtype)
+        if self.by_reference:
+            values = reference_rows(self.kind, raw, self.dim).to(tokens.device, self.dtype)
+        else:
+            values = decode_blocks(self.kind, raw.reshape(-1)).to(tokens.device, self.dtype)
         return values.reshape(*tokens.shape, self.dim)
 
     def table(self, dtype: torch.dtype, device: str, chunk: int = 8192) -> torch.Tensor:
@@ -131,8 +146,13 @@ class Embedding:
         of rows at a time: never the whole table in float32 at once."""
         out = torch.empty(self.shape, dtype=dtype, device=device)
         for start in range(0, self.shape[0], chunk):
-            raw = self.rows[start : start + chunk].reshape(-1)
-            out[start : start + chunk] = decode_blocks(self.kind, raw).view(-1, self.dim)
+            raw = self.rows[start : start + chunk]
+            if self.by_reference:
+                out[start : start + chunk] = reference_rows(self.kind, raw, self.dim)
+            else:
+                out[start : start + chunk] = decode_blocks(self.kind, raw.reshape(-1)).view(
+                    -1, self.dim
+                )
         return out
 
 
@@ -239,6 +259,16 @@ class KVPages:
         idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
         self.k.index_fill_(1, idx, 0.0)
         self.v.index_fill_(1, idx, 0.0)
+
+
+def reference_rows(kind: str, raw: torch.Tensor, dim: int) -> torch.Tensor:
+    """Stored rows (rows, bytes per row) decoded by the `gguf` package's numpy
+    dequantizer (llama.cpp's own reference): float32 (rows, dim)."""
+    import gguf  # the reference, only where it is used
+
+    qtype = gguf.GGMLQuantizationType[kind]
+    values = gguf.quants.dequantize(raw.numpy(), qtype)
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).view(-1, dim)
 
 
 def _rope_table(
@@ -634,6 +664,30 @@ class Transformer:
             for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
         )
 
+    def linears(self) -> list[Linear]:
+        """Every matrix the model multiplies by: each layer's, then the head."""
+        maps: list[Linear] = []
+        for layer in self.layers:
+            maps += [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
+        return [*maps, self.lm_head]
+
+    def unpack_int4(self, source: GGUFFile) -> None:
+        """Every int4-kernel matrix of the layers as its dequantized values in `dtype`
+        (the file's values exactly, in float32): the exact path where the int4 kernel
+        is not to be used."""
+        for i, layer in enumerate(self.layers):
+            for slot, names in LAYER_TENSORS.items():
+                if isinstance(getattr(layer, slot), Int4):
+                    w = torch.cat([source.tensor(f"blk.{i}.{n}", self.dtype) for n in names])
+                    setattr(layer, slot, Dense(w.to(self.device)))
+        self.packed = False
+
+    def use_mkl(self) -> None:
+        """Every float32 matrix through `F.linear` (MKL), not oneDNN."""
+        for m in self.linears():
+            if isinstance(m, Dense):
+                m.onednn = False
+
     def narrow_dense(self) -> None:
         """Keep the layers' float32 matrices in bfloat16, as the tied head is: the same
         rounding of their inputs as the int4 matmuls, half the bytes. The engine does
@@ -718,9 +772,9 @@ def load_transformer(
     layers = []
     for i in range(a.n_layers):
         p = f"blk.{i}."
-        wqkv = linear(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")
+        wqkv = linear(*(p + n for n in LAYER_TENSORS["wqkv"]))
         assert (wqkv.in_features, _out(wqkv)) == (a.dim, a.n_heads * a.head_dim + 2 * a.kv_dim)
-        gate_up = linear(p + "ffn_gate.weight", p + "ffn_up.weight")
+        gate_up = linear(*(p + n for n in LAYER_TENSORS["w_gate_up"]))
         assert (gate_up.in_features, _out(gate_up)) == (a.dim, 2 * a.ffn_dim)
         bias = None
         if a.qkv_bias:
@@ -730,10 +784,10 @@ def load_transformer(
             Layer(
                 attn_norm=norm(p + "attn_norm.weight"),
                 wqkv=wqkv,
-                wo=linear(p + "attn_output.weight"),
+                wo=linear(*(p + n for n in LAYER_TENSORS["wo"])),
                 ffn_norm=norm(p + "ffn_norm.weight"),
                 w_gate_up=gate_up,
-                w_down=linear(p + "ffn_down.weight"),
+                w_down=linear(*(p + n for n in LAYER_TENSORS["w_down"])),
                 qkv_bias=bias,
                 q_norm=norm(p + "attn_q_norm.weight") if a.qk_norm else None,
                 k_norm=norm(p + "attn_k_norm.weight") if a.qk_norm else None,

@@ -1,0 +1,395 @@
+"""The engine's known-answer self-check: every fast path it chose, run before it serves.
+
+A kernel that computes wrong on one CPU (a vector path torch's tests never met, a
+library build, a dispatch bug) turns into wrong answers with a green CI elsewhere:
+SmolLM2 once answered in French on AVX2 machines only. So at start-up, on the
+model's own weights and a few real token rows (the model's tokenization of a fixed
+text), each fast path is compared with the float64 computation of the file's
+dequantized values, its worst row's relative error |fast - ref| / |ref| against a
+tolerance:
+
+- `dequantizer`: torch's dequantization of each tensor type the matrices were loaded
+  from (64 rows of one tensor a type), exactly equal to the `gguf` package's numpy
+  dequantizer (llama.cpp's reference), which the references below then rely on;
+- `embedding`: torch's decoding of the probe tokens' stored rows, exactly the
+  `gguf` package's (the tied head's table is decoded the same way);
+- `int4_kernel`: every packed layer matrix through `_weight_int4pack_mm_for_cpu`,
+  within 2^-6 (it rounds inputs, scales and outputs to bfloat16: ~2^-9 a value);
+- `dense_float32`: every float32 matrix through oneDNN (or MKL), within 1e-5 (float32
+  rounding measures ~1e-7); `dense_bfloat16` / `narrowed_bfloat16` within 2^-6;
+- `head`: the output head (16,384 rows of the vocabulary: the first and last 2,048
+  and evenly spaced ones between), within 1e-5;
+- `attention`: `_model._attention` on layer 0's real queries, keys and values with a
+  causal mask, within 1e-5;
+- `prefill_together`, `decode_batch`: prompts in one prefill pass, rows of different
+  lengths in one padded decode batch, bit-identical to each alone.
+
+A path that fails is not used: the engine falls back to the next exact path (int4
+kernel -> its matrices dequantized to float32; oneDNN -> MKL; torch embedding
+decoding -> numpy's; narrowing -> none; prefilling together -> one prompt a pass;
+decode batches -> every step padded to the largest batch) and checks that one too.
+Where nothing exact is left (the dequantizer, attention, a float32 matmul through
+both libraries), the model does not become ready.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from ninfer._errors import EngineError
+from ninfer.engine._contract import PathCheck
+from ninfer.engine._gguf import GGUFFile, decode_blocks
+from ninfer.engine._model import (
+    LAYER_TENSORS,
+    Dense,
+    Int4,
+    KVPages,
+    Linear,
+    Transformer,
+    _attention,
+    _narrowed,
+    reference_rows,
+)
+from ninfer.engine._tokenizer import TextTokenizer
+
+__all__ = ["BFLOAT16_TOLERANCE", "FLOAT32_TOLERANCE", "SelfCheck", "SelfCheckFailed"]
+
+FLOAT32_TOLERANCE = 1e-5
+BFLOAT16_TOLERANCE = 2.0**-6
+
+# The real text whose tokens the paths are checked on (a few kinds of text: words,
+# digits one by one, code, punctuation, non-Latin scripts).
+PROBE_TEXT = "The capital of France is Paris. 12 + 30 = 42; def f(x): return x * 2  # Émile, 東京"
+PROBE_ROWS = 16
+# The head is checked on this many rows of the vocabulary, the first and last
+# HEAD_EDGE of them among them.
+HEAD_SAMPLE = 16384
+# Rows of one tensor of each type whose dequantization is checked.
+DEQUANT_ROWS = 64
+HEAD_EDGE = 2048
+
+
+class SelfCheckFailed(EngineError):
+    """No exact path is left for part of the model: it must not serve."""
+
+
+def probe_tokens(tokenizer: TextTokenizer, vocab: int) -> list[int]:
+    """Up to PROBE_ROWS real tokens of PROBE_TEXT (ids spread over the vocabulary where
+    the tokenizer gives fewer than 8)."""
+    ids = [t for t in tokenizer.encode(PROBE_TEXT) if 0 <= t < vocab][:PROBE_ROWS]
+    if len(ids) < 8:
+        ids = [(i * 7919 + 3) % vocab for i in range(PROBE_ROWS)]
+    return ids
+
+
+def _rel(fast: torch.Tensor, ref: torch.Tensor) -> float:
+    """The worst row's relative error, |fast - ref| / |ref| (rows of `ref` float64)."""
+    diff = (fast.double() - ref).norm(dim=-1)
+    scale = ref.norm(dim=-1).clamp_min(1e-30)
+    out = (diff / scale).max().item()
+    return float("inf") if out != out else float(out)  # NaN: as wrong as it gets
+
+
+def _path_of(m: Linear) -> str:
+    if isinstance(m, Int4):
+        return "int4_kernel"
+    return "dense_float32" if m.weight.dtype == torch.float32 else "dense_bfloat16"
+
+
+@attrs.define(eq=False)
+class SelfCheck:
+    """The checks of one model, in the order the engine runs them."""
+
+    model: Transformer
+    source: GGUFFile
+    tokens: list[int]
+    results: list[PathCheck] = attrs.field(factory=list)
+    seconds: float = 0.0
+    _inputs: dict[str, torch.Tensor] = attrs.field(factory=dict)
+
+    # ---- kernels, on real rows --------------------------------------------------------
+
+    def kernels(self) -> None:
+        """The embedding, every layer matrix, the head and attention; falling back where
+        a path fails. Raises SelfCheckFailed where no exact path is left."""
+        started = time.perf_counter()
+        try:
+            self._dequantizer()
+            self._embedding()
+            errors = self._layers()
+            if "int4_kernel" in errors:
+                worst = max(e for _, _, e in errors["int4_kernel"])
+                if not self._record("int4_kernel", worst, BFLOAT16_TOLERANCE, "dense_float32"):
+                    self.model.unpack_int4(self.source)
+                    errors = self._layers()
+            if "dense_bfloat16" in errors:  # --dtype bfloat16: nothing exact to fall to
+                worst = max(e for _, _, e in errors["dense_bfloat16"])
+                if not self._record("dense_bfloat16", worst, BFLOAT16_TOLERANCE):
+                    raise SelfCheckFailed(f"bfloat16 matmuls compute wrong ({worst:.3g})")
+            self._float32(errors)
+            self._attention()
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _record(self, path: str, error: float, tolerance: float, instead: str = "") -> bool:
+        ok = error <= tolerance
+        self.results.append(PathCheck(path, ok, error, tolerance, "" if ok else instead))
+        return ok
+
+    def _float32(self, errors: dict[str, list[tuple[int, str, float]]]) -> None:
+        """The float32 matrices (layers' and head) through oneDNN, else all through MKL;
+        neither exact is fatal."""
+        onednn = any(isinstance(m, Dense) and m.onednn for m in self.model.linears())
+        for attempt in ("", "_mkl"):
+            checks = []
+            if "dense_float32" in errors:
+                worst = max(e for _, _, e in errors["dense_float32"])
+                checks.append(("dense_float32", worst, FLOAT32_TOLERANCE))
+            head = self.model.lm_head
+            tolerance = (
+                FLOAT32_TOLERANCE if head.input_dtype == torch.float32 else BFLOAT16_TOLERANCE
+            )
+            checks.append(("head", self._head_error(), tolerance))
+            instead = "mkl" if onednn and not attempt else ""
+            if all([self._record(p + attempt, e, t, instead) for p, e, t in checks]):
+                return
+            if not instead:
+                failed = ", ".join(f"{r.path}: {r.error:.3g}" for r in self.results if not r.ok)
+                raise SelfCheckFailed(f"float32 matmuls compute wrong ({failed})")
+            self.model.use_mkl()
+            errors = self._layers()
+
+    def _embedding(self) -> None:
+        emb = self.model.embedding
+        ids = torch.tensor(self.tokens)
+        raw = emb.rows.index_select(0, ids)
+        ref = reference_rows(emb.kind, raw, emb.dim).to(emb.dtype).double()  # as held
+        fast = emb(ids.to(self.model.device)).cpu()
+        if self._record("embedding", _rel(fast, ref), 0.0, "numpy decoding"):
+            return
+        emb.by_reference = True
+        error = _rel(emb(ids.to(self.model.device)).cpu(), ref)
+        if error > 0.0:
+            raise SelfCheckFailed("the token embedding decodes wrong even by the reference")
+        if not self.source.has_tensor("output.weight"):  # a tied head: decoded the same way
+            head = self.model.lm_head
+            dtype = head.weight.dtype if isinstance(head, Dense) else self.model.dtype
+            self.model.lm_head = Dense(emb.table(dtype, self.model.device))
+
+    def _dequantizer(self) -> None:
+        """torch's dequantization of each tensor type the layers and the head were
+        loaded from (the references below are made by it too) against the `gguf`
+        package's, on the first rows of one tensor of each type: exact."""
+        seen: dict[str, str] = {}
+        for name, t in self.source.tensors.items():
+            kind = t.tensor_type.name
+            if name.endswith(".weight") and name != "token_embd.weight" and len(t.shape) == 2:
+                seen.setdefault(kind, name)
+        worst = 0.0
+        for kind, name in sorted(seen.items()):
+            _, raw = self.source.rows(name)
+            rows = raw[:DEQUANT_ROWS]
+            dim = int(self.source.tensors[name].shape[0])
+            ours = decode_blocks(kind, rows.reshape(-1)).float().view(-1, dim)
+            worst = max(worst, _rel(ours, reference_rows(kind, rows, dim).double()))
+        if not self._record("dequantizer", worst, 0.0):
+            raise SelfCheckFailed(f"the weights' dequantization is wrong on this CPU ({worst:.3g})")
+
+    def _x(self) -> torch.Tensor:
+        """The probe tokens' embeddings, as the first layer sees them: (N, dim)."""
+        if "x" not in self._inputs:
+            a = self.model.args
+            ids = torch.tensor(self.tokens, device=self.model.device)
+            x = self.model.embedding(ids).float().view(len(self.tokens), a.dim)
+            self._inputs["x"] = x * a.embed_scale if a.embed_scale != 1.0 else x
+        return self._inputs["x"]
+
+    def _reference(self, layer: int, slot: str) -> torch.Tensor:
+        """The float64 values of layer `layer`'s matrix `slot`, from the file."""
+        names = LAYER_TENSORS[slot]
+        return torch.cat([self.source.tensor(f"blk.{layer}.{n}", torch.float64) for n in names]).to(
+            self.model.device
+        )
+
+    def _layer_inputs(self, layer: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Each matrix of layer `layer`: (its input rows, the float64 reference output),
+        the inputs made from the probe tokens as the layer would see them at its start
+        (normed embeddings; the values and the activation the reference computes)."""
+        a = self.model.args
+        lay = self.model.layers[layer]
+        x = self._x()
+        h = F.rms_norm(x, (a.dim,), lay.attn_norm.float(), a.norm_eps)
+        qkv = h.double() @ self._reference(layer, "wqkv").T
+        if lay.qkv_bias is not None:
+            qkv = qkv + lay.qkv_bias.double()
+        q_end = a.n_heads * a.head_dim
+        v = qkv[:, q_end + a.kv_dim :].view(-1, a.n_kv_heads, 1, a.head_dim)
+        heads = v.expand(-1, -1, a.n_heads // a.n_kv_heads, -1).reshape(-1, q_end).float()
+        g = F.rms_norm(x, (a.dim,), lay.ffn_norm.float(), a.norm_eps)
+        gate_up = g.double() @ self._reference(layer, "w_gate_up").T
+        gate, up = gate_up.chunk(2, dim=-1)
+        act = (F.gelu(gate, approximate="tanh") if a.gelu else F.silu(gate)) * up
+        if layer == 0:
+            self._inputs["qkv"] = qkv
+        return {
+            "wqkv": (h, qkv - (lay.qkv_bias.double() if lay.qkv_bias is not None else 0.0)),
+            "wo": (heads, heads.double() @ self._reference(layer, "wo").T),
+            "w_gate_up": (g, gate_up),
+            "w_down": (act.float(), act.float().double() @ self._reference(layer, "w_down").T),
+        }
+
+    def _layers(self) -> dict[str, list[tuple[int, str, float]]]:
+        """Every layer matrix against its reference: (layer, slot, error) by path."""
+        errors: dict[str, list[tuple[int, str, float]]] = {}
+        for i, lay in enumerate(self.model.layers):
+            for slot, (x, ref) in self._layer_inputs(i).items():
+                m: Linear = getattr(lay, slot)
+                fast = m(x.to(m.input_dtype)).float()
+                errors.setdefault(_path_of(m), []).append((i, slot, _rel(fast, ref)))
+        return errors
+
+    def narrowed(self) -> bool:
+        """Whether the layers' float32 matrices, narrowed to bfloat16 as the engine would,
+        compute right (checked on layer 0's real rows)."""
+        started = time.perf_counter()
+        inputs = self._layer_inputs(0)
+        worst = 0.0
+        lay = self.model.layers[0]
+        for slot, (x, ref) in inputs.items():
+            m = _narrowed(getattr(lay, slot))
+            worst = max(worst, _rel(m(x.to(m.input_dtype)).float(), ref))
+        self.seconds += time.perf_counter() - started
+        return self._record("narrowed_bfloat16", worst, BFLOAT16_TOLERANCE, "dense_float32")
+
+    def _head_error(self) -> float:
+        """The head over the probe rows (final-normed) against float64, on a sample of
+        the vocabulary: its first and last HEAD_EDGE rows (where a kernel's blocking
+        has its edges) and evenly spaced rows between, HEAD_SAMPLE in all, the
+        reference rows decoded from the file's blocks by the `gguf` package."""
+        a = self.model.args
+        x = F.rms_norm(self._x(), (a.dim,), self.model.norm.float(), a.norm_eps)
+        fast = self.model.lm_head(x.to(self.model.lm_head.input_dtype)).float().cpu()
+        if self.source.has_tensor("output.weight"):
+            kind, raw = self.source.rows("output.weight")
+        else:
+            kind, raw = self.model.embedding.kind, self.model.embedding.rows
+        V = raw.shape[0]
+        rows = torch.arange(V)
+        if V > HEAD_SAMPLE:
+            between = torch.linspace(HEAD_EDGE, V - HEAD_EDGE - 1, HEAD_SAMPLE - 2 * HEAD_EDGE)
+            rows = torch.cat([rows[:HEAD_EDGE], between.long(), rows[-HEAD_EDGE:]])
+        table = reference_rows(kind, raw.index_select(0, rows), a.dim).double()
+        return _rel(fast[:, rows], x.cpu().double() @ table.T)
+
+    def _attention(self) -> None:
+        """Layer 0's attention over the probe rows (causal), against float64."""
+        a = self.model.args
+        if "qkv" not in self._inputs:
+            self._layer_inputs(0)
+        qkv = self._inputs["qkv"]
+        N, H, G, D = len(self.tokens), a.n_heads, a.n_kv_heads, a.head_dim
+        q = qkv[:, : H * D].view(N, H, D)
+        k = qkv[:, H * D : H * D + G * D].view(N, G, D)
+        v = qkv[:, H * D + G * D :].view(N, G, D)
+        causal = torch.ones(N, N, dtype=torch.bool, device=qkv.device).tril()
+        fast = _attention(
+            q.float().transpose(0, 1).unsqueeze(0),  # (1, H, N, D)
+            k.float().transpose(0, 1).unsqueeze(0),  # (1, G, N, D)
+            v.float().transpose(0, 1).unsqueeze(0),
+            causal.view(1, 1, N, N),
+            scale=a.attn_scale,
+            softcap=a.attn_softcap,
+        )[0]  # (H, N, D)
+        scale = D**-0.5 if a.attn_scale is None else a.attn_scale
+        kh = k.repeat_interleave(H // G, dim=1).transpose(0, 1)  # (H, N, D)
+        vh = v.repeat_interleave(H // G, dim=1).transpose(0, 1)
+        scores = q.transpose(0, 1) @ kh.transpose(1, 2) * scale  # (H, N, N)
+        if a.attn_softcap > 0:
+            scores = torch.tanh(scores / a.attn_softcap) * a.attn_softcap
+        ref = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ vh
+        error = _rel(fast.reshape(-1, D), ref.reshape(-1, D))
+        if not self._record("attention", error, FLOAT32_TOLERANCE):
+            raise SelfCheckFailed(f"attention computes wrong ({error:.3g})")
+
+    # ---- whole passes: rows together against rows alone ----------------------------
+
+    def together(self, page_size: int) -> bool:
+        """Two prompts in one prefill pass get the hidden states each gets alone."""
+        started = time.perf_counter()
+        kv = self._scratch(page_size)
+        groups = self._prompts(page_size, [1, 2], [3, 4])
+        both = self.model.hidden_many(groups, kv)
+        alone = [
+            self.model.hidden_many([g], kv)[0] for g in self._prompts(page_size, [5, 6], [7, 8])
+        ]
+        same = all(torch.equal(x, y) for x, y in zip(both, alone, strict=True))
+        self.seconds += time.perf_counter() - started
+        return self._record("prefill_together", 0.0 if same else 1.0, 0.0, "one prompt a pass")
+
+    def decode_batch(
+        self, page_size: int, padded: Callable[[int], int], path: str = "decode_batch"
+    ) -> bool:
+        """Two rows of different lengths decoded in one batch (padded as the engine pads)
+        get the logits each gets alone."""
+        started = time.perf_counter()
+        kv = self._scratch(page_size)
+        tables = ([1, 2], [3, 4])
+        for group in self._prompts(page_size, *tables):
+            self.model.hidden_many([group], kv)
+        short, long = 6, len(self.tokens) - 2
+        rows = [(self.tokens[short], short, tables[0]), (self.tokens[long], long, tables[1])]
+        alone = [self._decode([r], padded, kv) for r in rows]
+        together = self._decode(rows, padded, kv)
+        same = torch.equal(torch.cat(alone), together)
+        self.seconds += time.perf_counter() - started
+        return self._record(path, 0.0 if same else 1.0, 0.0, "padded to the largest batch")
+
+    def _scratch(self, page_size: int) -> KVPages:
+        kv = KVPages.allocate(
+            self.model.args, n_pages=8, page_size=page_size, dtype=self.model.dtype,
+            device=self.model.device,
+        )  # fmt: skip
+        kv.zero_pages(list(range(1, kv.scratch_page + 1)))
+        return kv
+
+    def _prompts(
+        self, page_size: int, first: list[int], second: list[int]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Two prompts of the probe tokens (6 and all but 2), on the pages given."""
+        dev = self.model.device
+        out = []
+        for n, pages in ((6, first), (len(self.tokens) - 2, second)):
+            assert n <= len(pages) * page_size
+            out.append((
+                torch.tensor([self.tokens[:n]], device=dev),
+                torch.arange(n, device=dev).view(1, -1),
+                torch.tensor([pages], device=dev),
+            ))  # fmt: skip
+        return out
+
+    def _decode(
+        self,
+        rows: Sequence[tuple[int, int, list[int]]],
+        padded: Callable[[int], int],
+        kv: KVPages,
+    ) -> torch.Tensor:
+        """One decode step of `rows` (token, position, pages), padded as the engine does:
+        (rows, vocab) logits."""
+        dev = self.model.device
+        pad = padded(len(rows)) - len(rows)
+        width = max(len(p) for _, _, p in rows)
+        table = [p + [0] * (width - len(p)) for _, _, p in rows]
+        table += [[kv.scratch_page] + [0] * (width - 1)] * pad
+        logits = self.model.forward(
+            torch.tensor([[t] for t, _, _ in rows] + [[0]] * pad, device=dev),
+            torch.tensor([[p] for _, p, _ in rows] + [[0]] * pad, device=dev),
+            torch.tensor(table, device=dev),
+            kv,
+            last_only=True,
+        )
+        return logits[: len(rows)].float().cpu()

@@ -1,0 +1,281 @@
+"""The engine checks every fast path it chose before it serves: a wrong kernel, planted
+here, is refused (the next exact path runs instead, and the console, `server_start`
+and `/ready` say so); a model with no exact path left does not become ready."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import HANG_GUARD_S, CollectingSink, start_engine, stop_engine
+from tinymodel import write_tiny_gguf
+
+from ninfer.engine import EngineConfig, GenerationRequest, PathCheck, SamplingParams, _model
+from ninfer.engine._engine import Engine
+from ninfer.engine._loader import load_model
+from ninfer.engine._selfcheck import SelfCheck, SelfCheckFailed, probe_tokens
+
+
+@pytest.fixture(scope="module")
+def packed_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every layer matrix in Q4 (the int4 kernel's), as SmolLM2's file is."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("packed") / "packed.gguf", packed_layers=True)
+
+
+def _checks(path: Path, config: EngineConfig, plant: Callable[[], None] = lambda: None) -> Any:
+    """The engine's self-check results and its greedy tokens for three prompts."""
+    plant()
+    running = start_engine(path, config)
+    try:
+        served = running.engine.served()
+        handles = [
+            running.engine.submit(GenerationRequest(f"r{i}", tuple(range(3 + i, 20 + 3 * i)), 8))
+            for i in range(3)
+        ]
+        running.sink.wait_done(*handles)
+        return served, [running.sink.tokens[h.id] for h in handles]
+    finally:
+        stop_engine(running)
+
+
+def _by_path(checks: tuple[PathCheck, ...]) -> dict[str, PathCheck]:
+    return {c.path: c for c in checks}
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_every_path_passes_on_a_model_computed_right(
+    packed: bool, packed_gguf: Path, tiny_gguf: Path
+) -> None:
+    """On the tiny models (all-int4, and int4 with float32 matrices) every path passes,
+    each within its stated tolerance, and the engine reports each."""
+    served, _ = _checks(packed_gguf if packed else tiny_gguf, EngineConfig(max_batch=4))
+    checks = _by_path(served.self_check)
+    expected = {"dequantizer", "embedding", "int4_kernel", "head", "attention"}
+    expected |= {"prefill_together", "decode_batch"} | (set() if packed else {"dense_float32"})
+    assert set(checks) == expected
+    assert all(c.ok and c.error <= c.tolerance for c in checks.values())
+    assert checks["int4_kernel"].error > 0  # bfloat16 rounding: measured, not assumed
+    assert checks["head"].tolerance == 1e-5
+
+
+def test_a_wrong_int4_kernel_is_refused_and_the_file_values_run_instead(
+    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An int4 kernel 3% off is refused: the packed matrices run as their float32
+    values, so the answers are those of `--weights dense` exactly."""
+    real = _model.Int4.native
+
+    def off(self: _model.Int4, x: torch.Tensor) -> torch.Tensor:
+        return real(self, x) * 1.03
+
+    served, tokens = _checks(
+        packed_gguf,
+        EngineConfig(max_batch=4),
+        lambda: monkeypatch.setattr(_model.Int4, "native", off),
+    )
+    checks = _by_path(served.self_check)
+    assert not checks["int4_kernel"].ok
+    assert checks["int4_kernel"].error > checks["int4_kernel"].tolerance
+    assert checks["int4_kernel"].instead == "dense_float32"
+    assert checks["dense_float32"].ok
+    monkeypatch.undo()
+    _, dense = _checks(packed_gguf, EngineConfig(max_batch=4, weights="dense"))
+    assert tokens == dense
+
+
+def test_a_wrong_embedding_decoder_is_refused_for_the_reference_one(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Token rows decoded off by one part in 10^4 are refused: the `gguf` package's
+    decoder runs instead (for the tied head's table too), and the answers are those
+    of an engine decoding right."""
+    real = _model.decode_blocks
+
+    def off(kind: str, raw: torch.Tensor, name: str = "?") -> torch.Tensor:
+        return real(kind, raw, name) * 1.0001
+
+    _, right = _checks(tiny_gguf, EngineConfig(max_batch=4))
+    served, tokens = _checks(
+        tiny_gguf,
+        EngineConfig(max_batch=4),
+        lambda: monkeypatch.setattr(_model, "decode_blocks", off),
+    )
+    checks = _by_path(served.self_check)
+    assert not checks["embedding"].ok
+    assert checks["embedding"].instead == "numpy decoding"
+    assert tokens == right
+
+
+def test_a_wrong_onednn_matmul_is_refused_for_mkl(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float32 matmul 0.1% off in oneDNN is refused for the layers and the head
+    alike: MKL runs them, checked in its turn."""
+    real = _model._onednn_linear
+    monkeypatch.setattr(_model, "_onednn_linear", lambda x, w: real(x, w) * 1.001)
+    served, _ = _checks(tiny_gguf, EngineConfig(max_batch=4))
+    checks = _by_path(served.self_check)
+    assert (checks["dense_float32"].ok, checks["dense_float32"].instead) == (False, "mkl")
+    assert (checks["head"].ok, checks["head"].instead) == (False, "mkl")
+    assert checks["dense_float32_mkl"].ok
+    assert checks["head_mkl"].ok
+
+
+def test_prompts_that_change_each_other_are_not_prefilled_together(
+    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forward pass in which groups of rows change each other's numbers (planted) is
+    refused for prefilling together: one prompt a pass."""
+    real = _model.Transformer.hidden_many
+
+    def leaky(self: _model.Transformer, groups: Any, kv: _model.KVPages) -> list[torch.Tensor]:
+        out = real(self, groups, kv)
+        return [x + 1e-6 * (len(groups) - 1) for x in out]
+
+    monkeypatch.setattr(_model.Transformer, "hidden_many", leaky)
+    served, _ = _checks(packed_gguf, EngineConfig(max_batch=4))
+    checks = _by_path(served.self_check)
+    assert not checks["prefill_together"].ok
+    assert served.prefill_together_rows == 0
+
+
+def test_decode_rows_that_depend_on_the_batch_are_padded_to_the_largest(
+    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Logits that depend on the number of rows of a decode step (planted) are refused:
+    every step is padded to the largest batch, where a row is computed alike, and the
+    engine says so; a seeded request then gets the same tokens alone and in a batch."""
+    real = _model.Transformer.forward
+
+    def batch_dependent(self: _model.Transformer, tokens: torch.Tensor, *a: Any, **k: Any) -> Any:
+        return real(self, tokens, *a, **k) + 1e-4 * tokens.shape[0]
+
+    monkeypatch.setattr(_model.Transformer, "forward", batch_dependent)
+    running = start_engine(packed_gguf, EngineConfig(max_batch=4))
+    try:
+        checks = _by_path(running.engine.served().self_check)
+        assert not checks["decode_batch"].ok
+        assert checks["decode_batch_padded"].ok
+        assert running.engine.served().batch_sizes == (4,)
+        sampling = SamplingParams(temperature=0.9, seed=7)
+        req = GenerationRequest("s", tuple(range(5, 30)), 12, sampling=sampling)
+        alone = running.engine.submit(req)
+        running.sink.wait_done(alone)
+        others = [
+            running.engine.submit(GenerationRequest(f"o{i}", tuple(range(9, 40 + i)), 20))
+            for i in range(3)
+        ]
+        batched = running.engine.submit(req)
+        running.sink.wait_done(batched, *others)
+        assert running.sink.tokens[alone.id] == running.sink.tokens[batched.id]
+    finally:
+        stop_engine(running)
+
+
+def test_a_model_with_no_exact_attention_does_not_become_ready(
+    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attention off by 0.1% has no exact path to fall back to: the engine refuses to
+    serve, naming the path."""
+    real = _model._grouped_attention
+    monkeypatch.setattr(_model, "_grouped_attention", lambda *a, **k: real(*a, **k) * 1.001)
+    engine = Engine(
+        lambda: load_model(str(tiny_gguf), dtype=torch.float32, device="cpu", max_positions=512),
+        EngineConfig(max_batch=2),
+        CollectingSink(),
+    )
+    failed: list[BaseException] = []
+    ready = threading.Event()
+
+    def run() -> None:
+        try:
+            engine.run(on_ready=lambda _m: ready.set())
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    assert not thread.is_alive()
+    assert not ready.is_set()
+    (exc,) = failed
+    assert isinstance(exc, SelfCheckFailed)
+    assert "attention" in str(exc)
+
+
+def test_the_check_runs_on_the_real_default_model_within_its_tolerances(
+    real_gguf: Path,
+) -> None:
+    """SmolLM2's every fast path passes, each within its tolerance, on the CPU at hand
+    (the suite runs this under ATEN_CPU_CAPABILITY=default and avx2 too)."""
+    m = load_model(str(real_gguf), dtype=torch.float32, device="cpu", max_positions=512)
+    assert m.source is not None
+    with torch.inference_mode():
+        check = SelfCheck(m.transformer, m.source, probe_tokens(m.tokenizer, 49152))
+        check.kernels()
+        assert check.together(16)
+        assert check.decode_batch(16, lambda n: n)
+    paths = {r.path: r for r in check.results}
+    assert set(paths) == {
+        "dequantizer", "embedding", "int4_kernel", "head", "attention", "prefill_together",
+        "decode_batch",
+    }  # fmt: skip
+    assert all(r.ok for r in check.results), check.results
+    assert paths["int4_kernel"].error < paths["int4_kernel"].tolerance / 2
+
+
+async def test_the_server_says_what_it_refused_on_the_console_in_the_log_and_on_ready(
+    packed_gguf: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """With the int4 kernel refused, the server serves on the exact path and says so:
+    a `fast_path_refused` console line, `server_start.engine.self_check`, and `/ready`'s
+    `self_check.refused`."""
+    from server import serve
+
+    real = _model.Int4.native
+    monkeypatch.setattr(_model.Int4, "native", lambda self, x: real(self, x) * 1.03)
+    async with serve(packed_gguf, tmp_path) as srv, srv.client() as c:
+        ready = (await c.get("/ready")).json()
+        assert ready["self_check"]["refused"] == [
+            {"path": "int4_kernel", "instead": "dense_float32"}
+        ]
+        assert "dense_float32" in ready["self_check"]["passed"]
+        r = await c.post("/v1/generate", json={"prompt": "x y", "max_new_tokens": 3})
+        assert r.status_code == 200
+    (start,) = [rec for rec in srv.log_records() if rec["event"] == "server_start"]
+    int4 = [c for c in start["engine"]["self_check"] if c["path"] == "int4_kernel"]
+    assert int4 == [
+        {"path": "int4_kernel", "ok": False, "error": int4[0]["error"],
+         "tolerance": 2.0**-6, "instead": "dense_float32"}
+    ]  # fmt: skip
+    err = capfd.readouterr().err
+    assert "fast_path_refused" in err
+    assert "path=int4_kernel" in err
+
+
+async def test_a_server_whose_model_fails_its_self_check_never_becomes_ready(
+    tiny_gguf: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """No exact attention: `/ready` and `/health` answer 503 naming the self-check, and
+    the console says which path failed."""
+    from server import serve
+
+    real = _model._grouped_attention
+    monkeypatch.setattr(_model, "_grouped_attention", lambda *a, **k: real(*a, **k) * 1.001)
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        ready = await c.get("/ready")
+        health = await c.get("/health")
+        generate = await c.post("/v1/generate", json={"prompt": "x", "max_new_tokens": 2})
+    assert ready.status_code == health.status_code == generate.status_code == 503
+    assert "SelfCheckFailed" in health.text
+    assert "attention" in capfd.readouterr().err
