@@ -21,7 +21,11 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["invariant_batch_sizes", "rows_independent_of_count"]
+__all__ = ["attention_row_quantum", "invariant_batch_sizes", "rows_independent_of_count"]
+
+# Row counts a batched matmul's rows may be padded to a multiple of (see
+# `attention_row_quantum`): tile heights of the usual CPU GEMM kernels divide one.
+_QUANTA = (1, 2, 4, 6, 8, 12, 16, 24, 48)
 
 
 class LinearLike(Protocol):
@@ -78,3 +82,36 @@ def rows_independent_of_count(
                 if not torch.equal(f(x[start : start + m]), reference[start : start + m]):
                     return False
     return True
+
+
+def attention_row_quantum(head_dim: int, *, device: str = "cpu") -> int | None:
+    """The smallest Q such that the batched matmuls attention runs (queries by one block
+    of 64 keys, rows x head_dim by head_dim x 64; probabilities by that block's values,
+    rows x 64 by 64 x head_dim; at least 2 in a batch) compute each row the same whenever
+    the row count is a multiple of Q, for any row and batch count.
+
+    A CPU GEMM computes rows in tiles, and rows left over in a partial tile may take
+    another kernel that sums in another order (measured: MKL's AVX2 sgemm needs 6 or 12,
+    its SSE4.2 one 8, its AVX-512 one 3). Attention pads its query rows to a multiple of
+    Q. None: no Q tried works (the engine's self-check then finds rows that depend on
+    their batch)."""
+    gen = torch.Generator().manual_seed(99)
+    rows, batch = 480, 24
+    q = torch.randn((batch, rows, head_dim), generator=gen).to(device)
+    k = torch.randn((batch, 64, head_dim), generator=gen).to(device)
+    p = torch.rand((batch, rows, 64), generator=gen).to(device)
+    v = torch.randn((batch, 64, head_dim), generator=gen).to(device)
+    scores = torch.bmm(q, k.transpose(1, 2))
+    values = torch.bmm(p, v)
+    for quantum in _QUANTA:
+        if rows % quantum:
+            continue
+        counts = {quantum * i for i in (1, 2, 3, 5, 7, 11) if quantum * i <= rows} | {rows}
+        if all(
+            torch.equal(torch.bmm(q[:b, :m], k[:b].transpose(1, 2)), scores[:b, :m])
+            and torch.equal(torch.bmm(p[:b, :m], v[:b]), values[:b, :m])
+            for m in sorted(counts)
+            for b in (2, 3, 5, batch)
+        ):
+            return quantum
+    return None

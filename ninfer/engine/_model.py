@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.engine._gguf import GGUFFile, ModelArgs, decode_blocks
+from ninfer.engine._invariance import attention_row_quantum
 
 __all__ = [
     "WEIGHT_MODES", "Dense", "Embedding", "Int4", "KVPages", "Linear", "Transformer",
@@ -318,6 +319,8 @@ def _apply_rope(x: torch.Tensor, rot: torch.Tensor, *, neox: bool = False) -> to
 
 # Attention reduces over keys in blocks of this many: see `_grouped_attention`.
 KEY_BLOCK = 64
+# Query rows are padded to a multiple of this where no measured quantum works.
+_MAX_QUANTUM = 48
 
 
 def _attention(
@@ -328,6 +331,7 @@ def _attention(
     *,
     scale: float | None = None,
     softcap: float = 0.0,
+    quantum: int = 1,
 ) -> torch.Tensor:
     """Grouped-query attention in float32 with plain matmuls and a softmax written out.
 
@@ -338,7 +342,7 @@ def _attention(
     share the batch (and is slow in bfloat16); here each row is computed alone, and its
     numbers do not depend on how many masked keys it is padded with (see
     `_grouped_attention`). Scores are scaled by `scale` (default D ** -0.5), then
-    soft-capped when `softcap`.
+    soft-capped when `softcap`; `quantum`: the model's `attn_quantum`.
     """
     B, H, T, D = q.shape
     G, K = keys.shape[1], keys.shape[2]
@@ -356,9 +360,9 @@ def _attention(
     qg = _float(q).reshape(B * G, per_group * T, D).contiguous()  # a kv group's heads
     kg = _float(keys).reshape(B * G, K + pad, D).contiguous()
     vg = _float(values).reshape(B * G, K + pad, D).contiguous()
-    bias = mask_bias(mask, G, per_group)
+    bias = mask_bias(mask, G, per_group, quantum)
     out = _grouped_attention(qg, kg, vg, bias, scale=scale, softcap=softcap)
-    return out.view(B, H, T, D)
+    return out.reshape(B, H, T, D)
 
 
 def _grouped_attention(
@@ -372,48 +376,65 @@ def _grouped_attention(
 ) -> torch.Tensor:
     """`_attention` on its own layout: qg (B*G, heads per group x T, D), kg and vg
     (B*G, K, D) with K a whole number of `KEY_BLOCK`s, all contiguous float32; bias as
-    `mask_bias` makes it. Returns (B*G, heads per group x T, D).
+    `mask_bias` makes it, (B*G, K / KEY_BLOCK, rows, KEY_BLOCK) with rows the query
+    rows padded to the model's quantum. Returns (B*G, heads per group x T, D).
 
-    A row's result is the same whatever K it is padded to (masked keys beyond its own)
-    and whatever rows share the call. torch's softmax and a matmul over all K keys sum
-    in an order that depends on K (measured: a row's output changed from 1,008 to
-    1,024 keys), which made a prompt's numbers depend on the chunk it was prefilled in
-    (so on the prefix cache) and a decode row's on the longest row of its batch. So the
-    sums over keys are taken per block of KEY_BLOCK keys (fixed shapes), and the
-    blocks' sums added strictly in order (`cumsum`): a block a row cannot see adds an
-    exact zero. The maximum subtracted before `exp` is order-free."""
+    A row's result is the same whatever K it is padded to (masked keys beyond its own),
+    whatever rows share the call and whatever batch it is in. torch's softmax and a
+    matmul over all K keys sum in an order that depends on K (measured: a row's output
+    changed from 1,008 to 1,024 keys), and a CPU GEMM may compute a row by another
+    kernel depending on the row count (MKL's AVX2 kernel, for the rows of a partial
+    6-row tile), which made a prompt's numbers depend on the chunk it was prefilled in
+    (so on the prefix cache) and a decode row's on its batch. So every matmul here
+    multiplies one block of KEY_BLOCK keys (a fixed shape, batched over the blocks and
+    never a batch of one), over query rows padded to the quantum measured at load
+    (`_invariance.attention_row_quantum`); the sums over keys are taken a block at a
+    time and the blocks' sums added strictly in order (`cumsum`), so a block a row
+    cannot see adds an exact zero; the maximum subtracted before `exp` is order-free."""
     BG, M, D = qg.shape
-    K = kg.shape[1]
-    nb = K // KEY_BLOCK
-    assert K % KEY_BLOCK == 0, "keys come in whole blocks"
+    nb, rows = bias.shape[1], bias.shape[2]
+    assert kg.shape[1] == nb * KEY_BLOCK, "keys come in whole blocks"
     scale = D**-0.5 if scale is None else scale
-    # (B*G, M, K): the keys' transpose is a view every batch size hands over alike.
+    if rows > M:  # query rows padded to the quantum (the padding rows see every key)
+        qg = F.pad(qg, (0, 0, 0, rows - M))
+    n = BG * nb
+    # The queries once per block of keys: (B*G x blocks, rows, D); each block's keys.
+    qb = qg.unsqueeze(1).expand(BG, nb, rows, D).reshape(n, rows, D)
+    kb, vb, bb = kg.view(n, KEY_BLOCK, D), vg.view(n, KEY_BLOCK, D), bias.view(n, rows, -1)
+    if n == 1:  # a batch of one may take another kernel: computed as two
+        qb, kb, vb, bb = (t.expand(2, -1, -1).contiguous() for t in (qb, kb, vb, bb))
     if softcap > 0:
-        scores = torch.bmm(qg, kg.transpose(1, 2)) * scale
-        scores = torch.tanh(scores / softcap) * softcap + bias
+        scores = torch.bmm(qb, kb.transpose(1, 2)) * scale
+        scores = torch.tanh(scores / softcap) * softcap + bb
     else:  # scaled and masked by the matmul itself: one call where there were three
-        scores = torch.baddbmm(bias, qg, kg.transpose(1, 2), alpha=scale)
-    probs = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # unnormalized
-    if nb == 1:
-        return torch.bmm(probs, vg) / probs.sum(dim=-1, keepdim=True)
-    blocks = probs.view(BG, M, nb, KEY_BLOCK)
-    total = blocks.sum(dim=-1).cumsum(dim=-1)[..., -1:]  # (B*G, M, 1)
-    # Each block's share of the output, (B*G x blocks, M, D), then the blocks in order.
-    part = torch.bmm(
-        blocks.transpose(1, 2).reshape(BG * nb, M, KEY_BLOCK),
-        vg.view(BG * nb, KEY_BLOCK, D),
-    )
-    return part.view(BG, nb, M, D).cumsum(dim=1)[:, -1] / total
+        scores = torch.baddbmm(bb, qb, kb.transpose(1, 2), alpha=scale)
+    blocks = scores[:n].view(BG, nb, rows, KEY_BLOCK)
+    probs = torch.exp(blocks - blocks.amax(dim=(1, 3), keepdim=True))  # unnormalized
+    total = probs.sum(dim=-1).cumsum(dim=1)[:, -1]  # (B*G, rows): blocks added in order
+    pb = probs.view(n, rows, KEY_BLOCK)
+    if n == 1:
+        pb = pb.expand(2, -1, -1).contiguous()
+    part = torch.bmm(pb, vb)[:n]
+    out = part.view(BG, nb, rows, D).cumsum(dim=1)[:, -1] / total.unsqueeze(-1)
+    return out[:, :M] if rows > M else out
 
 
-def mask_bias(mask: torch.Tensor, groups: int, per_group: int) -> torch.Tensor:
-    """What attention adds to its scores for a (B, 1, T, K) mask (True = visible): 0
-    where visible, -inf where not (exactly what masking them would give), laid out as
-    the scores are, (B x kv groups, heads per group x T, K)."""
+def mask_bias(mask: torch.Tensor, groups: int, per_group: int, quantum: int = 1) -> torch.Tensor:
+    """What attention adds to its scores for a (B, 1, T, K) mask (True = visible, K a
+    whole number of key blocks): 0 where visible, -inf where not (exactly what masking
+    them would give), laid out as the scores are, (B x kv groups, K / KEY_BLOCK, rows,
+    KEY_BLOCK), the heads per group x T query rows padded to a multiple of `quantum`
+    (padding rows see every key)."""
     B, _, T, K = mask.shape
+    nb = K // KEY_BLOCK
+    rows = per_group * T
+    padded = rows + (-rows % quantum)
     bias = torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, float("-inf"))
     full = bias.view(B, 1, 1, T, K).expand(B, groups, per_group, T, K)
-    return full.reshape(B * groups, per_group * T, K)
+    full = full.reshape(B * groups, rows, nb, KEY_BLOCK)
+    if padded > rows:
+        full = F.pad(full, (0, 0, 0, 0, 0, padded - rows))
+    return full.transpose(1, 2).contiguous()
 
 
 @attrs.define(eq=False)
@@ -467,7 +488,7 @@ class _Group:
             else mask
         )
         G, per_group = model.args.n_kv_heads, model.args.n_heads // model.args.n_kv_heads
-        bias = mask_bias(mask, G, per_group)
+        bias = mask_bias(mask, G, per_group, model.attn_quantum)
         return cls(
             B=B,
             T=T,
@@ -476,7 +497,9 @@ class _Group:
             write_offset=(positions % S).view(-1),
             blocks=kv.blocks(page_table),
             bias=bias,
-            bias_local=bias if window <= 0 else mask_bias(mask_local, G, per_group),
+            bias_local=bias
+            if window <= 0
+            else mask_bias(mask_local, G, per_group, model.attn_quantum),
         )
 
     def attend(self, model: Transformer, kv: KVPages, li: int, q: torch.Tensor) -> torch.Tensor:
@@ -502,8 +525,8 @@ class _Group:
             softcap=a.attn_softcap,
         )  # (B*G, heads per group x T, D)
         if T == 1:
-            return attn.view(B, a.n_heads * a.head_dim)
-        return attn.view(B, a.n_heads, T, a.head_dim).transpose(1, 2).reshape(B * T, -1)
+            return attn.reshape(B, a.n_heads * a.head_dim)
+        return attn.reshape(B, a.n_heads, T, a.head_dim).transpose(1, 2).reshape(B * T, -1)
 
 
 @attrs.define(eq=False)
@@ -518,6 +541,9 @@ class Transformer:
     device: str
     rope_local: torch.Tensor | None = None  # the local layers' rotations when they differ
     packed: bool = False  # --weights int4: matmuls may take bfloat16 inputs
+    # Attention pads its query rows to a multiple of this (measured at load:
+    # `_invariance.attention_row_quantum`).
+    attn_quantum: int = 1
 
     def forward(
         self,
@@ -651,7 +677,10 @@ class Transformer:
         return [
             *maps,
             self.lm_head,
-            *(AttentionRows(self.args, keys, self.device) for keys in (16, 48, 272)),
+            *(
+                AttentionRows(self.args, keys, self.device, self.attn_quantum)
+                for keys in (16, 48, 272)
+            ),
         ]
 
     @property
@@ -710,8 +739,9 @@ class AttentionRows:
     own, as a map from rows to rows: the batched matmuls inside `_attention` may pick
     their kernels by batch size, so this is measured like the linear maps."""
 
-    def __init__(self, args: ModelArgs, keys: int, device: str) -> None:
+    def __init__(self, args: ModelArgs, keys: int, device: str, quantum: int = 1) -> None:
         self.args = args
+        self.quantum = quantum
         self.in_features = args.n_heads * args.head_dim
         self.input_dtype = torch.float32
         gen = torch.Generator().manual_seed(keys)
@@ -731,7 +761,7 @@ class AttentionRows:
         keys = (self.keys + shift).contiguous()
         values = self.values.expand(rows, -1, -1, -1).contiguous()
         mask = torch.ones((rows, 1, 1, self.n_keys), dtype=torch.bool, device=x.device)
-        return _attention(q, keys, values, mask).reshape(rows, -1)
+        return _attention(q, keys, values, mask, quantum=self.quantum).reshape(rows, -1)
 
 
 def load_transformer(
@@ -827,6 +857,7 @@ def load_transformer(
         dtype=dtype,
         device=device,
         packed=use_int4,
+        attn_quantum=attention_row_quantum(a.head_dim, device=device) or _MAX_QUANTUM,
     )
 
 

@@ -304,6 +304,7 @@ class SelfCheck:
             causal.view(1, 1, N, N),
             scale=a.attn_scale,
             softcap=a.attn_softcap,
+            quantum=self.model.attn_quantum,
         )[0]  # (H, N, D)
         scale = D**-0.5 if a.attn_scale is None else a.attn_scale
         kh = k.repeat_interleave(H // G, dim=1).transpose(0, 1)  # (H, N, D)
