@@ -30,6 +30,13 @@ def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
 
 def reference_logits(path: Path, tokens: list[int]) -> np.ndarray:
     """float64 logits (T, vocab) of every position of `tokens`."""
+    hidden, head = reference_hidden(path, tokens)
+    return hidden @ head.T
+
+
+def reference_hidden(path: Path, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """float64 final hidden states (T, dim), normed, and the head (vocab, dim) they are
+    multiplied by: the logits, for a caller that takes them a slice at a time."""
     reader = gguf.GGUFReader(str(path))
     arch = _field(reader, "general.architecture")
     tensors = {t.name: t for t in reader.tensors}
@@ -116,4 +123,4 @@ def reference_logits(path: Path, tokens: list[int]) -> np.ndarray:
         ffn = (act * up) @ weight(p + "ffn_down.weight").T
         x = x + (rms(ffn, weight(p + "post_ffw_norm.weight")) if gemma else ffn)
     head = weight("output.weight") if "output.weight" in tensors else weight("token_embd.weight")
-    return rms(x, weight("output_norm.weight")) @ head.T
+    return rms(x, weight("output_norm.weight")), head

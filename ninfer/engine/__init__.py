@@ -3,8 +3,9 @@
 This package's public face is its contract (`ninfer.engine._contract`), free of torch
 and of trio: `import ninfer.engine` loads neither. The torch side (`_engine`, `_model`,
 `_gguf`, `_loader`, `_tokenizer`, `_sampling`, `_kvpool`, `_textstream`,
-`_invariance`) is started by `ninfer.engine._runtime.create_engine`, which only the
-bridge (`ninfer._bridge`) calls, on the engine thread.
+`_invariance`, `_selfcheck`, `_controltext`) is started by
+`ninfer.engine._runtime.create_engine`, which only the bridge (`ninfer._bridge`)
+calls, on the engine thread.
 """
 
 from __future__ import annotations
