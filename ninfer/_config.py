@@ -133,8 +133,8 @@ SETTINGS: tuple[Setting, ...] = (
         bool,
         False,
         "compute every prompt whole instead of reusing the keys and values of a cached prefix: "
-        "slower for shared prefixes, and never subject to the prefix cache's known gap "
-        "(a shared prompt's last bits; docs/engine.md)",
+        "slower for shared prefixes, with the same results (a prompt served from the cache "
+        "gets the bits it gets computed whole; docs/engine.md)",
     ),
     Setting(
         "max_request_mib", float, 4.0, "request body limit before JSON parsing (413)", 0.001, 1024

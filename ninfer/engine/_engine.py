@@ -496,10 +496,11 @@ class Engine:
         """Prefill chunks up to --prefill-chunk tokens in all, across as many waiting
         requests as fit whole, in order: a burst of short prompts starts decoding
         together instead of one per decode step. Every row is computed on its own, so
-        a prompt's numbers never depend on what else was waiting (on what was cached,
-        see docs/engine.md, "A known gap"). When the model's matmuls compute a row the same
-        in any number of rows (measured at start-up: the int4 kernel does), the chunks
-        run as one pass, which pays a pass's fixed cost once; else one pass each."""
+        a prompt's numbers never depend on what else was waiting, nor on what was cached
+        (docs/engine.md, "Prefix cache"). When the model's matmuls compute a row the same
+        in any number of rows (measured at start-up and by the self-check: the int4
+        kernel and oneDNN's float32 matmul do), the chunks run as one pass, which pays a
+        pass's fixed cost once; else one pass each."""
         budget = self.config.prefill_chunk
         group: list[_Active] = []
         rows = 0  # of the group's pass

@@ -10,8 +10,9 @@ are copied into the prompt's own page (`share_part`). A page no request holds an
 stays cached until its memory is needed: it counts as free, and `allocate` takes the
 least recently used of those after the never-used ones. A prompt prefilled from the end
 of its cached part computes its rest as a chunk of other rows than the whole prompt
-would, which the linear layers may compute in the last bits differently
-(docs/engine.md, "A known gap"): tokens have not been seen to change, logprobs have.
+would; every row is computed the same in any chunk (row-invariant matmuls, attention
+in fixed key blocks), so it gets the bits it gets computed whole (docs/engine.md,
+"Prefix cache").
 """
 
 from __future__ import annotations
