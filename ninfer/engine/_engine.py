@@ -338,8 +338,8 @@ class Engine:
         # bfloat16 is never promised: batched rows were seen to drift from the same rows
         # alone on this CPU even with every linear shape measured invariant.
         self.batch_invariant = sizes is not None and cfg.dtype == "float32"
-        checked = check is not None and self.batch_invariant
-        if check is not None and checked and not check.decode_batch(cfg.page_size, self._padded):
+        invariant = self.batch_invariant
+        if check is not None and invariant and not check.decode_batch(cfg.page_size, self._padded):
             self._batch_sizes = [cfg.max_batch]  # every row computed as in the largest
             self.batch_invariant = check.decode_batch(
                 cfg.page_size, self._padded, "decode_batch_padded"

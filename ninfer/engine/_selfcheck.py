@@ -69,9 +69,9 @@ PROBE_ROWS = 16
 # The head is checked on this many rows of the vocabulary, the first and last
 # HEAD_EDGE of them among them.
 HEAD_SAMPLE = 16384
+HEAD_EDGE = 2048
 # Rows of one tensor of each type whose dequantization is checked.
 DEQUANT_ROWS = 64
-HEAD_EDGE = 2048
 
 
 class SelfCheckFailed(EngineError):
@@ -124,7 +124,8 @@ class SelfCheck:
             errors = self._layers()
             if "int4_kernel" in errors:
                 worst = max(e for _, _, e in errors["int4_kernel"])
-                if not self._record("int4_kernel", worst, BFLOAT16_TOLERANCE, "dense_float32"):
+                dense = "dense_float32" if self.model.dtype == torch.float32 else "dense_bfloat16"
+                if not self._record("int4_kernel", worst, BFLOAT16_TOLERANCE, dense):
                     self.model.unpack_int4(self.source)
                     errors = self._layers()
             if "dense_bfloat16" in errors:  # --dtype bfloat16: nothing exact to fall to
