@@ -7,6 +7,7 @@ request flow); readiness, the drain, and the periodic statistics.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -369,14 +370,12 @@ class Lifespan:
         assert self.serving is not None
         tok = self.serving.model.tokenizer
         if isinstance(prompt, ChatText):
-            if len(prompt.text) <= _INLINE_TOKENIZE_CHARS:
-                return tok.encode_chat(prompt)
-            return await trio.to_thread.run_sync(
-                tok.encode_chat, prompt, limiter=self._tokenize_limiter
-            )
-        if len(prompt) <= _INLINE_TOKENIZE_CHARS:
-            return tok.encode(prompt)
-        return await trio.to_thread.run_sync(tok.encode, prompt, limiter=self._tokenize_limiter)
+            length, encode = len(prompt.text), functools.partial(tok.encode_chat, prompt)
+        else:
+            length, encode = len(prompt), functools.partial(tok.encode, prompt)
+        if length <= _INLINE_TOKENIZE_CHARS:
+            return encode()
+        return await trio.to_thread.run_sync(encode, limiter=self._tokenize_limiter)
 
     # ---- periodic statistics ---------------------------------------------------------------
 

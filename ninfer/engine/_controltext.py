@@ -35,13 +35,15 @@ class ControlText:
     texts: tuple[str, ...]  # control token texts, longest first
     ids: Mapping[str, int]
     _find: re.Pattern[str] | None = attrs.field(alias="find")
+    _index: Mapping[str, int] = attrs.field(alias="index")  # a text's place in `texts`
 
     @classmethod
     def of(cls, tokens: Mapping[str, int]) -> ControlText:
         """From each control token's text and id."""
         texts = tuple(sorted((t for t in tokens if t), key=lambda t: (-len(t), t)))
         find = re.compile("|".join(re.escape(t) for t in texts)) if texts else None
-        return cls(texts=texts, ids=dict(tokens), find=find)
+        index = {t: i for i, t in enumerate(texts)}
+        return cls(texts=texts, ids=dict(tokens), find=find, index=index)
 
     def escape(self, text: str) -> str:
         """`text` with the escape character doubled and every control token's text
@@ -49,8 +51,7 @@ class ControlText:
         text = text.replace(_ESC, _ESC + _ESC)
         if self._find is None:
             return text
-        index = {t: i for i, t in enumerate(self.texts)}
-        return self._find.sub(lambda m: f"{_ESC}{index[m.group(0)]}{_END}", text)
+        return self._find.sub(lambda m: f"{_ESC}{self._index[m.group(0)]}{_END}", text)
 
     def unescape(self, text: str) -> str:
         """What `escape` was given."""

@@ -136,24 +136,21 @@ class Embedding:
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         raw = self.rows.index_select(0, tokens.reshape(-1).cpu())
-        if self.by_reference:
-            values = reference_rows(self.kind, raw, self.dim).to(tokens.device, self.dtype)
-        else:
-            values = decode_blocks(self.kind, raw.reshape(-1)).to(tokens.device, self.dtype)
+        values = self._decode(raw).to(tokens.device, self.dtype)
         return values.reshape(*tokens.shape, self.dim)
+
+    def _decode(self, raw: torch.Tensor) -> torch.Tensor:
+        """Stored rows (rows, bytes per row) as their values, (rows, dim)."""
+        if self.by_reference:
+            return reference_rows(self.kind, raw, self.dim)
+        return decode_blocks(self.kind, raw.reshape(-1)).view(-1, self.dim)
 
     def table(self, dtype: torch.dtype, device: str, chunk: int = 8192) -> torch.Tensor:
         """The whole (vocab, dim) table in `dtype` (a tied output head), decoded a chunk
         of rows at a time: never the whole table in float32 at once."""
         out = torch.empty(self.shape, dtype=dtype, device=device)
         for start in range(0, self.shape[0], chunk):
-            raw = self.rows[start : start + chunk]
-            if self.by_reference:
-                out[start : start + chunk] = reference_rows(self.kind, raw, self.dim)
-            else:
-                out[start : start + chunk] = decode_blocks(self.kind, raw.reshape(-1)).view(
-                    -1, self.dim
-                )
+            out[start : start + chunk] = self._decode(self.rows[start : start + chunk])
         return out
 
 
@@ -397,24 +394,22 @@ def _grouped_attention(
     scale = D**-0.5 if scale is None else scale
     if rows > M:  # query rows padded to the quantum (the padding rows see every key)
         qg = F.pad(qg, (0, 0, 0, rows - M))
+    if BG * nb == 1:  # a batch of one may take another kernel: computed as two
+        qg, kg, vg, bias = (t.expand(2, *t.shape[1:]).contiguous() for t in (qg, kg, vg, bias))
+        return _grouped_attention(qg, kg, vg, bias, scale=scale, softcap=softcap)[:1, :M]
     n = BG * nb
     # The queries once per block of keys: (B*G x blocks, rows, D); each block's keys.
     qb = qg.unsqueeze(1).expand(BG, nb, rows, D).reshape(n, rows, D)
     kb, vb, bb = kg.view(n, KEY_BLOCK, D), vg.view(n, KEY_BLOCK, D), bias.view(n, rows, -1)
-    if n == 1:  # a batch of one may take another kernel: computed as two
-        qb, kb, vb, bb = (t.expand(2, -1, -1).contiguous() for t in (qb, kb, vb, bb))
     if softcap > 0:
         scores = torch.bmm(qb, kb.transpose(1, 2)) * scale
         scores = torch.tanh(scores / softcap) * softcap + bb
     else:  # scaled and masked by the matmul itself: one call where there were three
         scores = torch.baddbmm(bb, qb, kb.transpose(1, 2), alpha=scale)
-    blocks = scores[:n].view(BG, nb, rows, KEY_BLOCK)
+    blocks = scores.view(BG, nb, rows, KEY_BLOCK)
     probs = torch.exp(blocks - blocks.amax(dim=(1, 3), keepdim=True))  # unnormalized
     total = probs.sum(dim=-1).cumsum(dim=1)[:, -1]  # (B*G, rows): blocks added in order
-    pb = probs.view(n, rows, KEY_BLOCK)
-    if n == 1:
-        pb = pb.expand(2, -1, -1).contiguous()
-    part = torch.bmm(pb, vb)[:n]
+    part = torch.bmm(probs.view(n, rows, KEY_BLOCK), vb)
     out = part.view(BG, nb, rows, D).cumsum(dim=1)[:, -1] / total.unsqueeze(-1)
     return out[:, :M] if rows > M else out
 
@@ -718,8 +713,8 @@ class Transformer:
                 m.onednn = False
 
     def narrow_dense(self) -> None:
-        """Keep the layers' float32 matrices in bfloat16, as the tied head is: the same
-        rounding of their inputs as the int4 matmuls, half the bytes. The engine does
+        """Keep the layers' float32 matrices in bfloat16: the same rounding of their
+        inputs as the int4 matmuls, half the bytes (the head stays float32). The engine does
         this when float32 matmuls would batch invariantly at less than half the batch
         sizes (on this CPU, Gemma 3 270M's float32 shapes agree only in batches of 16,
         so every decode step would be padded to 16 rows)."""
