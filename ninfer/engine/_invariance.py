@@ -22,7 +22,34 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["attention_row_quantum", "invariant_batch_sizes", "rows_independent_of_count"]
+__all__ = [
+    "attention_row_quantum",
+    "invariant_batch_sizes",
+    "prime_vector_math",
+    "rows_independent_of_count",
+]
+
+# The elementwise functions torch computes through MKL's vector math (VML) that the
+# engine runs (attention, soft-capping, GELU, sampling, the rotary table).
+_VML_FUNCTIONS = (
+    torch.exp, torch.expm1, torch.log, torch.log1p, torch.tanh, torch.erf,
+    torch.sqrt, torch.rsqrt, torch.sin, torch.cos, torch.sigmoid,
+)  # fmt: skip
+
+
+@functools.cache
+def prime_vector_math() -> None:
+    """Call each vector-math function once on a few elements (one thread) before any
+    call large enough to be split across threads. Measured with this torch and MKL on
+    two threads: the process's first `torch.exp` over a few thousand elements came out,
+    in one process in five, with errors up to 1.5e-4 (MKL's lowest-accuracy mode) on
+    the elements one thread computed, and exact from the second call on; a first call
+    on one thread never did. The engine's self-check caught it as "attention computes
+    wrong" and refused to start. Idempotent; called before a model is loaded."""
+    x = torch.full((8,), 0.5)
+    for fn in _VML_FUNCTIONS:
+        fn(x)
+
 
 # Row counts a batched matmul's rows may be padded to a multiple of (see
 # `attention_row_quantum`): tile heights of the usual CPU GEMM kernels divide one.

@@ -16,6 +16,7 @@ import torch
 
 from ninfer.engine._contract import ModelIdentity
 from ninfer.engine._gguf import GGUFFile, file_sha256, open_gguf
+from ninfer.engine._invariance import prime_vector_math
 from ninfer.engine._model import Transformer, load_transformer
 from ninfer.engine._tokenizer import TextTokenizer, tokenizer_from_metadata
 
@@ -61,6 +62,7 @@ def load_model(
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> LoadedModel:
     """Read, verify and load a GGUF model; `max_positions` sizes the rotary table."""
+    prime_vector_math()  # before any of torch's math runs on two threads
     t0 = time.perf_counter()
     progress(f"reading {path}")
     sha = file_sha256(path)
