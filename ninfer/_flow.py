@@ -22,6 +22,7 @@ from ninfer._estimate import Progress, ServiceTimes
 from ninfer._http import (
     ClientGone,
     Exchange,
+    header,
     read_body,
     send_refusal,
 )
@@ -124,7 +125,10 @@ async def serve_generation(
         if refusal is not None:
             raise refusal
         try:
-            ticket = ctx.scheduler.enter()
+            ticket = ctx.scheduler.enter(
+                returning=_returning(scope),
+                promise=header(scope, b"x-ninfer-no-promise") is None,
+            )
         except Overloaded as exc:
             raise ApiError(
                 "server_overloaded",
@@ -148,6 +152,16 @@ async def serve_generation(
 
 
 _UNANSWERED = ("error", "cancelled")
+
+
+def _returning(scope: HTTPScope) -> bool | None:
+    """Whether the client says this is a retry: the OpenAI and Anthropic SDKs (and the
+    others generated like them) send `x-stainless-retry-count`, 0 on a first attempt.
+    A first attempt never takes a place promised to a refused client."""
+    count = header(scope, b"x-stainless-retry-count")
+    if count is None:
+        return None
+    return count.strip() != b"0"
 
 
 def _logged_sampling(req: GenerationRequest) -> dict[str, Any]:

@@ -16,13 +16,24 @@ slot once admitted (the scheduler knows nothing of what a request is; the caller
 does, and keeps what it needs in `ticket.tag`). From those the scheduler plays its
 own rules forward (slots, units, FIFO) to find when places free up; past the tickets
 out now, each place that frees is taken again at once by a request like those
-waiting (what overload looks like). Places are promised to refused callers in the
-order they were refused: the k-th place from now goes to the caller refused when
-k - 1 promised places had not come back yet, and that caller is told when it frees.
-Callers refused together are so spread over the places as they come back, instead
-of all retrying at once into one; a promise is kept or lapses when a place really
-comes back, never by the clock, so an estimate that is off does not feed on itself.
-Without `service_time` the estimate falls back to the recent drain rate.
+waiting (what overload looks like). Without `service_time` the estimate falls back to
+the recent drain rate.
+
+Promises. A refusal is a promise: the caller is told when a place will be free for
+it, and that place is held for it. Promises are kept in the order they were made: a
+caller refused while k - 1 promises wait for a place is told when the k-th place from
+now comes back (plus a small margin, so that the place is back when it returns), and
+each place that comes back is held, free, for the oldest promise. A caller that
+arrives at or after a promise's moment (the scheduler cannot tell who is who; it
+trusts the clock: a client that honours Retry-After arrives just after its moment)
+takes a held place; a newcomer only takes a place that no promise holds, so it waits
+behind every outstanding promise (refused in turn, it is promised a later place),
+unless it backfills: played forward, a request like those waiting would be done with
+the place before the first promise a held place waits for is due (with a wide
+margin). A caller that arrives at its moment before its place is back keeps its turn
+and is told again (with the wide margin). A promise lapses `grace` seconds after its
+moment (a caller that gave up), and its place goes to the next. A caller that says it
+is a first attempt (`returning=False`) never takes a promised place.
 """
 
 from __future__ import annotations
@@ -53,6 +64,13 @@ _DRAIN_WINDOW = 32
 # never further than a minute (past that, the figures it is made of mean little).
 RETRY_AFTER_MIN_S = 0.05
 RETRY_AFTER_MAX_S = 60.0
+# A promise is told its place's estimate plus this margin (seconds) and this fraction of
+# it, so that the place is back when the caller returns (the estimate errs by about an
+# engine step, and by a few percent over many places); it lapses this long after its
+# moment (a caller that rounds Retry-After up to whole seconds is a second late).
+PROMISE_MARGIN_S = 0.25
+PROMISE_MARGIN_FRACTION = 0.05
+PROMISE_GRACE_S = 2.0
 
 
 @attrs.frozen
@@ -68,6 +86,16 @@ class SchedulerStatistics:
     admitted_total: int
     rejected_total: int
     drain_rate: float  # completions per second recently observed; 0.0 when unknown
+    promised: int = 0  # refused callers whose promise is outstanding
+    promises_held: int = 0  # free places held for them
+    promises_kept_total: int = 0  # callers that came back and took their place
+    promises_lapsed_total: int = 0  # promises whose caller did not come back in time
+
+
+@attrs.define(eq=False)
+class _Promise:
+    due: float  # when the caller was told to come back (trio time)
+    lapses: float
 
 
 @attrs.define(eq=False)
@@ -119,8 +147,14 @@ class AdmissionController:
     _completions: deque[float] = attrs.field(factory=lambda: deque(maxlen=_DRAIN_WINDOW))
     _admitted_total: int = 0
     _rejected_total: int = 0
-    _places_back: int = 0  # places that came back (tickets released), ever
-    _places_promised: int = 0  # the index of the last place promised to a refused caller
+    # Promises (see the module docstring): the margin told on top of an estimate, in
+    # seconds and as a fraction of it, and how long after its moment a promise lapses.
+    margin: float = PROMISE_MARGIN_S
+    margin_fraction: float = PROMISE_MARGIN_FRACTION
+    grace: float = PROMISE_GRACE_S
+    _promises: deque[_Promise] = attrs.field(factory=deque)  # in the order made
+    _kept_total: int = 0
+    _lapsed_total: int = 0
 
     def __attrs_post_init__(self) -> None:
         if self.max_running < 1 or self.max_pending < 0 or self.units_total < 1:
@@ -130,16 +164,74 @@ class AdmissionController:
     def capacity(self) -> int:
         return self.max_running + self.max_pending
 
-    def enter(self) -> Ticket:
-        """Take a place now, or raise `Overloaded` at once when none is left."""
-        if self._in_system >= self.capacity:
-            self._rejected_total += 1
-            self._places_promised = max(self._places_promised, self._places_back) + 1
-            raise Overloaded(self.place_free_in(self._places_promised - self._places_back))
+    def enter(self, *, returning: bool | None = None, promise: bool = True) -> Ticket:
+        """Take a place now, or raise `Overloaded` at once when none is left for this
+        caller (see Promises in the module docstring). `returning`: whether the caller
+        says it is retrying (None: it does not say); `promise=False`: a refusal holds no
+        place (the caller will not come back here: a balancer retries it elsewhere)."""
+        now = trio.current_time()
+        self._lapse(now)
+        free = self.capacity - self._in_system
+        if returning is not False:
+            due = [p for p in self._promises if p.due <= now]
+            if due:
+                # The latest moment passed is the likeliest to be this caller's (a
+                # client that honours Retry-After returns just after it).
+                claimed = due[-1]
+                if free > 0:
+                    self._promises.remove(claimed)
+                    self._kept_total += 1
+                    return self._take(now)
+                # Its place is not back yet: it keeps its turn and is told again.
+                told = self._promise_in(self._promises.index(claimed) + 1, again=True)
+                claimed.due, claimed.lapses = now + told, now + told + self.grace
+                self._rejected_total += 1
+                raise Overloaded(told)
+        if free > len(self._promises) or (free > 0 and self._backfills(now, free)):
+            return self._take(now)
+        self._rejected_total += 1
+        told = self._promise_in(len(self._promises) - free + 1)
+        if promise:
+            self._promises.append(_Promise(due=now + told, lapses=now + told + self.grace))
+        raise Overloaded(told)
+
+    def _take(self, now: float) -> Ticket:
         self._in_system += 1
-        ticket = Ticket(controller=self, arrival=trio.current_time(), seq=next(self._seq))
+        ticket = Ticket(controller=self, arrival=now, seq=next(self._seq))
         self._live[ticket.seq] = ticket
         return ticket
+
+    def _lapse(self, now: float) -> None:
+        kept = deque(p for p in self._promises if p.lapses >= now)
+        self._lapsed_total += len(self._promises) - len(kept)
+        self._promises = kept
+
+    def _backfills(self, now: float, free: int) -> bool:
+        """Whether a newcomer may take a free place held for a promise (backfilling):
+        played forward, a request like those waiting that joined now would be done, with
+        a promise's margin, before the first of the held places' promises is due. A
+        promise told late so does not leave places idle; one told right is not delayed
+        (unless the newcomer is larger than those before it)."""
+        if self.service_time is None:
+            return False
+        first_due = min(p.due for p in list(self._promises)[:free]) - now
+        _, done = self._forward(0, extra=None, like_joiner=True)
+        if done is None:
+            return False
+        return self._with_margin(done, wide=True) <= first_due
+
+    def _with_margin(self, seconds: float, *, wide: bool = False) -> float:
+        """`seconds` with a promise's margin; `wide`: twice the seconds and four times
+        the fraction (a caller told again, whose place was late once already, and a
+        backfill, which must not make a promise late)."""
+        if wide:
+            return seconds * (1 + 4 * self.margin_fraction) + 2 * self.margin
+        return seconds * (1 + self.margin_fraction) + self.margin
+
+    def _promise_in(self, k: int, *, again: bool = False) -> float:
+        """What a caller promised the k-th place from now is told (`again`: a caller
+        whose place was not back when it returned)."""
+        return _clamp(self._with_margin(self.place_free_in(k), wide=again))
 
     def fits(self, units: int, slots: int = 1) -> bool:
         """Whether `units` and `slots` could ever be granted (the pool and the running
@@ -190,7 +282,6 @@ class AdmissionController:
         ticket.released = True
         self._in_system -= 1
         self._live.pop(ticket.seq, None)
-        self._places_back += 1
         if ticket.admitted:
             self._running -= ticket.slots
             self._units_used -= ticket.units
@@ -208,13 +299,16 @@ class AdmissionController:
             return 0.0
         return (len(self._completions) - 1) / span
 
-    def _forward(self, places: int, *, extra: int | None) -> tuple[list[float], float | None]:
+    def _forward(
+        self, places: int, *, extra: int | None, like_joiner: bool = False
+    ) -> tuple[list[float], float | None]:
         """Play the rules forward from now: the times (from now) at which the next
         `places` tickets are released, and, with `extra` units, when a ticket asking
-        for them and joining the queue now would be admitted. Tickets still being
-        prepared join the queue in arrival order, with no units; each released place
-        is taken again at once by a request like those waiting (it joins the queue's
-        tail). Stops at RETRY_AFTER_MAX_S."""
+        for them and joining the queue now would be admitted (with `like_joiner`, when
+        a request like those waiting that joined now would be done). Tickets still
+        being prepared join the queue in arrival order, with no units; each released
+        place is taken again at once by a request like those waiting (it joins the
+        queue's tail). Stops at RETRY_AFTER_MAX_S."""
         assert self.service_time is not None
         running_now = [t for t in self._live.values() if t.admitted]  # arrival order
         preparing = [t for t in self._live.values() if not t.admitted and not t.queued]
@@ -235,8 +329,17 @@ class AdmissionController:
         # A request like those waiting (else, one the caller knows nothing of) takes
         # each place that frees.
         like = _typical(sized) or ((0, 1, seconds[-1], False) if seconds[-1] > 0 else None)
+        # A free place held for a promise is taken at the promise's moment by a request
+        # like those waiting: it joins the queue then.
+        now_t = trio.current_time()
+        held = list(self._promises)[: max(0, self.capacity - self._in_system)]
+        arrivals = deque(sorted(max(0.0, p.due - now_t) for p in held))
         if extra is not None:
             waiting.append((extra, 1, 0.0, True))
+        elif like_joiner:
+            if like is None:
+                return [], None
+            waiting.append((like[0], like[1], like[2], True))
         running, units_used = sum(n for _, _, n in ending), sum(u for _, u, _ in ending)
         released: list[float] = []
         joined_at: float | None = None
@@ -248,14 +351,19 @@ class AdmissionController:
                     break
                 waiting.popleft()
                 if joiner:
-                    joined_at = now
+                    joined_at = now + service  # admitted now (or, like, done then)
                     continue
                 heapq.heappush(ending, (now + service, units, slots))
                 running += slots
                 units_used += units
-            done = len(released) >= places and (extra is None or joined_at is not None)
-            if done or not ending or now > RETRY_AFTER_MAX_S:
+            joining = extra is not None or like_joiner
+            done = len(released) >= places and (not joining or joined_at is not None)
+            if done or not (ending or arrivals) or now > RETRY_AFTER_MAX_S:
                 return released, joined_at
+            if arrivals and (not ending or arrivals[0] <= ending[0][0]):
+                now = arrivals.popleft()
+                waiting.append(like or (0, 1, 0.0, False))
+                continue
             now, units, slots = heapq.heappop(ending)
             running -= slots
             units_used -= units
@@ -265,8 +373,7 @@ class AdmissionController:
 
     def place_free_in(self, k: int = 1) -> float:
         """Seconds until the k-th place from now is free (clamped to the documented
-        range): what a caller refused while k - 1 promised places have not come back
-        is told."""
+        range)."""
         if self.service_time is None:
             rate = self.drain_rate()
             return _clamp(k / rate if rate > 0 else 1.0)
@@ -287,6 +394,7 @@ class AdmissionController:
         return _clamp(joined if joined is not None else RETRY_AFTER_MAX_S)
 
     def statistics(self) -> SchedulerStatistics:
+        self._lapse(trio.current_time())
         return SchedulerStatistics(
             max_running=self.max_running,
             max_pending=self.max_pending,
@@ -299,6 +407,10 @@ class AdmissionController:
             admitted_total=self._admitted_total,
             rejected_total=self._rejected_total,
             drain_rate=self.drain_rate(),
+            promised=len(self._promises),
+            promises_held=min(len(self._promises), self.capacity - self._in_system),
+            promises_kept_total=self._kept_total,
+            promises_lapsed_total=self._lapsed_total,
         )
 
 

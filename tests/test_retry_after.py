@@ -75,3 +75,50 @@ async def test_every_retry_after_is_near_the_true_wait(
     # for the last, which frees when the queued requests have run
     comes_back = [when + told for when, told in refusals]
     assert comes_back[-1] - comes_back[0] >= (freed[-1] - freed[0]) / 2
+
+
+async def test_a_client_told_to_come_back_is_let_in(tiny_gguf: Path, tmp_path: Path) -> None:
+    """One place. A client refused while it is taken is promised it; when the place
+    comes back, a newcomer (one that says it is a first attempt, as the OpenAI and
+    Anthropic SDKs do with `x-stainless-retry-count: 0`, so that the test does not hang
+    on timing) re-sending the moment its own request ended is refused, and the refused
+    client, back at the time it was told, gets in. Before promises were places held,
+    the newcomer took the place and the refused client was refused again and again."""
+    settings = {"max_concurrency": 1, "max_pending_requests": 0, "pending_timeout_ms": 600_000}
+    long = {"prompt": "held", "max_new_tokens": 60, "ignore_eos": True}
+    short = {"prompt": "back", "max_new_tokens": 2}
+    async with serve(tiny_gguf, tmp_path, **settings) as srv, srv.client() as c:
+        r = await c.post(GEN, json=short)  # the engine measures its pace
+        assert r.status_code == 200
+        sched = srv.app.scheduler
+        assert sched is not None
+        while sched.statistics().in_system:  # released just after its last byte is sent
+            await trio.lowlevel.checkpoint()
+        first = {"x-stainless-retry-count": "0"}
+        returns: list[int] = []
+        async with trio.open_nursery() as n:
+            held_done = trio.Event()
+
+            async def held() -> None:
+                r = await c.post(GEN, json=long, headers=first)
+                assert r.status_code == 200
+                held_done.set()
+                # the newcomer: re-sends at once, while the refused client waits
+                r = await c.post(GEN, json=short, headers=first)
+                assert r.status_code == 429, "a newcomer took a promised place"
+
+            n.start_soon(held)
+            while sched.statistics().running == 0:
+                await trio.lowlevel.checkpoint()
+            for attempt in range(10):
+                r = await c.post(GEN, json=short, headers={"x-stainless-retry-count": str(attempt)})
+                if r.status_code == 200:
+                    break
+                assert r.status_code == 429
+                returns.append(attempt)
+                await trio.sleep(int(r.headers["retry-after-ms"]) / 1000)
+            assert r.status_code == 200
+            assert held_done.is_set()
+        stats = sched.statistics()
+        assert stats.promises_kept_total >= 1
+    assert 1 <= len(returns) <= 3

@@ -27,9 +27,13 @@ async def test_capacity_is_running_plus_pending_and_refuses_at_once(
         ctl.enter()
     assert trio.current_time() == t0, "refusal is immediate"
     assert e.value.retry_after >= 1
-    tickets[0].release()
-    ctl.enter()  # a place came back
-    assert ctl.statistics().rejected_total == 1
+    tickets[0].release()  # a place came back: it is held for the refused caller
+    with pytest.raises(Overloaded):
+        ctl.enter()  # a newcomer waits behind the promise
+    await trio.sleep_until(t0 + e.value.retry_after)
+    ctl.enter()  # the refused caller, back at its moment
+    assert ctl.statistics().rejected_total == 2
+    assert ctl.statistics().promises_kept_total == 1
 
 
 async def test_fifo_order_and_slots(autojump_clock: trio.testing.MockClock) -> None:
@@ -89,13 +93,15 @@ async def test_disconnect_while_queued_frees_the_place(
         n.start_soon(client)
         await trio.testing.wait_all_tasks_blocked()
         assert ctl.statistics().waiting == 1
-        with pytest.raises(Overloaded):
+        with pytest.raises(Overloaded) as e:
             ctl.enter()
+        refused_at = trio.current_time()
         scope.cancel()
     assert admitted == []
     stats = ctl.statistics()
     assert (stats.waiting, stats.in_system) == (0, 1)
-    ctl.enter()  # the place is free again
+    await trio.sleep_until(refused_at + e.value.retry_after)
+    ctl.enter()  # the place is free again, for the caller refused above
 
 
 async def test_head_of_line_waits_for_units_and_blocks_those_behind(
@@ -165,7 +171,9 @@ async def test_units_that_can_never_fit_are_refused() -> None:
 
 
 async def test_retry_after_follows_the_drain_rate(autojump_clock: trio.testing.MockClock) -> None:
-    ctl = AdmissionController(max_running=1, max_pending=0, units_total=10)
+    ctl = AdmissionController(
+        max_running=1, max_pending=0, units_total=10, margin=0.0, margin_fraction=0.0
+    )
     for _ in range(5):
         with ctl.enter() as t:
             await ctl.admit(t, 1)
@@ -205,7 +213,7 @@ async def test_refusals_together_are_told_successive_places(
     (4 s), so the fourth frees at 9 s. Refusals made together are told those in turn;
     later refusals queue behind the places already promised, until places really come
     back."""
-    ctl = AdmissionController(max_running=2, max_pending=1, units_total=10, service_time=_by_tag)
+    ctl = _exact(max_running=2, max_pending=1, units_total=10)
     now = trio.current_time()
     a, b, c = ctl.enter(), ctl.enter(), ctl.enter()
     a.tag, b.tag, c.tag = (now, 3.0), (now, 5.0), (None, 4.0)
@@ -228,20 +236,70 @@ async def test_refusals_together_are_told_successive_places(
         # fifth place, which frees 11 s after the start (9 s from now).
         await trio.sleep(2.0)
         assert refuse(1) == pytest.approx([9.0])
-        # Time alone keeps no promise: only places that come back do.
-        await trio.sleep(20.0)
-        assert refuse(1) == [ctl.place_free_in(6)]
-        a.release()  # one place back (c is admitted into a's slot), and taken again:
-        c.tag = (trio.current_time(), 4.0)
-        x = ctl.enter()
-        assert refuse(1) == [ctl.place_free_in(6)]  # 7 promised, 1 back
-        x.release()
-        for _ in range(6):  # six more come back: every promise is kept
-            ctl.enter().release()
-        x = ctl.enter()
-        assert refuse(1) == [ctl.place_free_in(1)]
-        x.release()
         n.cancel_scope.cancel()
+
+
+def _exact(*, unknown: float = 0.0, **kwargs: int) -> AdmissionController:
+    """A controller that tells its estimates as they are (no margin on promises); a
+    request it knows nothing of is assumed to take `unknown` seconds."""
+
+    def service(tickets: Sequence[Ticket]) -> list[float]:
+        return [_one_by_tag(t) if t.tag is not None else unknown for t in tickets]
+
+    return AdmissionController(**kwargs, service_time=service, margin=0.0, margin_fraction=0.0)
+
+
+async def test_a_promised_place_is_held_for_the_caller_that_returns(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """One slot, no queue; the request in it will end in 3 s. A refused caller is
+    promised that place; the place comes back early (at 1 s) and is held: a newcomer is
+    refused, and told when the promised caller's request (like the last one, 3 s) will
+    be done; the promised caller, back at 3 s, gets in. Promises are kept in order, a
+    caller back before its place is back keeps its turn, and an unclaimed promise lapses
+    after the grace period."""
+    ctl = _exact(max_running=1, max_pending=0, units_total=10, unknown=3.0)
+    t0 = trio.current_time()
+    a = ctl.enter()
+    a.tag = (t0, 3.0)
+    await ctl.admit(a, 1)
+    with pytest.raises(Overloaded) as e:
+        ctl.enter()
+    assert e.value.retry_after == pytest.approx(3.0)
+    await trio.sleep(1.0)
+    a.release()
+    assert ctl.statistics().promises_held == 1
+    with pytest.raises(Overloaded) as e:
+        ctl.enter(returning=True)  # before any promise's moment: a newcomer
+    assert e.value.retry_after == pytest.approx(2.0 + 3.0)
+    await trio.sleep_until(t0 + 3.0)
+    with pytest.raises(Overloaded) as e:
+        ctl.enter(returning=False)  # says it is a first attempt: not the promised one
+    # promised the second place from now: the held one is taken now for 3 s (to 6 s) and
+    # goes to the newcomer refused at 1 s; the next frees 3 s later
+    assert e.value.retry_after == pytest.approx(6.0)
+    b = ctl.enter()  # the promised caller
+    b.tag = (trio.current_time(), 3.5)
+    await ctl.admit(b, 1)
+    # The promise due at 6 s is next. Its caller, back at 6 s while b still runs (it
+    # ends at 6.5 s), keeps its turn and is told when b ends.
+    await trio.sleep_until(t0 + 6.0)
+    with pytest.raises(Overloaded) as e:
+        ctl.enter()
+    assert e.value.retry_after == pytest.approx(0.5)
+    assert ctl.statistics().promised == 2
+    # It never comes back: its promise lapses 2 s after its moment (8.5 s), and the
+    # place, back at 6.5 s, is held for the next promise, due at 9 s.
+    await trio.sleep_until(t0 + 6.5)
+    b.release()
+    await trio.sleep_until(t0 + 8.5 + 0.01)
+    assert ctl.statistics().promises_held == 1
+    with pytest.raises(Overloaded):
+        ctl.enter(returning=False)
+    await trio.sleep_until(t0 + 9.0)
+    ctl.enter()
+    stats = ctl.statistics()
+    assert (stats.promised, stats.promises_kept_total, stats.promises_lapsed_total) == (1, 2, 1)
 
 
 async def test_a_queue_held_by_units_frees_places_in_fifo_order(
@@ -249,7 +307,7 @@ async def test_a_queue_held_by_units_frees_places_in_fifo_order(
 ) -> None:
     """The head of the queue needs units that only free when both running requests
     end: the estimate follows the scheduler's own rule (no overtaking)."""
-    ctl = AdmissionController(max_running=3, max_pending=1, units_total=10, service_time=_by_tag)
+    ctl = _exact(max_running=3, max_pending=1, units_total=10)
     now = trio.current_time()
     r1, r2 = ctl.enter(), ctl.enter()
     r1.tag, r2.tag = (now, 2.0), (now, 6.0)
@@ -281,7 +339,7 @@ async def test_a_queue_held_by_units_frees_places_in_fifo_order(
 async def test_estimates_are_clamped_to_the_documented_range(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    ctl = AdmissionController(max_running=1, max_pending=0, units_total=10, service_time=_by_tag)
+    ctl = _exact(max_running=1, max_pending=0, units_total=10)
     t = ctl.enter()
     t.tag = (trio.current_time(), 3600.0)
     await ctl.admit(t, 1)
@@ -292,3 +350,49 @@ async def test_estimates_are_clamped_to_the_documented_range(
     with pytest.raises(Overloaded) as e:
         ctl.enter()
     assert e.value.retry_after == RETRY_AFTER_MIN_S
+
+
+async def test_a_newcomer_backfills_a_held_place_it_will_give_back_in_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A place held for a promise due in 9 s, where requests take 1 s: a newcomer may
+    use it meanwhile (it will be done long before); half a second before the promise is
+    due, it may not; the promised caller then finds its place."""
+    ctl = _exact(max_running=1, max_pending=0, units_total=10, unknown=1.0)
+    t0 = trio.current_time()
+    a = ctl.enter()
+    a.tag = (t0, 10.0)
+    await ctl.admit(a, 1)
+    with pytest.raises(Overloaded) as e:
+        ctl.enter()
+    assert e.value.retry_after == pytest.approx(10.0)
+    await trio.sleep(1.0)
+    a.release()  # early: the place is held, due at 10 s
+    b = ctl.enter(returning=False)  # backfills: like the others, done at 2 s
+    b.tag = (trio.current_time(), 1.0)
+    await ctl.admit(b, 1)
+    await trio.sleep(1.0)
+    b.release()
+    await trio.sleep_until(t0 + 9.5)
+    with pytest.raises(Overloaded):
+        ctl.enter(returning=False)  # would not be done before the promise is due
+    await trio.sleep_until(t0 + 10.0)
+    ctl.enter()  # the promised caller
+    assert ctl.statistics().promises_kept_total == 1
+
+
+async def test_a_refusal_a_balancer_retries_elsewhere_holds_no_place(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`promise=False` (the header nginx's first attempt carries): refused, told, but
+    no place is held for a client that will not come back here."""
+    ctl = _exact(max_running=1, max_pending=0, units_total=10, unknown=1.0)
+    a = ctl.enter()
+    a.tag = (trio.current_time(), 2.0)
+    await ctl.admit(a, 1)
+    with pytest.raises(Overloaded) as e:
+        ctl.enter(promise=False)
+    assert e.value.retry_after == pytest.approx(2.0)
+    assert ctl.statistics().promised == 0
+    a.release()
+    ctl.enter(returning=False)  # the place is free for anyone
