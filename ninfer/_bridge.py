@@ -175,12 +175,21 @@ class _TrioSink:
             self._token.run_sync_soon(self._dispatch, events)
 
 
+# The engine is stalled (/ready and new requests answer 503) when no step has finished
+# while work waited for longer than STALL_FACTOR times the slowest of its recent steps,
+# and at least STALL_FLOOR_S: a machine so loaded that every step takes seconds is slow,
+# not stalled, while an engine stuck in one step is found within a fixed bound.
+STALL_FLOOR_S = 30.0
+STALL_FACTOR = 10.0
+
+
+def is_stalled(st: EngineStatistics, now: float) -> bool:
+    limit = max(STALL_FLOOR_S, STALL_FACTOR * st.slowest_recent_step)
+    return st.busy and now - st.last_progress > limit
+
+
 class EngineService:
     """The engine as the request tasks see it: submit for a channel of events."""
-
-    # A step with requests in flight that has not completed for this long marks the
-    # engine as stalled (/ready answers 503).
-    STALL_SECONDS = 30.0
 
     def __init__(self, host: EngineHost, *, log: FilteringBoundLogger) -> None:
         self._host = host
@@ -246,11 +255,7 @@ class EngineService:
         stalled = False
         if self._phase == "ready":
             st = self._host.statistics()
-            stalled = (
-                st is not None
-                and st.busy
-                and time.monotonic() - st.last_progress > self.STALL_SECONDS
-            )
+            stalled = st is not None and is_stalled(st, time.monotonic())
         return ServiceState(phase=self._phase, error=self._error, stalled=stalled)
 
     def statistics(self) -> EngineStatistics | None:

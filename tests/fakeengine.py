@@ -202,6 +202,7 @@ class FakeEngine:
             pages_free=self.model.kv_pages,
             steps=self.decode_steps,
             last_progress=time.monotonic(),
+            slowest_recent_step=self.step_s,
             busy=any(not r.paused for r in self._reqs.values()),
             batch_invariant=True,
             batch_sizes=self.model.batch_sizes,

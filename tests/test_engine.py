@@ -441,6 +441,49 @@ def test_waiting_for_work_is_not_a_stall(
     assert stats.last_progress >= submitted
 
 
+def test_a_slow_engine_is_not_a_stalled_one(
+    tiny_engine: RunningEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine reports its slowest recent step (a step held here is counted at least
+    as long as it was held), and a stall is judged against it: on a machine where steps
+    take 5 s, 35 s without a step is slowness (a fixed 30 s called it a stall and
+    refused every request); 10 steps' worth is a stall, and so is 30 s of a fast
+    engine."""
+    import threading
+    import time
+
+    from ninfer._bridge import STALL_FACTOR, STALL_FLOOR_S, is_stalled
+
+    eng = tiny_engine.engine
+    cls = type(tiny_engine.model.transformer)
+    real_forward = cls.forward
+    entered, release = threading.Event(), threading.Event()
+
+    def held(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        entered.set()
+        assert release.wait(HANG_GUARD_S)
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "forward", held)
+    handle = eng.submit(GenerationRequest("held", _prompt(3), 2))
+    assert entered.wait(HANG_GUARD_S)
+    began = time.monotonic()
+    while time.monotonic() - began < 0.05:  # hold the step for a measurable time
+        pass
+    release.set()
+    tiny_engine.sink.wait_done(handle)
+    stats = eng.statistics()
+    assert stats.slowest_recent_step >= 0.05
+
+    slow = attrs.evolve(stats, busy=True, last_progress=0.0, slowest_recent_step=5.0)
+    assert not is_stalled(slow, 35.0)
+    assert is_stalled(slow, STALL_FACTOR * 5.0 + 0.1)
+    fast = attrs.evolve(slow, slowest_recent_step=0.02)
+    assert not is_stalled(fast, STALL_FLOOR_S - 0.1)
+    assert is_stalled(fast, STALL_FLOOR_S + 0.1)
+    assert not is_stalled(attrs.evolve(fast, busy=False), 3600.0)
+
+
 def test_output_past_its_reservation_grows_into_free_pages_or_ends(tiny_gguf: Path) -> None:
     """A request that reserved less than its budget (a clamped OpenAI or Anthropic one)
     grows into free pages, with the same tokens as fully reserved; when no page is

@@ -216,6 +216,7 @@ class EngineStatistics:
     pages_free: int
     steps: int
     last_progress: float  # time.monotonic() of the last completed step or idle wait
+    slowest_recent_step: float  # seconds: the longest of the last RECENT_STEPS steps
     busy: bool
     batch_invariant: bool  # whether a row's tokens are independent of its batch
     batch_sizes: tuple[int, ...]  # decode batches are padded up to one of these sizes

@@ -59,6 +59,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # The prefill rate is reported once this many (decayed) prompt tokens were measured.
 PREFILL_RATE_MIN_TOKENS = 64
+# How many recent steps `slowest_recent_step` looks at.
+RECENT_STEPS = 64
 
 
 @attrs.frozen
@@ -156,6 +158,8 @@ class Engine:
         self._prefill_counted = 0.0
         self._last_decode_end: float | None = None
         self._last_progress = time.monotonic()
+        # How long the recent steps took (what a stall is judged against).
+        self._recent_steps: deque[float] = deque(maxlen=RECENT_STEPS)
         self._stats_lock = threading.Lock()
         self.batch_invariant = False
         self._batch_sizes: list[int] = [1]
@@ -253,6 +257,7 @@ class Engine:
                 pages_free=pool.free if pool else 0,
                 steps=self._steps,
                 last_progress=self._last_progress,
+                slowest_recent_step=max(self._recent_steps, default=0.0),
                 busy=bool(self._waiting) or any(not a.paused for a in self._decoding),
                 batch_invariant=self.batch_invariant,
                 batch_sizes=tuple(self._batch_sizes),
@@ -490,7 +495,9 @@ class Engine:
             self._last_decode_end = None  # the next step's interval starts anew
         with self._stats_lock:
             self._steps += 1
-            self._last_progress = time.monotonic()
+            now = time.monotonic()
+            self._recent_steps.append(now - self._last_progress)
+            self._last_progress = now
 
     def _prefill(self) -> None:
         """Prefill chunks up to --prefill-chunk tokens in all, across as many waiting
