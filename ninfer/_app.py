@@ -43,6 +43,7 @@ from ninfer._http import (
     request_id_from,
     send_bytes,
     send_refusal,
+    track_connections,
     with_cors,
 )
 from ninfer._lifecycle import Lifecycle, Trigger
@@ -101,6 +102,7 @@ class App:
     ) -> None:
         self.config = config
         add_reason_phrases()  # Hypercorn's status lines name their status
+        track_connections()  # a request task can close its connection (`abort`)
         self.lifespan = Lifespan(
             config, model_path=model_path, argv=argv, engine=engine, binds_itself=binds_itself
         )

@@ -22,6 +22,7 @@ from ninfer._estimate import Progress, ServiceTimes
 from ninfer._http import (
     ClientGone,
     Exchange,
+    abort,
     header,
     read_body,
     send_refusal,
@@ -107,6 +108,9 @@ class _Writer:
             await trio.sleep_until(since + self.timeout)
             if self.in_flight_since == since and self.completed == seen:
                 on_stall()
+                # The write cannot be cancelled (Hypercorn shields it): the connection
+                # is closed under it, so that the request ends now, and is logged.
+                await abort()
                 return
 
 

@@ -4,6 +4,7 @@ protocol's dialect, CORS, and the exchange bookkeeping the app routes with."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hmac
 import math
 import re
@@ -48,6 +49,41 @@ LINGER_BYTES = 256 << 20
 Headers = list[tuple[bytes, bytes]]
 
 _SANE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
+
+
+# The connection an ASGI call came in on (Hypercorn's trio TCPServer), for `abort`.
+_CONNECTION: contextvars.ContextVar[Any] = contextvars.ContextVar("ninfer_connection")
+
+
+def track_connections() -> None:
+    """Let a request task close its own connection (`abort`): ASGI has no way to, and
+    Hypercorn shields each socket write from cancellation, so a request whose client
+    stopped reading would keep its task, its socket and its unsent bytes until the
+    client left. Hypercorn's trio connection handler is wrapped, once per process, to
+    note itself in a context variable its request tasks inherit."""
+    from hypercorn.trio.tcp_server import TCPServer
+
+    run = TCPServer.run
+    if getattr(run, "tracks", False):
+        return
+
+    async def tracked(self: TCPServer) -> None:
+        _CONNECTION.set(self)
+        await run(self)
+
+    tracked.tracks = True  # type: ignore[attr-defined]
+    TCPServer.run = tracked  # type: ignore[method-assign]
+
+
+async def abort() -> bool:
+    """Close the connection the current request came in on, whatever its writes wait
+    for (a write blocked on it fails, and Hypercorn ends the exchange). False where
+    the server is not Hypercorn's trio worker."""
+    server = _CONNECTION.get(None)
+    if server is None:
+        return False
+    await server.stream.aclose()
+    return True
 
 
 def add_reason_phrases() -> None:

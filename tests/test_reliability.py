@@ -5,6 +5,7 @@ Every loop here is bounded in count, and every test in time (the `serve` hang gu
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -300,6 +301,14 @@ async def test_a_client_that_stops_reading_loses_its_slot(
         await _settled(srv)
         r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 4})
         assert r.status_code == 200  # the only slot is free again
+        # Let go visibly while the client is still connected: the record is written
+        # and the server closes the connection (the client, reading at last, gets its
+        # buffered bytes, then the end, or a reset). Before, both waited for the client
+        # to leave.
+        await _until(lambda: "stalled" in _terminal_by_id(srv))
+        with contextlib.suppress(ConnectionResetError):
+            while await sock.recv(65536):
+                pass
         sock.close()
     (rec,) = _terminal_by_id(srv)["stalled"]
     assert (rec["event"], rec["stage"]) == ("request_cancelled", "write_stalled")
