@@ -114,14 +114,21 @@ def add_reason_phrases() -> None:
 
 def authorize(scope: HTTPScope, key: str | None) -> None:
     """Refuse (401) a request without the API key, where one is set: `x-api-key` or
-    `Authorization: Bearer`, compared in constant time."""
+    `Authorization: Bearer`, compared in constant time. Every key the request presents
+    must be the key: a second header (repeated, or the other kind) with another value
+    does not ride on a right one."""
     if key is None:
         return
-    presented = header(scope, b"x-api-key")
-    auth = header(scope, b"authorization")
-    if presented is None and auth is not None and auth[:7].lower() == b"bearer ":
-        presented = auth[7:].strip()
-    if presented is None or not hmac.compare_digest(presented, key.encode()):
+    presented = [bytes(v) for k, v in scope["headers"] if k.lower() == b"x-api-key"]
+    presented += [
+        bytes(v)[7:].strip()
+        for k, v in scope["headers"]
+        if k.lower() == b"authorization" and bytes(v)[:7].lower() == b"bearer "
+    ]
+    expected = key.encode()
+    # (each compared: no early exit on the first wrong one)
+    right = [hmac.compare_digest(p, expected) for p in presented]
+    if not right or not all(right):
         raise ApiError(
             "unauthorized", "a valid API key is required (Authorization: Bearer or x-api-key)"
         )

@@ -13,7 +13,7 @@ import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -54,6 +54,8 @@ _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][^\s\\/:'\"]+){2,}[\\/]?")
 
 # Prompts longer than this many characters are tokenized on a worker thread.
 _INLINE_TOKENIZE_CHARS = 4096
+
+T = TypeVar("T")
 
 
 def redact_paths(text: str) -> str:
@@ -240,6 +242,7 @@ class Lifespan:
             created=self.created,
             compile_schema=self.compile_schema,
             compile_tools=self.compile_tools,
+            offload=self.offload,
         )
         messages = MessagesFrontend(ctx)
         store = ResponseStore(
@@ -363,6 +366,10 @@ class Lifespan:
             raise ApiError(
                 "invalid_request", UNENFORCEABLE, param=param, code="invalid_value"
             ) from None
+
+    async def offload(self, work: Callable[[], T]) -> T:
+        """`work()` on a worker thread, with the threads that tokenize long texts."""
+        return await trio.to_thread.run_sync(work, limiter=self._tokenize_limiter)
 
     async def tokenize(self, prompt: str | ChatText) -> list[int]:
         """A prompt's ids (a rendered chat's client text never a control token), on a

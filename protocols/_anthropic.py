@@ -93,6 +93,16 @@ class AnthropicTool:
     description: str | None = None
     type: str | None = attrs.field(default=None, metadata=schema(enum=["custom"]))
     cache_control: dict[str, Any] | None = None  # no effect: caching is automatic here
+    # The rest of the SDK's ToolParam. `strict` holds by construction (a call's input is
+    # decoded under its schema's grammar, strict or not); eager_input_streaming has no
+    # effect (a call's input streams as it is decoded); input_examples are not shown to
+    # the model; defer_loading (tool search) and callers other than "direct" (code
+    # execution) are refused where they would change what the model may call.
+    strict: bool | None = None
+    eager_input_streaming: bool | None = None
+    input_examples: list[dict[str, Any]] | None = None
+    defer_loading: bool | None = None
+    allowed_callers: list[str] | None = None
 
 
 @attrs.frozen
@@ -212,6 +222,7 @@ class AnthropicCodec:
                 )
         if not messages:
             raise _invalid("messages", "messages must contain at least one message")
+        calls_made: set[str] = set()  # the ids of the tool_use blocks so far
         for i, m in enumerate(messages):
             where = f"messages[{i}]"
             expected = "user" if i % 2 == 0 else "assistant"
@@ -224,6 +235,15 @@ class AnthropicCodec:
                 )
             if isinstance(m.content, list):
                 self._check_blocks(m.content, f"{where}.content", m.role)
+                for j, b in enumerate(m.content):
+                    if b.type == "tool_use" and b.id is not None:
+                        calls_made.add(b.id)
+                    elif b.type == "tool_result" and b.tool_use_id not in calls_made:
+                        raise _invalid(
+                            f"{where}.content[{j}].tool_use_id",
+                            "a tool_result answers a tool_use that no assistant turn before "
+                            "it made",
+                        )
         if isinstance(system, list):
             self._check_blocks(system, "system", "system")
 
@@ -272,6 +292,21 @@ class AnthropicCodec:
             if tool.input_schema is None:
                 raise _invalid(f"tools[{i}].input_schema", "a tool needs its input_schema",
                                code="missing_required_parameter")  # fmt: skip
+            if tool.defer_loading:
+                raise ApiError(
+                    "invalid_request",
+                    "deferred tools need tool search, which this server does not have",
+                    param=f"tools[{i}].defer_loading",
+                    code="unsupported_parameter",
+                )
+            if tool.allowed_callers is not None and "direct" not in tool.allowed_callers:
+                raise ApiError(
+                    "invalid_request",
+                    "a tool is called directly by the model here: allowed_callers must "
+                    'include "direct" (this server has no code execution)',
+                    param=f"tools[{i}].allowed_callers",
+                    code="unsupported_parameter",
+                )
             if tool.name in names:
                 raise _invalid(f"tools[{i}].name", "two tools have the same name")
             names.append(tool.name)

@@ -364,6 +364,7 @@ class OpenAICodec:
         refuse_known(req)
         if not req.messages:
             raise _invalid("messages", "messages must contain at least one message")
+        calls_made: set[str] = set()  # the ids of the calls replayed so far
         for i, m in enumerate(req.messages):
             where = f"messages[{i}]"
             if m.role not in ("system", "developer", "user", "assistant", "tool"):
@@ -377,10 +378,16 @@ class OpenAICodec:
                     f"{where} has role tool and needs its tool_call_id",
                     code="missing_required_parameter",
                 )
+            if m.role == "tool" and m.tool_call_id not in calls_made:
+                raise _invalid(
+                    f"{where}.tool_call_id",
+                    f"{where} answers a tool call that no assistant message before it made",
+                )
             if m.content is None and m.role != "assistant":
                 raise _invalid(f"{where}.content", f"{where}.content is required")
             if m.tool_calls is not None:
                 _check_replayed_calls(m, where)
+                calls_made.update(c.id for c in m.tool_calls)
             if isinstance(m.content, list):
                 for j, part in enumerate(m.content):
                     if part.type != "text":

@@ -229,14 +229,31 @@ def _lookup(value: Any, path: str, root: str) -> Any:
     return cur
 
 
+# The most entries a request's top-level arrays may hold, checked before they are read:
+# chat and Anthropic messages, Responses input Items, and tools (OpenAI documents 128
+# functions). A conversation of 2,048 messages is past what the models served here can
+# hold in their context; 60,000 took seconds to read.
+ARRAY_LIMITS = {"messages": 2048, "input": 2048, "tools": 128}
+
+
 def structure(conv: cattrs.Converter, value: Any, cls: type[T]) -> T:
-    """Structure a parsed JSON body into `cls`, or raise ApiError naming the parameter."""
+    """Structure a parsed JSON body into `cls`, or raise ApiError naming the parameter
+    (an array longer than its ARRAY_LIMITS entry is refused before it is read)."""
     if type(value) is not dict:
         raise ApiError(
             "invalid_request",
             f"the request body must be a JSON object, got {_json_type(value)}",
             code="invalid_type",
         )
+    for name, most in ARRAY_LIMITS.items():
+        entries = value.get(name)
+        if type(entries) is list and len(entries) > most:
+            raise ApiError(
+                "invalid_request",
+                f"{name} has {len(entries)} entries; at most {most} are accepted",
+                param=name,
+                code="array_above_max_length",
+            )
     try:
         return conv.structure(value, cls)
     except (BaseValidationError, ForbiddenExtraKeysError, InvalidType, InvalidValue) as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -161,3 +162,48 @@ async def test_token_counting_has_a_limit_of_its_own(tiny_gguf: Path, tmp_path: 
             srv.app.counting.release_on_behalf_of(h)
         r = await c.post("/v1/messages/count_tokens", json=body)
         assert r.status_code == 200
+
+
+async def test_large_bodies_are_read_and_rendered_off_the_event_loop(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body over 64 KiB is decoded and checked, and a conversation over 64 turns
+    rendered, on a worker thread, on every chat route: 60,000 messages once held the
+    event loop (and /health, and every stream) for seconds. Small ones stay inline."""
+    import threading
+
+    from ninfer.frontends import _base
+
+    where: list[tuple[str, int, bool]] = []  # (what, size, on the event loop's thread)
+    real_loads, real_render = _base.loads, _base.Frontend.render_template
+
+    def loads(body: bytes) -> Any:
+        where.append(("body", len(body), threading.current_thread() is threading.main_thread()))
+        return real_loads(body)
+
+    def render(self: Any, conversation: list[Any], **kw: Any) -> Any:
+        on_loop = threading.current_thread() is threading.main_thread()
+        where.append(("turns", len(conversation), on_loop))
+        return real_render(self, conversation, **kw)
+
+    monkeypatch.setattr(_base, "loads", loads)
+    monkeypatch.setattr(_base.Frontend, "render_template", render)
+    many = [{"role": ("user", "assistant")[i % 2], "content": "word " * 20} for i in range(1001)]
+    async with serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv, srv.client() as c:
+        for path, body in (
+            ("/v1/messages/count_tokens", {"model": "m", "messages": many}),
+            ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": many}),
+            ("/v1/chat/completions", {"model": "m", "max_tokens": 4, "messages": many}),
+            ("/v1/responses", {"model": "m", "max_output_tokens": 16, "input": many}),
+            ("/v1/messages/count_tokens", {"model": "m", "messages": many[:1]}),
+        ):
+            r = await c.post(path, json=body)
+            assert r.status_code in (200, 400), (path, r.text)  # 400: past the context
+    bodies = [(size, on_loop) for what, size, on_loop in where if what == "body"]
+    turns = [(size, on_loop) for what, size, on_loop in where if what == "turns"]
+    assert len(bodies) == 5
+    assert len(turns) >= 4
+    assert all(on_loop == (size <= _base.INLINE_BODY_BYTES) for size, on_loop in bodies)
+    assert all(on_loop == (size <= _base.INLINE_TURNS) for size, on_loop in turns)
+    assert any(on_loop for _, on_loop in bodies)
+    assert any(on_loop for _, on_loop in turns)

@@ -200,7 +200,7 @@ async def test_refusals_name_the_field(
 async def test_store_bounds_and_the_routes_that_refuse(tiny_gguf: Path, tmp_path: Path) -> None:
     async with (
         serve(tiny_gguf, tmp_path, served_model_name=NAMES, response_store_max_records=2,
-              response_store_max_mib=0.001) as srv,
+              response_store_max_mib=0.004) as srv,
         srv.client() as c,
     ):  # fmt: skip
         ids = []
@@ -235,6 +235,36 @@ async def test_store_bounds_and_the_routes_that_refuse(tiny_gguf: Path, tmp_path
     starts = [r for r in records if r["event"] == "request_start"]
     assert {r["endpoint"] for r in starts} == {"/v1/responses"}
     assert all(r["store"] in (True, False) for r in starts)
+
+
+async def test_the_store_counts_the_whole_response(tiny_gguf: Path, tmp_path: Path) -> None:
+    """A stored Response is counted whole: its `text.format` schema (here a 20 KB
+    description) as much as its text. A store of 50 KiB keeps two such Responses, not
+    four; one whose schema alone is larger than the store is refused. (Counting only
+    texts, 300 such Responses with 3 MB schemas grew a server by 1.2 GB under 64 MiB.)"""
+
+    def body(description: str) -> dict[str, Any]:
+        schema = {"type": "object", "description": description}
+        fmt = {"type": "json_schema", "name": "x", "schema": schema}
+        return {"model": "tiny", "input": "hi", "max_output_tokens": 16, "text": {"format": fmt}}
+
+    async with (
+        serve(tiny_gguf, tmp_path, served_model_name=NAMES, response_store_max_mib=50 / 1024)
+        as srv,
+        srv.client() as c,
+    ):  # fmt: skip
+        ids = []
+        for i in range(4):
+            r = await c.post("/v1/responses", json=body(str(i) * 20_000))
+            assert r.status_code == 200, r.text
+            ids.append(r.json()["id"])
+        kept = [(await c.get(f"/v1/responses/{i}")).status_code for i in ids]
+        assert kept == [404, 404, 200, 200]
+        big = await c.post("/v1/responses", json=body("d" * 60_000))
+        assert (big.status_code, big.json()["error"]["code"]) == (
+            400,
+            "response_store_capacity_exceeded",
+        )
 
 
 async def test_a_stream_cut_by_an_engine_failure_ends_with_response_failed(

@@ -181,6 +181,18 @@ async def test_api_key(tiny_gguf: Path, tmp_path: Path) -> None:
         for h in ({"authorization": "Bearer s3cret"}, {"x-api-key": "s3cret"}):
             r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 1}, headers=h)
             assert r.status_code == 200
+        # A wrong key does not ride on a right one: every key presented must be the key.
+        for pairs in (
+            [("x-api-key", "s3cret"), ("x-api-key", "nope")],
+            [("x-api-key", "nope"), ("x-api-key", "s3cret")],
+            [("authorization", "Bearer s3cret"), ("x-api-key", "nope")],
+            [("x-api-key", "s3cret"), ("authorization", "Bearer nope")],
+        ):
+            r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 1}, headers=pairs)
+            assert r.status_code == 401, pairs
+        both = [("authorization", "Bearer s3cret"), ("x-api-key", "s3cret")]
+        r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 1}, headers=both)
+        assert r.status_code == 200
     assert b"s3cret" not in srv.log_path.read_bytes()
 
 

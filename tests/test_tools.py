@@ -249,9 +249,13 @@ async def test_openai_chat_calls_of_a_random_model_parse_and_match(
 async def test_anthropic_tool_use_of_a_random_model(roomy_gguf: Path, tmp_path: Path) -> None:
     """anthropic's client, tool_choice any and a named tool, one call each, whole and
     streamed (input_json_delta), greedy: stop_reason tool_use, the input matches its
-    schema; a tool_result (an error one) in the history is taken."""
+    schema; a tool_result (an error one) in the history is taken. The first tool has
+    every field of the SDK's ToolParam (as the Vercel AI SDK sends them)."""
     tools: Any = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
                   for t in CHAT_TOOLS]  # fmt: skip
+    tools[0].update(type="custom", strict=True, eager_input_streaming=True,
+                    input_examples=[{"city": "Paris"}], cache_control={"type": "ephemeral"},
+                    allowed_callers=["direct"], defer_loading=False)  # fmt: skip
     with trio.fail_after(HANG_GUARD_S):
         async with serve(roomy_gguf, tmp_path) as srv:
             client = anthropic.AsyncAnthropic(base_url=srv.url, api_key="x", max_retries=0)
@@ -401,6 +405,25 @@ REFUSALS: list[tuple[str, dict[str, Any], str]] = [
      "messages[0].content[0].type"),
     ("/v1/messages", {"messages": [{"role": "user", "content": [
         {"type": "tool_result", "content": "x"}]}]}, "messages[0].content[0].tool_use_id"),
+    ("/v1/messages", {"messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t9", "content": "x"}]}]},
+     "messages[0].content[0].tool_use_id"),
+    ("/v1/messages", {"tools": [{"name": "f", "input_schema": PARAMS, "defer_loading": True}]},
+     "tools[0].defer_loading"),
+    ("/v1/messages", {"tools": [{"name": "f", "input_schema": PARAMS,
+                                 "allowed_callers": ["code_execution_20250825"]}]},
+     "tools[0].allowed_callers"),
+    ("/v1/chat/completions", {"messages": [
+        {"role": "user", "content": "x"},
+        {"role": "tool", "content": "18C", "tool_call_id": "call_never_made"}]},
+     "messages[1].tool_call_id"),
+    ("/v1/responses", {"input": [{"type": "function_call_output", "call_id": "c9",
+                                  "output": "x"}]}, "input[0].call_id"),
+    ("/v1/chat/completions", {"tools": CHAT_TOOLS * 65}, "tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}] * 2049},
+     "messages"),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "x"}] * 2049}, "messages"),
+    ("/v1/responses", {"input": [{"role": "user", "content": "x"}] * 2049}, "input"),
     ("/v1/responses", {"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ("/v1/responses", {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
      "input[0].call_id"),

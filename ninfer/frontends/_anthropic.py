@@ -53,7 +53,6 @@ from protocols import (
     TextBlock,
     TextDelta,
     ToolUseBlock,
-    loads,
 )
 
 __all__ = ["MessagesFrontend"]
@@ -212,7 +211,7 @@ class MessagesFrontend(Frontend):
         super().__init__(ctx, AnthropicDialect())
         self._codec = AnthropicCodec()
 
-    def _render(
+    async def _render(
         self,
         system: str | None,
         messages: list[AnthropicMessage],
@@ -223,15 +222,15 @@ class MessagesFrontend(Frontend):
             conv.append({"role": "system", "content": system})
         for m in messages:
             conv.extend(_turns(m))
-        return self.render_chat(conv, param="messages", tools=tools)
+        return await self.render_chat(conv, param="messages", tools=tools)
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
-        req = self._codec.parse_messages(loads(body))
+        req = await self.decode(body, self._codec.parse_messages)
         self.ctx.check_model(req.model)
         tools = _tools(req.tools)
         plan = _plan(tools, req.tool_choice)
         ids = await self.tokens(
-            self._render(req.system_text(), req.messages, tools), prompt_param="messages"
+            await self._render(req.system_text(), req.messages, tools), prompt_param="messages"
         )
         grammar = await self.output_grammar(plan, None, "")
         gen, grant, _warnings = self.request(
@@ -263,10 +262,10 @@ class MessagesFrontend(Frontend):
 
     async def count_tokens(self, body: bytes) -> bytes:
         """POST /v1/messages/count_tokens: the prompt /v1/messages would build, counted."""
-        req = self._codec.parse_count(loads(body))
+        req = await self.decode(body, self._codec.parse_count)
         self.ctx.check_model(req.model)
         ids = await self.tokens(
-            self._render(req.system_text(), req.messages, _tools(req.tools)),
+            await self._render(req.system_text(), req.messages, _tools(req.tools)),
             prompt_param="messages",
         )
         return self.dialect.encoder.json(CountTokensResponse(len(ids)))

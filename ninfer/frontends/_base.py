@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
@@ -29,7 +29,7 @@ from ninfer.engine import (
 )
 from ninfer.frontends._budget import Budget, Grant, SamplingRequest, resolve_sampling
 from ninfer.frontends._tools import Tool, ToolPlan, render_tool_turns
-from protocols import ApiError, Dialect
+from protocols import ApiError, Dialect, loads
 
 __all__ = [
     "CLAMPED_HEADER",
@@ -61,6 +61,16 @@ CompileSchema = Callable[[dict[str, Any], str], Awaitable[str | CompiledGrammar]
 # Compiles the grammar of an answer that may call tools (plan, the response format's
 # schema or None, where that schema is), likewise.
 CompileTools = Callable[[ToolPlan, dict[str, Any] | None, str], Awaitable[str | CompiledGrammar]]
+# Runs a function on a worker thread (bounded: the threads that tokenize long texts).
+Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+T = TypeVar("T")
+
+# A body larger than this is decoded and checked, and a conversation with more turns
+# than this rendered, on a worker thread: 60,000 messages (3.7 MB) took seconds to
+# decode, which on the event loop every other request and /health waited out.
+INLINE_BODY_BYTES = 64 * 1024
+INLINE_TURNS = 64
 
 
 # The error code of a chat request to a model whose file has no chat template (a base
@@ -173,6 +183,7 @@ class FrontendContext:
     created: int  # unix seconds, for OpenAI's `created`
     compile_schema: CompileSchema  # on a worker thread
     compile_tools: CompileTools  # likewise
+    offload: Offload  # large bodies' decoding and large conversations' rendering
 
     @property
     def names_text(self) -> str:
@@ -225,7 +236,26 @@ class Frontend(abc.ABC):
             )
         return await self.ctx.tokenize(prompt)
 
-    def render_chat(
+    async def decode(self, body: bytes, parse: Callable[[Any], T]) -> T:
+        """The body as JSON, checked by the codec's `parse`: on a worker thread when it
+        is large (the codecs count messages, items and tools before reading them)."""
+        if len(body) <= INLINE_BODY_BYTES:
+            return parse(loads(body))
+        result: T = await self.ctx.offload(lambda: parse(loads(body)))
+        return result
+
+    async def render_chat(
+        self, conversation: list[dict[str, Any]], *, param: str, tools: Sequence[Tool] = ()
+    ) -> ChatText:
+        """`render_template` (below), on a worker thread for a long conversation."""
+        if len(conversation) + len(tools) <= INLINE_TURNS:
+            return self.render_template(conversation, param=param, tools=tools)
+        result: ChatText = await self.ctx.offload(
+            lambda: self.render_template(conversation, param=param, tools=tools)
+        )
+        return result
+
+    def render_template(
         self, conversation: list[dict[str, Any]], *, param: str, tools: Sequence[Tool] = ()
     ) -> ChatText:
         """The model's chat template over a conversation of {role, content} turns (and

@@ -19,7 +19,6 @@ from protocols import (
     NativeTokenEvent,
     Timing,
     Usage,
-    loads,
 )
 
 __all__ = ["NativeFrontend"]
@@ -83,7 +82,7 @@ class NativeFrontend(Frontend):
         self.model = NativeModel(ctx.public_id, ident.architecture, ident.sha256)
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
-        req = self._codec.parse_generate(loads(body))
+        req = await self.decode(body, self._codec.parse_generate)
         ids = await self.tokens(req.prompt, prompt_param="prompt")
         gen, _grant, warnings = self.request(
             request_id,

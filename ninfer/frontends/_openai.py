@@ -70,7 +70,6 @@ from protocols import (
     ToolCall,
     ToolCallDelta,
     TopLogprob,
-    loads,
     logit_bias_pairs,
     replayed_arguments,
 )
@@ -549,13 +548,13 @@ class ChatFrontend(_OpenAIFrontend):
     endpoint = "/v1/chat/completions"
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
-        req = self._codec.parse_chat(loads(body))
+        req = await self.decode(body, self._codec.parse_chat)
         self.ctx.check_model(req.model)  # the body is checked whole before the template
         plan = _tool_plan(req)
         grammar = await self.output_grammar(plan, *_format_schema(req))
         sampling = self._checked_sampling(req, 1, prompt_param="messages", grammar=grammar)
         conversation = [_turn(m) for m in req.messages]
-        prompt = self.render_chat(
+        prompt = await self.render_chat(
             conversation, param="messages", tools=plan.tools if plan is not None else ()
         )
         ids = await self.tokens(prompt, prompt_param="messages")
@@ -595,7 +594,7 @@ class CompletionsFrontend(_OpenAIFrontend):
     DEFAULT_MAX_TOKENS = 16
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
-        req = self._codec.parse_completion(loads(body))
+        req = await self.decode(body, self._codec.parse_completion)
         self.ctx.check_model(req.model)
         vocab = self.ctx.model.identity.vocab_size
         prompts: list[list[int]] = []

@@ -74,7 +74,6 @@ from protocols import (
     ResponseTextConfig,
     ResponseTextFormat,
     ResponseUsage,
-    loads,
     replayed_arguments,
 )
 
@@ -109,34 +108,36 @@ class Turn:
 Item = InputMessage | FunctionCallItem | FunctionCallOutputItem
 
 
-def _item_texts(item: Item) -> list[str]:
-    if isinstance(item, InputMessage):
-        return [p.text for p in item.content]
-    if isinstance(item, FunctionCallItem):
-        return [item.name, item.arguments]
-    return [item.output]
-
-
-def text_bytes(history: Sequence[Turn], items: Sequence[Item]) -> int:
-    """What a stored Response holds, counted as the UTF-8 bytes of its texts (what grows
-    with use): its history's turns (and calls) and its input Items' texts."""
-    texts = [t.text for t in history] + [text for item in items for text in _item_texts(item)]
+def text_bytes(history: Sequence[Turn]) -> int:
+    """The UTF-8 bytes of a conversation's texts: its turns and their calls."""
+    texts = [t.text for t in history]
     texts += [orjson.dumps(c.arguments).decode() for t in history for c in t.calls]
     return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+
+
+def stored_size(
+    encoder: Encoder, response: ResponseObject, items: Sequence[Item], history: Sequence[Turn]
+) -> int:
+    """What a stored Response costs the store: the whole Response as GET serves it (its
+    instructions, tools and `text.format` schema with it), its input Items as their
+    listing serves them, and the texts of the conversation a continuation starts from."""
+    return (
+        len(encoder.json(response))
+        + sum(len(encoder.json(item)) for item in items)
+        + text_bytes(history)
+    )
 
 
 @attrs.frozen
 class Stored:
     """A stored Response: what GET returns, its input Items, and the conversation a
-    continuation starts from (its chain's history, its input, its output)."""
+    continuation starts from (its chain's history, its input, its output), with what it
+    costs the store (`stored_size`, counted once, when stored)."""
 
     response: ResponseObject
     input_items: tuple[Item, ...]
     history: tuple[Turn, ...]
-    # Counted once, when stored (the store adds and subtracts it as records come and go).
-    size: int = attrs.field(
-        default=attrs.Factory(lambda s: text_bytes(s.history, s.input_items), takes_self=True)
-    )
+    size: int
 
 
 class ResponseStore:
@@ -246,6 +247,23 @@ def _input_items(items: str | list[ResponsesInputItem]) -> list[Item]:
         role: Any = item.role
         out.append(InputMessage(item.id or _new_id("msg"), "message", role, "completed", parts))
     return out
+
+
+def _check_outputs_answer_calls(earlier: Sequence[Turn], items: Sequence[Item]) -> None:
+    """Each function_call_output answers a call made before it: in the chain continued,
+    or by a function_call Item earlier in the input (as OpenAI checks)."""
+    made = {c.id for t in earlier for c in t.calls}
+    for i, item in enumerate(items):
+        if isinstance(item, FunctionCallItem):
+            made.add(item.call_id)
+        elif isinstance(item, FunctionCallOutputItem) and item.call_id not in made:
+            raise ApiError(
+                "invalid_request",
+                f"input[{i}] is the output of a function call that was not made (no "
+                "function_call with its call_id before it, nor in the previous response)",
+                param=f"input[{i}].call_id",
+                code="invalid_value",
+            )
 
 
 def _turns(items: Sequence[Item]) -> list[Turn]:
@@ -424,7 +442,9 @@ class ResponseAnswer:
             incomplete_details=None if complete else IncompleteDetails("max_output_tokens"),
         )
         if self.store is not None:
-            self.store.put(Stored(response, self.input_items, (*self.history, _reply(output))))
+            history = (*self.history, _reply(output))
+            size = stored_size(self.encoder, response, self.input_items, history)
+            self.store.put(Stored(response, self.input_items, history, size))
         return response
 
     def tail(self, outcome: Outcome) -> list[bytes]:
@@ -486,7 +506,7 @@ class ResponsesFrontend(Frontend):
         if instructions is not None:
             conv.append({"role": "system", "content": instructions})
         conv.extend(t.message() for t in turns)
-        prompt = self.render_chat(conv, param="input", tools=tools)
+        prompt = await self.render_chat(conv, param="input", tools=tools)
         return await self.tokens(prompt, prompt_param="input")
 
     async def _grammar(
@@ -502,10 +522,12 @@ class ResponsesFrontend(Frontend):
         return await self.output_grammar(plan, fmt.schema, "text.format.schema")
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
-        req = self._codec.parse_create(loads(body))
+        req = await self.decode(body, self._codec.parse_create)
         label = self.ctx.check_model(req.model)
         items = tuple(_input_items(req.input))
-        history = (*self._history(req.previous_response_id), *_turns(items))
+        earlier = self._history(req.previous_response_id)
+        _check_outputs_answer_calls(earlier, items)
+        history = (*earlier, *_turns(items))
         tools = _tools(req.tools)
         plan = ToolPlan.of(tools, req.tool_choice, req.parallel_tool_calls is not False) if (
             tools) else None  # fmt: skip
@@ -523,12 +545,13 @@ class ResponsesFrontend(Frontend):
             clamp=True,
         )
         store = req.store is not False
+        template = self._template(req, label, gen.sampling.temperature, gen.sampling.top_p, store)
         if store:
-            self._check_room(items, history, grant.max_new_tokens)
+            self._check_room(template, items, history, grant.max_new_tokens)
         answer = ResponseAnswer(
             self.dialect.encoder,
             self.store if store else None,
-            self._template(req, label, gen.sampling.temperature, gen.sampling.top_p, store),
+            template,
             items,
             history,
             tools=plan is not None and plan.calls_allowed,
@@ -539,12 +562,17 @@ class ResponsesFrontend(Frontend):
         return Prepared((gen,), bool(req.stream), answer, fields, headers=clamp_headers(grant))
 
     def _check_room(
-        self, items: Sequence[Item], history: Sequence[Turn], max_new_tokens: int
+        self,
+        template: ResponseObject,
+        items: Sequence[Item],
+        history: Sequence[Turn],
+        max_new_tokens: int,
     ) -> None:
-        """Refuse at once a Response the store could not keep even alone (its texts at
-        their longest), rather than pretend it was stored."""
+        """Refuse at once a Response the store could not keep even alone (its output at
+        its longest, counted twice: in the Response and in the history), rather than
+        pretend it was stored."""
         most = (
-            text_bytes(history, items)
+            stored_size(self.dialect.encoder, template, items, history)
             + 2 * max_new_tokens * self.ctx.model.tokenizer.max_token_bytes
         )
         if most > self.store.max_bytes:
@@ -677,7 +705,7 @@ class ResponsesFrontend(Frontend):
 
     async def input_tokens(self, body: bytes) -> bytes:
         """POST /v1/responses/input_tokens: the prompt /v1/responses would build, counted."""
-        req = self._codec.parse_input_tokens(loads(body))
+        req = await self.decode(body, self._codec.parse_input_tokens)
         self.ctx.check_model(req.model)
         items = _input_items(req.input) if req.input is not None else []
         history = (*self._history(req.previous_response_id), *_turns(items))
