@@ -30,6 +30,8 @@ from ninfer._http import (
 from ninfer._lifecycle import Lifecycle, Stage, Trigger
 from ninfer._requestlog import RequestLog
 from ninfer.engine import (
+    GRAMMAR_LIMIT,
+    CompiledGrammar,
     Event,
     Finish,
     GenerationRequest,
@@ -504,8 +506,18 @@ class _Run:
 
     async def _engine_failed(self, finish: Finish | None, prepared: Prepared) -> None:
         detail = finish.error if finish is not None and finish.error else "the engine stopped"
-        err = ApiError("internal_error", "generation failed inside the server")
-        self.life.failed(status=500, kind=err.kind, message=detail)
+        grammar = prepared.request.sampling.grammar
+        if detail == GRAMMAR_LIMIT and isinstance(grammar, CompiledGrammar):
+            # The client's schema, past the grammar engine's limits where decoding
+            # reached: its fault, named (a stream already under way ends with it).
+            err = ApiError("invalid_request", GRAMMAR_LIMIT, param=grammar.param or None,
+                           code="invalid_value")  # fmt: skip
+            self.life.failed(
+                status=self.frontend.dialect.status(err), kind=err.kind, message=detail
+            )
+        else:
+            err = ApiError("internal_error", "generation failed inside the server")
+            self.life.failed(status=500, kind=err.kind, message=detail)
         if not prepared.stream:
             raise err  # answered by refuse(), which records nothing more
         await self.writer.frames(self._stream_error(err))

@@ -361,7 +361,7 @@ class Lifespan:
         if compile_grammar is None:
             return grammar
         try:
-            return compile_grammar(grammar)
+            return attrs.evolve(compile_grammar(grammar), param=param)
         except ValueError:
             raise ApiError(
                 "invalid_request", UNENFORCEABLE, param=param, code="invalid_value"

@@ -158,8 +158,15 @@ async def test_the_responses_api_text_format(tiny_gguf: Path, tmp_path: Path) ->
          "response_format.json_schema.schema", "cannot be enforced: not"),
         ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "frobnicate"}}},
          "response_format.json_schema.schema", "not a JSON Schema that can be enforced"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"$ref": "#"}}},
+         "response_format.json_schema.schema", "not a JSON Schema that can be enforced"),
+        ({"type": "json_schema", "json_schema": {"name": "a", "schema": {
+            "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+            "$ref": "#/$defs/a"}}},
+         "response_format.json_schema.schema", "not a JSON Schema that can be enforced"),
     ],
-    ids=["no-type", "no-json-schema", "no-name", "unknown-field", "unsupported", "invalid"],
+    ids=["no-type", "no-json-schema", "no-name", "unknown-field", "unsupported", "invalid",
+         "ref-self", "ref-loop"],
 )  # fmt: skip
 async def test_formats_that_cannot_be_honoured_are_refused_by_name(
     tiny_gguf: Path, tmp_path: Path, fmt: dict[str, object], param: str, words: str
@@ -175,6 +182,38 @@ async def test_formats_that_cannot_be_honoured_are_refused_by_name(
     assert error["param"] == param
     assert words in error["message"]
     assert "frobnicate" not in r.text  # the client's text is not echoed
+
+
+async def test_a_schema_past_the_grammar_engines_limits_is_a_400(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """An anyOf of 3,000 objects compiles, but llguidance stops where decoding reaches
+    it (a row of at most 2,000 items): answered 400 naming the schema, whole or as the
+    stream's error event, where it was a 500 internal_error; the server goes on."""
+    schema = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "integer"}},
+                         "required": [f"k{i}"]} for i in range(3000)]}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    with trio.fail_after(120):
+        async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
+            name = (await http.get("/v1/models")).json()["data"][0]["id"]
+            body = {"model": name, "messages": [{"role": "user", "content": "x"}],
+                    "max_tokens": 16, "response_format": fmt}  # fmt: skip
+            r = await http.post("/v1/chat/completions", json=body)
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert (error["type"], error["param"]) == (
+                "invalid_request_error",
+                "response_format.json_schema.schema",
+            )
+            assert "grammar engine" in error["message"]
+            streamed = await http.post("/v1/chat/completions", json={**body, "stream": True})
+            assert streamed.status_code == 200
+            assert "response_format.json_schema.schema" in streamed.text
+            assert "internal_error" not in streamed.text
+            ok = await http.post("/v1/chat/completions", json={**body, "response_format": None})
+            assert ok.status_code == 200
+    records = [r for r in srv.log_records() if r["event"] == "request_error"]
+    assert [r["status"] for r in records] == [400, 400]
 
 
 @pytest.mark.realmodel

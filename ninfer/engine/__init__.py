@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ninfer.engine._contract import (
     DTYPE_NAMES,
+    GRAMMAR_LIMIT,
     WEIGHT_MODES,
     ChatTemplate,
     ChatText,
@@ -37,6 +38,7 @@ from ninfer.engine._contract import (
 
 __all__ = [
     "DTYPE_NAMES",
+    "GRAMMAR_LIMIT",
     "WEIGHT_MODES",
     "ChatTemplate",
     "ChatText",

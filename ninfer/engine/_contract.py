@@ -62,6 +62,17 @@ class CompiledGrammar:
 
     text: str  # the llguidance grammar
     matcher: object = attrs.field(repr=False)  # the engine's, in its initial state
+    param: str = ""  # where the request gave it (a refusal names it)
+
+
+# A Finish's `error` when the grammar engine gave up on a row mid-output: a limit of
+# its own (llguidance: at most 2,000 items in a row, such as an anyOf of 3,000 objects
+# or an object of 500 optional properties), reached only when decoding gets there.
+# The request is answered 400 naming the grammar's parameter, not 500.
+GRAMMAR_LIMIT = (
+    "the output's schema needs more than the grammar engine can follow while decoding "
+    "(at most 2,000 alternatives or about 500 optional properties at one point)"
+)
 
 
 @attrs.frozen

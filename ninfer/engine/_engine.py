@@ -27,6 +27,7 @@ from structlog.typing import FilteringBoundLogger
 
 from ninfer._errors import EngineStopped, RequestInvalid
 from ninfer.engine._contract import (
+    GRAMMAR_LIMIT,
     CompiledGrammar,
     EngineConfig,
     EngineStatistics,
@@ -43,7 +44,12 @@ from ninfer.engine._contract import (
     TokenLogprob,
     Usage,
 )
-from ninfer.engine._grammar import Constraint, GrammarVocabulary, grammar_tokenizer
+from ninfer.engine._grammar import (
+    Constraint,
+    GrammarLimitReached,
+    GrammarVocabulary,
+    grammar_tokenizer,
+)
 from ninfer.engine._invariance import invariant_batch_sizes, rows_independent_of_count
 from ninfer.engine._kvpool import PagePool, page_keys, pages_for
 from ninfer.engine._loader import LoadedModel, trim_heap
@@ -741,6 +747,13 @@ class Engine:
                 self._finish(a, "context")
             else:
                 self._deliver(a, a.text.take(final=False))
+        except GrammarLimitReached as exc:
+            self._log.info(
+                "grammar_limit_reached",
+                request_id=a.handle.request_id,
+                error=str(exc).split("\n", 1)[0][:200],
+            )
+            self._finish(a, "error", GRAMMAR_LIMIT)
         except Exception:
             self._fail(a, "decode")
 

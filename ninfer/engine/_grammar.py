@@ -54,6 +54,15 @@ def grammar_tokenizer(vocab: GrammarVocabulary, n_vocab: int) -> llguidance.LLTo
     )
 
 
+# What llguidance's errors say when it stops at a limit of its own (a row of the Earley
+# parser with too many items, a step out of lexer fuel or items), not at a bug.
+_LIMIT_MARKS = ("items; max is", "fuel", "max_items", "too many")
+
+
+class GrammarLimitReached(Exception):
+    """The grammar engine gave up on a row at a limit of its own (see GRAMMAR_LIMIT)."""
+
+
 class Constraint:
     """One request's grammar state: masks its logits row, follows its tokens."""
 
@@ -69,6 +78,12 @@ class Constraint:
         """A grammar's matcher in its initial state (ValueError for a grammar llguidance
         refuses). Thread-safe; a large grammar takes hundreds of milliseconds."""
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if not matcher.is_error():
+            # The first mask, computed once here: a grammar with no way to begin (a
+            # JSON Schema whose $ref leads back to itself) fails only then, and would
+            # otherwise stop at once with an empty answer that is not JSON.
+            words = torch.zeros((tokenizer.vocab_size + 31) // 32, dtype=torch.int32)
+            matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
         if matcher.is_error():
             raise ValueError(f"grammar: {matcher.get_error()}")
         return matcher
@@ -85,9 +100,10 @@ class Constraint:
 
     def advance(self, token: int) -> None:
         if not self.matcher.consume_token(token):
-            raise RuntimeError(
-                f"the grammar refused a token it allowed: {self.matcher.get_error()}"
-            )
+            error = self.matcher.get_error()
+            if any(mark in error for mark in _LIMIT_MARKS):
+                raise GrammarLimitReached(error)
+            raise RuntimeError(f"the grammar refused a token it allowed: {error}")
 
     @property
     def done(self) -> bool:
