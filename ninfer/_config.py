@@ -127,7 +127,14 @@ SETTINGS: tuple[Setting, ...] = (
         "absolute deadline from arrival to admission (503 request_queue_timeout)",
         1,
     ),
-    Setting("prefill_chunk", int, 256, "prompt tokens per prefill step", 1, 65536),
+    Setting(
+        "prefill_chunk",
+        int,
+        256,
+        "prompt tokens per prefill step (fewer deep into a long prompt)",
+        1,
+        65536,
+    ),
     Setting(
         "no_prefix_cache",
         bool,

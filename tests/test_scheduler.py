@@ -396,3 +396,34 @@ async def test_a_refusal_a_balancer_retries_elsewhere_holds_no_place(
     assert ctl.statistics().promised == 0
     a.release()
     ctl.enter(returning=False)  # the place is free for anyone
+
+
+async def test_a_wide_head_blocks_the_queue_until_its_deadline_then_the_next_goes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The head-of-line rule with n: a request for every slot (n = max concurrency)
+    waits at the head for all of them, and a one-slot request behind it waits too,
+    though a slot is free (no overtaking: the wide one is never starved). Its deadline
+    still holds: when it passes, the wide one leaves and the next is admitted at once."""
+    ctl = AdmissionController(max_running=2, max_pending=2, units_total=10)
+    busy = ctl.enter()
+    await ctl.admit(busy, 1)  # one of two slots, for 30 s
+    admitted: list[tuple[str, float]] = []
+    t0 = trio.current_time()
+
+    async def want(name: str, slots: int, deadline: float) -> None:
+        with ctl.enter() as t, trio.move_on_at(t0 + deadline):
+            await ctl.admit(t, 1, slots=slots)
+            admitted.append((name, trio.current_time() - t0))
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as n:
+        n.start_soon(want, "wide", 2, 10.0)
+        await trio.testing.wait_all_tasks_blocked()
+        n.start_soon(want, "small", 1, 60.0)
+        await trio.sleep(9.0)
+        assert admitted == []  # a slot is free, but the wide head holds the line
+        await trio.sleep(1.5)
+        assert admitted == [("small", 10.0)]  # the wide one's deadline passed
+        busy.release()
+        n.cancel_scope.cancel()
