@@ -71,6 +71,8 @@ RETRY_AFTER_MAX_S = 60.0
 PROMISE_MARGIN_S = 0.25
 PROMISE_MARGIN_FRACTION = 0.05
 PROMISE_GRACE_S = 2.0
+# The most promises outstanding at once (a flood of refusals past it is told, not held).
+MAX_PROMISES = 4096
 
 
 @attrs.frozen
@@ -191,7 +193,9 @@ class AdmissionController:
             return self._take(now)
         self._rejected_total += 1
         told = self._promise_in(len(self._promises) - free + 1)
-        if promise:
+        # A place past the estimate's horizon is no promise (the figures it would be made
+        # of mean little), and promises are bounded: each costs every arrival a look.
+        if promise and told < RETRY_AFTER_MAX_S and len(self._promises) < MAX_PROMISES:
             self._promises.append(_Promise(due=now + told, lapses=now + told + self.grace))
         raise Overloaded(told)
 
@@ -221,9 +225,9 @@ class AdmissionController:
         return self._with_margin(done, wide=True) <= first_due
 
     def _with_margin(self, seconds: float, *, wide: bool = False) -> float:
-        """`seconds` with a promise's margin; `wide`: twice the seconds and four times
-        the fraction (a caller told again, whose place was late once already, and a
-        backfill, which must not make a promise late)."""
+        """`seconds` with a promise's margin; `wide`: twice the margin's seconds and four
+        times its fraction (a caller told again, whose place was late once already, and
+        a backfill, which must not make a promise late)."""
         if wide:
             return seconds * (1 + 4 * self.margin_fraction) + 2 * self.margin
         return seconds * (1 + self.margin_fraction) + self.margin

@@ -427,3 +427,34 @@ async def test_a_wide_head_blocks_the_queue_until_its_deadline_then_the_next_goe
         assert admitted == [("small", 10.0)]  # the wide one's deadline passed
         busy.release()
         n.cancel_scope.cancel()
+
+
+async def test_promises_are_bounded(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A place past the estimate's horizon (60 s) is told, not held, and no more than
+    MAX_PROMISES are outstanding (every arrival looks at them): requests of 1 s, one
+    slot, the 61st refused is past the horizon; with a cap of 5, five are held."""
+    from scheduler import _admission
+
+    ctl = _exact(max_running=1, max_pending=0, units_total=10, unknown=1.0)
+    a = ctl.enter()
+    a.tag = (trio.current_time(), 1.0)
+    await ctl.admit(a, 1)
+    told = []
+    for _ in range(70):
+        with pytest.raises(Overloaded) as e:
+            ctl.enter(returning=False)
+        told.append(e.value.retry_after)
+    assert told[:3] == pytest.approx([1.0, 2.0, 3.0])
+    assert told[-1] == RETRY_AFTER_MAX_S
+    assert ctl.statistics().promised == sum(t < RETRY_AFTER_MAX_S for t in told) < 70
+    monkeypatch.setattr(_admission, "MAX_PROMISES", 5)
+    capped = _exact(max_running=1, max_pending=0, units_total=10, unknown=1.0)
+    b = capped.enter()
+    b.tag = (trio.current_time(), 1.0)
+    await capped.admit(b, 1)
+    for _ in range(10):
+        with pytest.raises(Overloaded):
+            capped.enter(returning=False)
+    assert capped.statistics().promised == 5
