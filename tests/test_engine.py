@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -419,17 +420,12 @@ def test_without_the_prefix_cache_every_prompt_is_computed_whole(tmp_path: Path)
         stop_engine(running)
 
 
-def test_waiting_for_work_is_not_a_stall(
-    tiny_engine: RunningEngine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The engine's progress clock restarts when work arrives after an idle wait: while
-    its first step runs, the last progress is no older than the request (before, it was
-    the moment the wait began, and a step after 30 s idle read as a stall)."""
-    import threading
-    import time
-
-    eng = tiny_engine.engine
-    cls = type(tiny_engine.model.transformer)
+def _hold_forward(
+    running: RunningEngine, monkeypatch: pytest.MonkeyPatch
+) -> tuple[threading.Event, threading.Event]:
+    """Make the model's forward pass wait: (entered, release). It sets `entered` when a
+    pass begins, and runs it once `release` is set."""
+    cls = type(running.model.transformer)
     real_forward = cls.forward
     entered, release = threading.Event(), threading.Event()
 
@@ -439,6 +435,19 @@ def test_waiting_for_work_is_not_a_stall(
         return real_forward(self, *args, **kwargs)
 
     monkeypatch.setattr(cls, "forward", held)
+    return entered, release
+
+
+def test_waiting_for_work_is_not_a_stall(
+    tiny_engine: RunningEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's progress clock restarts when work arrives after an idle wait: while
+    its first step runs, the last progress is no older than the request (before, it was
+    the moment the wait began, and a step after 30 s idle read as a stall)."""
+    import time
+
+    eng = tiny_engine.engine
+    entered, release = _hold_forward(tiny_engine, monkeypatch)
     submitted = time.monotonic()
     handle = eng.submit(GenerationRequest("after-idle", _prompt(3), 2))
     assert entered.wait(HANG_GUARD_S)
@@ -457,22 +466,12 @@ def test_a_slow_engine_is_not_a_stalled_one(
     take 5 s, 35 s without a step is slowness (a fixed 30 s called it a stall and
     refused every request); 10 steps' worth is a stall, and so is 30 s of a fast
     engine."""
-    import threading
     import time
 
     from ninfer._bridge import STALL_FACTOR, STALL_FLOOR_S, is_stalled
 
     eng = tiny_engine.engine
-    cls = type(tiny_engine.model.transformer)
-    real_forward = cls.forward
-    entered, release = threading.Event(), threading.Event()
-
-    def held(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        entered.set()
-        assert release.wait(HANG_GUARD_S)
-        return real_forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(cls, "forward", held)
+    entered, release = _hold_forward(tiny_engine, monkeypatch)
     handle = eng.submit(GenerationRequest("held", _prompt(3), 2))
     assert entered.wait(HANG_GUARD_S)
     began = time.monotonic()

@@ -249,6 +249,19 @@ def _exact(*, unknown: float = 0.0, **kwargs: int) -> AdmissionController:
     return AdmissionController(**kwargs, service_time=service, margin=0.0, margin_fraction=0.0)
 
 
+async def _one_running(
+    *, unknown: float, seconds: float
+) -> tuple[AdmissionController, float, Ticket]:
+    """An exact controller of one slot and no queue (requests of unknown size take
+    `unknown` s), with a request admitted now that will end in `seconds`."""
+    ctl = _exact(max_running=1, max_pending=0, units_total=10, unknown=unknown)
+    t0 = trio.current_time()
+    a = ctl.enter()
+    a.tag = (t0, seconds)
+    await ctl.admit(a, 1)
+    return ctl, t0, a
+
+
 async def test_a_promised_place_is_held_for_the_caller_that_returns(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -258,11 +271,7 @@ async def test_a_promised_place_is_held_for_the_caller_that_returns(
     be done; the promised caller, back at 3 s, gets in. Promises are kept in order, a
     caller back before its place is back keeps its turn, and an unclaimed promise lapses
     after the grace period."""
-    ctl = _exact(max_running=1, max_pending=0, units_total=10, unknown=3.0)
-    t0 = trio.current_time()
-    a = ctl.enter()
-    a.tag = (t0, 3.0)
-    await ctl.admit(a, 1)
+    ctl, t0, a = await _one_running(unknown=3.0, seconds=3.0)
     with pytest.raises(Overloaded) as e:
         ctl.enter()
     assert e.value.retry_after == pytest.approx(3.0)
@@ -358,11 +367,7 @@ async def test_a_newcomer_backfills_a_held_place_it_will_give_back_in_time(
     """A place held for a promise due in 9 s, where requests take 1 s: a newcomer may
     use it meanwhile (it will be done long before); half a second before the promise is
     due, it may not; the promised caller then finds its place."""
-    ctl = _exact(max_running=1, max_pending=0, units_total=10, unknown=1.0)
-    t0 = trio.current_time()
-    a = ctl.enter()
-    a.tag = (t0, 10.0)
-    await ctl.admit(a, 1)
+    ctl, t0, a = await _one_running(unknown=1.0, seconds=10.0)
     with pytest.raises(Overloaded) as e:
         ctl.enter()
     assert e.value.retry_after == pytest.approx(10.0)
