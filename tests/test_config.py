@@ -88,6 +88,8 @@ def test_unopenable_log_stops_start_up(tmp_path: Path, capsys: pytest.CaptureFix
             str(tmp_path / "x.gguf"),
             "--request-log-jsonl",
             "/nonexistent/dir/log",
+            "--port",  # any free one: the default (8080) fails when a server runs there
+            "0",
         ]
     )
     assert code == 2
