@@ -179,9 +179,10 @@ class Lifespan:
         registered = self.config.model if self.config.model in REGISTRY else None
         names = self.config.served_model_name
         self.public_id = names[0] if names else registered or model.identity.model_id
-        # The names a request may give: the served names, else the public id and the
-        # file's own id.
-        self.served_names = names or tuple(dict.fromkeys([self.public_id, model.identity.model_id]))
+        # The names a request may give, and /v1/models lists: the served names, else the
+        # public id alone (the file's own id, say smollm2-135m-8k-lc100k-mix1-ep2, is
+        # nothing a newcomer can place).
+        self.served_names = names or (self.public_id,)
         self.serving = self._build_serving(model)
         ident = model.identity
         settings = public_settings(self.config)

@@ -220,6 +220,27 @@ async def test_real_model_through_the_sync_openai_sdk(real_gguf: Path, tmp_path:
         assert text.startswith("The capital of France is Paris.")
 
 
+@pytest.mark.realmodel
+async def test_a_registered_model_is_served_under_its_name_alone(
+    real_gguf: Path, tmp_path: Path
+) -> None:
+    """Served by its registered name, the default model is listed and answered under
+    that name only: not also under its file's id (smollm2-135m-8k-lc100k-mix1-ep2),
+    which newcomers could not place."""
+    from ninfer._artifacts import DEFAULT_MODEL
+
+    async with serve(Path(DEFAULT_MODEL), tmp_path) as srv, srv.client() as c:
+        models = (await c.get("/v1/models")).json()["data"]
+        assert [m["id"] for m in models] == [DEFAULT_MODEL]
+        assert srv.app.serving is not None
+        file_id = srv.app.serving.model.identity.model_id
+        assert file_id != DEFAULT_MODEL
+        body = {"model": file_id, "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 1}  # fmt: skip
+        r = await c.post("/v1/chat/completions", json=body)
+        assert (r.status_code, r.json()["error"]["code"]) == (404, "model_not_found")
+
+
 async def test_stop_strings_on_the_openai_routes(tiny_gguf: Path, tmp_path: Path) -> None:
     async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
         base = {"model": "tiny-test-llama", "prompt": "and", "max_tokens": 40, "temperature": 0}
