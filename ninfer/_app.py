@@ -88,6 +88,21 @@ def _silent(*_args: Any, **_fields: Any) -> None:
     """The record sink of routes whose refusals are not request-log records."""
 
 
+def version_info() -> dict[str, str | int]:
+    """What GET /version answers (torch's version read from its metadata: the event
+    loop's side never imports torch)."""
+    import importlib.metadata
+
+    from ninfer import __version__
+    from ninfer._requestlog import SCHEMA_VERSION
+
+    try:
+        torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - installed with us
+        torch = "unknown"
+    return {"version": __version__, "torch": torch, "request_log_schema": SCHEMA_VERSION}
+
+
 class App:
     """One model, one engine, one scheduler; every request task in Hypercorn's nursery."""
 
@@ -116,6 +131,7 @@ class App:
             "/health": Route({"GET": self._health}, native, open=True, logged=False),
             "/ready": Route({"GET": self._ready}, native, open=True, logged=False),
             "/metrics": Route({"GET": self._metrics}, native),
+            "/version": Route({"GET": self._version}, native, logged=False),
             "/v1/generate": Route({"POST": self._generate}, native),
             "/v1/models": Route({"GET": self._models}, openai),
             "/v1/models/{model}": Route({"GET": self._model_one}, openai),
@@ -351,6 +367,11 @@ class App:
         to load), so that a supervisor restarts the process."""
         self.lifespan.alive()
         await self._ok(exchange, life, b'{"status":"ok"}')
+
+    async def _version(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
+        """ninfer's version (as vLLM's GET /version), with torch's and the request log's
+        schema version."""
+        await self._ok(exchange, life, dumps(version_info()))
 
     async def _ready(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
         model = self.lifespan.ready().model

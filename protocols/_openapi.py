@@ -233,6 +233,20 @@ def openapi_document(version: str) -> dict[str, Any]:
                 },
             }
         },
+        "/version": {
+            "get": {
+                "summary": "ninfer's version (as vLLM's), torch's, the request log's schema",
+                "responses": {
+                    "200": {"description": "versions", "content": _json(
+                        {"type": "object",
+                         "required": ["version", "torch", "request_log_schema"],
+                         "properties": {"version": {"type": "string"},
+                                        "torch": {"type": "string"},
+                                        "request_log_schema": {"type": "integer"}}})},
+                    **_errors(native_err, ("401",), "X-Request-Id"),
+                },
+            }
+        },
         "/v1/generate": generation(
             "native generation",
             req(GenerateRequest, False),

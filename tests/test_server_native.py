@@ -168,10 +168,27 @@ async def test_routing_errors(tiny_gguf: Path, tmp_path: Path) -> None:
         assert (r.status_code, r.json()["error"]["type"]) == (415, "unsupported_media_type")
 
 
+async def test_version(tiny_gguf: Path, tmp_path: Path) -> None:
+    """GET /version: ninfer's, torch's and the request log schema's versions, as the
+    contract says; not a request the log records."""
+    import torch
+
+    from ninfer import __version__
+    from ninfer._requestlog import SCHEMA_VERSION
+
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        r = await c.get("/version")
+    assert r.status_code == 200
+    assert r.json() == {"version": __version__, "torch": torch.__version__,
+                        "request_log_schema": SCHEMA_VERSION}  # fmt: skip
+    assert not [rec for rec in srv.log_records() if rec.get("endpoint") == "/version"]
+
+
 async def test_api_key(tiny_gguf: Path, tmp_path: Path) -> None:
     async with serve(tiny_gguf, tmp_path, api_key="s3cret") as srv, srv.client() as c:
         assert (await c.get("/health")).status_code == 200
         assert (await c.get("/ready")).status_code == 200
+        assert (await c.get("/version")).status_code == 401
         r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 1})
         assert (r.status_code, r.json()["error"]["type"]) == (401, "unauthorized")
         r = await c.post(
