@@ -116,6 +116,7 @@ class App:
         binds_itself: bool = True,
     ) -> None:
         self.config = config
+        self._openapi_body: bytes | None = None  # GET /openapi.json, built on first use
         add_reason_phrases()  # Hypercorn's status lines name their status
         track_connections()  # a request task can close its connection (`abort`)
         self.lifespan = Lifespan(
@@ -132,6 +133,7 @@ class App:
             "/ready": Route({"GET": self._ready}, native, open=True, logged=False),
             "/metrics": Route({"GET": self._metrics}, native),
             "/version": Route({"GET": self._version}, native, logged=False),
+            "/openapi.json": Route({"GET": self._openapi}, native, logged=False),
             "/v1/generate": Route({"POST": self._generate}, native),
             "/v1/models": Route({"GET": self._models}, openai),
             "/v1/models/{model}": Route({"GET": self._model_one}, openai),
@@ -372,6 +374,18 @@ class App:
         """ninfer's version (as vLLM's GET /version), with torch's and the request log's
         schema version."""
         await self._ok(exchange, life, dumps(version_info()))
+
+    async def _openapi(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
+        """The contract this server keeps (what `ninfer openapi` writes, and
+        docs/openapi.json ships), built once."""
+        if self._openapi_body is None:
+            from ninfer import __version__
+            from protocols import openapi_document
+
+            self._openapi_body = await trio.to_thread.run_sync(
+                lambda: dumps(openapi_document(__version__))
+            )
+        await self._ok(exchange, life, self._openapi_body)
 
     async def _ready(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
         model = self.lifespan.ready().model

@@ -247,6 +247,15 @@ def openapi_document(version: str) -> dict[str, Any]:
                 },
             }
         },
+        "/openapi.json": {
+            "get": {
+                "summary": "this document: the contract the server keeps",
+                "responses": {
+                    "200": {"description": "OpenAPI 3.1", "content": _json({"type": "object"})},
+                    **_errors(native_err, ("401",), "X-Request-Id"),
+                },
+            }
+        },
         "/v1/generate": generation(
             "native generation",
             req(GenerateRequest, False),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -168,9 +169,12 @@ async def test_routing_errors(tiny_gguf: Path, tmp_path: Path) -> None:
         assert (r.status_code, r.json()["error"]["type"]) == (415, "unsupported_media_type")
 
 
+SHIPPED_CONTRACT = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"
+
+
 async def test_version(tiny_gguf: Path, tmp_path: Path) -> None:
-    """GET /version: ninfer's, torch's and the request log schema's versions, as the
-    contract says; not a request the log records."""
+    """GET /version: ninfer's, torch's and the request log schema's versions; not a
+    request the log records. GET /openapi.json: the shipped contract, whole."""
     import torch
 
     from ninfer import __version__
@@ -178,6 +182,9 @@ async def test_version(tiny_gguf: Path, tmp_path: Path) -> None:
 
     async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
         r = await c.get("/version")
+        contract = await c.get("/openapi.json")
+    assert contract.json() == json.loads(SHIPPED_CONTRACT.read_bytes())
+    assert "/version" in contract.json()["paths"]
     assert r.status_code == 200
     assert r.json() == {"version": __version__, "torch": torch.__version__,
                         "request_log_schema": SCHEMA_VERSION}  # fmt: skip
