@@ -134,6 +134,8 @@ class App:
             "/metrics": Route({"GET": self._metrics}, native),
             "/version": Route({"GET": self._version}, native, logged=False),
             "/openapi.json": Route({"GET": self._openapi}, native, logged=False),
+            "/tokenize": Route({"POST": self._tokenize}, native),
+            "/detokenize": Route({"POST": self._detokenize}, native),
             "/v1/generate": Route({"POST": self._generate}, native),
             "/v1/models": Route({"GET": self._models}, openai),
             "/v1/models/{model}": Route({"GET": self._model_one}, openai),
@@ -424,6 +426,15 @@ class App:
         taking a place in the scheduler: it never reaches the engine)."""
         serving = self.lifespan.ready()
         await self._counted(scope, exchange, life, serving.messages.count_tokens)
+
+    async def _tokenize(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
+        """llama.cpp's and vLLM's POST /tokenize; a token count's limit and no place."""
+        serving = self.lifespan.ready()
+        await self._counted(scope, exchange, life, serving.tokenizing.tokenize)
+
+    async def _detokenize(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
+        serving = self.lifespan.ready()
+        await self._counted(scope, exchange, life, serving.tokenizing.detokenize)
 
     async def _input_tokens(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
         """POST /v1/responses/input_tokens: as /v1/responses would build the prompt."""

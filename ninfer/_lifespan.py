@@ -41,6 +41,7 @@ from ninfer.frontends import (
     NativeFrontend,
     ResponsesFrontend,
     ResponseStore,
+    TokenizeFrontend,
 )
 from ninfer.frontends._structured import UNENFORCEABLE
 from ninfer.frontends._tools import ToolPlan, tool_grammar
@@ -74,6 +75,7 @@ class Serving:
     by_path: dict[str, Frontend]
     messages: MessagesFrontend
     responses: ResponsesFrontend
+    tokenizing: TokenizeFrontend  # POST /tokenize, /detokenize
 
 
 # A grammar as the engine takes it: text, or compiled for it off its thread.
@@ -250,8 +252,9 @@ class Lifespan:
             cfg.response_store_max_records, int(cfg.response_store_max_mib * 1024 * 1024)
         )
         responses = ResponsesFrontend(ctx, store)
+        native = NativeFrontend(ctx)
         frontends: list[Frontend] = [
-            NativeFrontend(ctx),
+            native,
             ChatFrontend(ctx),
             CompletionsFrontend(ctx),
             messages,
@@ -278,6 +281,7 @@ class Lifespan:
             by_path={f.endpoint: f for f in frontends},
             messages=messages,
             responses=responses,
+            tokenizing=TokenizeFrontend(native),
         )
 
     def begin_drain(self) -> None:

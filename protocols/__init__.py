@@ -37,8 +37,13 @@ from protocols._json import (
     loads,
 )
 from protocols._native import (
+    DetokenizeRequest,
+    DetokenizeResponse,
     GenerateRequest,
     NativeCodec,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenPiece,
 )
 from protocols._openai import (
     ChatMessage,
@@ -179,6 +184,8 @@ __all__ = [
     "ContentPartEvent",
     "CountTokensRequest",
     "CountTokensResponse",
+    "DetokenizeRequest",
+    "DetokenizeResponse",
     "Dialect",
     "Encoder",
     "ErrorKind",
@@ -243,6 +250,9 @@ __all__ = [
     "TextDelta",
     "Timing",
     "TokenLogprobEntry",
+    "TokenPiece",
+    "TokenizeRequest",
+    "TokenizeResponse",
     "ToolCall",
     "ToolCallDelta",
     "ToolUseBlock",

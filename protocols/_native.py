@@ -31,8 +31,13 @@ __all__ = [
     "MAX_SEED",
     "MAX_STOPS",
     "MAX_STOP_CHARS",
+    "DetokenizeRequest",
+    "DetokenizeResponse",
     "GenerateRequest",
     "NativeCodec",
+    "TokenPiece",
+    "TokenizeRequest",
+    "TokenizeResponse",
 ]
 
 MAX_STOPS = 4
@@ -62,15 +67,98 @@ class GenerateRequest:
     json_schema: dict[str, Any] | None = None
 
 
+@attrs.frozen
+class TokenizeRequest:
+    """POST /tokenize, in llama.cpp's shape (`content`, `add_special`, `with_pieces`) or
+    vLLM's (`prompt`, `add_special_tokens`, `model`): one text, exactly."""
+
+    content: str | None = None
+    prompt: str | None = None
+    model: str | None = None
+    add_special: bool | None = None  # llama.cpp's; default false
+    add_special_tokens: bool | None = None  # vLLM's; default true
+    with_pieces: bool = False
+    messages: list[Any] | None = None  # vLLM's chat form: refused, by name
+
+    def text(self) -> tuple[str, str]:
+        """(the text, the field it came in)."""
+        if self.content is not None:
+            return self.content, "content"
+        assert self.prompt is not None  # checked by the codec
+        return self.prompt, "prompt"
+
+    def bos(self) -> bool:
+        """Whether the model's BOS token (where it wants one) comes first."""
+        if self.add_special is not None:
+            return self.add_special
+        if self.add_special_tokens is not None:
+            return self.add_special_tokens
+        return self.prompt is not None  # each shape's own default
+
+
+@attrs.frozen
+class TokenPiece:
+    id: int
+    piece: str
+
+
+@attrs.frozen
+class TokenizeResponse:
+    """Both servers' answers in one: llama.cpp's `tokens` (ids, or {id, piece} with
+    with_pieces) and vLLM's `count`, `max_model_len` (and its `tokens`)."""
+
+    tokens: list[int] | list[TokenPiece]
+    count: int
+    max_model_len: int
+
+
+@attrs.frozen
+class DetokenizeRequest:
+    """POST /detokenize: llama.cpp's and vLLM's shape (`tokens`; vLLM's `model`)."""
+
+    tokens: list[int] = attrs.field(metadata=schema(items={"minimum": 0}))
+    model: str | None = None
+
+
+@attrs.frozen
+class DetokenizeResponse:
+    """llama.cpp's `content` and vLLM's `prompt`: the same text."""
+
+    content: str
+    prompt: str
+
+
 class NativeCodec:
     """Parses native requests with its own strict converter (one per app, never global)."""
 
     def __init__(self) -> None:
         self._conv = make_converter()
         register_list(self._conv, str)
+        register_list(self._conv, int)
 
     def parse_generate(self, body: Any) -> GenerateRequest:
         return parse_generate(self._conv, body)
+
+    def parse_tokenize(self, body: Any) -> TokenizeRequest:
+        req = structure(self._conv, body, TokenizeRequest)
+        if req.messages is not None:
+            raise ApiError(
+                "invalid_request",
+                "messages are not tokenized here: send the text (content or prompt); a "
+                "chat's prompt is counted by /v1/messages/count_tokens",
+                param="messages",
+                code="unsupported_parameter",
+            )
+        if (req.content is None) == (req.prompt is None):
+            raise ApiError(
+                "invalid_request",
+                "send the text to tokenize as content (llama.cpp) or as prompt (vLLM), once",
+                param="content",
+            )
+        return req
+
+    def parse_detokenize(self, body: Any) -> DetokenizeRequest:
+        return structure(self._conv, body, DetokenizeRequest)
 
 
 def parse_generate(conv: cattrs.Converter, body: Any) -> GenerateRequest:

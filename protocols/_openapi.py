@@ -11,7 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from protocols._anthropic import CountTokensRequest, MessagesRequest
-from protocols._native import GenerateRequest
+from protocols._native import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    GenerateRequest,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from protocols._openai import ChatRequest, CompletionRequest
 from protocols._responses import (
     ANTHROPIC_STREAM_EVENTS,
@@ -305,6 +311,26 @@ def openapi_document(version: str) -> dict[str, Any]:
             _errors(anthropic_err, _COMPAT_STATUSES, "Request-Id"),
             rid_name="Request-Id",
         ),
+        "/tokenize": {
+            "post": {
+                "summary": "a text's tokens (llama.cpp's and vLLM's shapes, one answer)",
+                "requestBody": {"required": True,
+                                "content": _json(req(TokenizeRequest, False))},
+                "responses": {"200": {"description": "tokenized", "headers": rid,
+                                      "content": _json(resp(TokenizeResponse))},
+                              **_errors(native_err, _NATIVE_STATUSES, "X-Request-Id")},
+            }
+        },
+        "/detokenize": {
+            "post": {
+                "summary": "tokens' text (llama.cpp's content and vLLM's prompt)",
+                "requestBody": {"required": True,
+                                "content": _json(req(DetokenizeRequest, False))},
+                "responses": {"200": {"description": "text", "headers": rid,
+                                      "content": _json(resp(DetokenizeResponse))},
+                              **_errors(native_err, _NATIVE_STATUSES, "X-Request-Id")},
+            }
+        },
         "/v1/messages/count_tokens": {
             "post": {
                 "summary": "count a conversation's tokens (Anthropic-compatible)",

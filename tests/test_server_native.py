@@ -446,3 +446,41 @@ async def test_retry_after_stays_in_the_documented_range(tiny_gguf: Path, tmp_pa
         r = await c.post(GEN, json={"prompt": "x"})
         assert r.status_code == 503
         assert (r.headers["retry-after"], r.headers["retry-after-ms"]) == ("60", "60000")
+
+
+async def test_tokenize_and_detokenize_in_both_servers_shapes(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """POST /tokenize as llama.cpp's server (content, add_special, with_pieces) and as
+    vLLM (prompt, model, add_special_tokens) ask it, one answer for both (tokens,
+    count, max_model_len); POST /detokenize gives llama.cpp's content and vLLM's
+    prompt; the text round-trips; mistakes are refused by name."""
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        served = srv.app.public_id
+        model = srv.app.serving.model if srv.app.serving else None
+        assert model is not None
+        text = "the quick fox"
+        llama = (await c.post("/tokenize", json={"content": text})).json()
+        vllm = (await c.post("/tokenize", json={"prompt": text, "model": served})).json()
+        ids = llama["tokens"]
+        assert ids == model.tokenizer.encode(text)[-len(ids) :]
+        assert (llama["count"], llama["max_model_len"]) == (len(ids), model.max_context)
+        assert vllm["tokens"] == model.tokenizer.encode(text)  # BOS where the model wants
+        plain = await c.post("/tokenize", json={"prompt": text, "add_special_tokens": False})
+        assert plain.json()["tokens"] == ids
+        pieces = (await c.post("/tokenize", json={"content": text, "with_pieces": True})).json()
+        assert [p["id"] for p in pieces["tokens"]] == ids
+        assert "".join(p["piece"] for p in pieces["tokens"]) == text
+        back = (await c.post("/detokenize", json={"tokens": ids})).json()
+        assert back == {"content": text, "prompt": text}
+        for path, body, param in (
+            ("/tokenize", {"content": "a", "prompt": "b"}, "content"),
+            ("/tokenize", {}, "content"),
+            ("/tokenize", {"messages": [{"role": "user", "content": "a"}]}, "messages"),
+            ("/tokenize", {"content": "a", "model": "nope"}, "model"),
+            ("/detokenize", {"tokens": [10**9]}, "tokens[0]"),
+            ("/detokenize", {"tokens": "abc"}, "tokens"),
+        ):
+            r = await c.post(path, json=body)
+            assert r.status_code in (400, 404, 422), (path, body, r.text)
+            assert r.json()["error"]["param"] == param, r.text

@@ -13,7 +13,7 @@ from ninfer.frontends._base import (
     Outcome,
     Prepared,
 )
-from ninfer.frontends._native import NativeFrontend
+from ninfer.frontends._native import NativeFrontend, TokenizeFrontend
 from ninfer.frontends._openai import ChatFrontend, CompletionsFrontend, model_card, model_list
 from ninfer.frontends._responses import ResponsesFrontend, ResponseStore
 
@@ -31,6 +31,7 @@ __all__ = [
     "Prepared",
     "ResponseStore",
     "ResponsesFrontend",
+    "TokenizeFrontend",
     "model_card",
     "model_list",
 ]

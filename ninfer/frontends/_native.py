@@ -10,6 +10,8 @@ from ninfer.engine import TokenDelta
 from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
 from ninfer.frontends._budget import SamplingRequest
 from protocols import (
+    ApiError,
+    DetokenizeResponse,
     Encoder,
     GenerateResponse,
     NativeCodec,
@@ -18,10 +20,12 @@ from protocols import (
     NativeModel,
     NativeTokenEvent,
     Timing,
+    TokenizeResponse,
+    TokenPiece,
     Usage,
 )
 
-__all__ = ["NativeFrontend"]
+__all__ = ["NativeFrontend", "TokenizeFrontend"]
 
 NativeFinish = Literal["eos", "stop", "length", "context"]
 FINISH_REASONS: dict[str, NativeFinish] = {
@@ -105,3 +109,52 @@ class NativeFrontend(Frontend):
         )
         answer = NativeAnswer(self.dialect.encoder, self.model, request_id, warnings)
         return Prepared((gen,), req.stream, answer, {"protocol": self.protocol})
+
+
+class TokenizeFrontend:
+    """POST /tokenize and /detokenize, in the shapes llama.cpp's server and vLLM answer
+    (docs/api.md): the served model's tokenizer, no place in the scheduler."""
+
+    def __init__(self, native: NativeFrontend) -> None:
+        self.native = native
+        self._codec = NativeCodec()
+
+    async def tokenize(self, body: bytes) -> bytes:
+        frontend = self.native
+        req = await frontend.decode(body, self._codec.parse_tokenize)
+        if req.model is not None:
+            frontend.ctx.check_model(req.model)
+        text, param = req.text()
+        ids = await frontend.tokens(text, prompt_param=param)
+        tok = frontend.ctx.model.tokenizer
+        added = tok.encode("")  # what the model puts before every prompt (its BOS), if any
+        if not req.bos() and added and ids[: len(added)] == added:
+            ids = ids[len(added) :]
+        tokens: list[int] | list[TokenPiece] = ids
+        if req.with_pieces:
+            tokens = [TokenPiece(i, _piece(tok.token_bytes(i))) for i in ids]
+        answer = TokenizeResponse(tokens, len(ids), frontend.ctx.model.max_context)
+        return frontend.dialect.encoder.json(answer)
+
+    async def detokenize(self, body: bytes) -> bytes:
+        frontend = self.native
+        req = await frontend.decode(body, self._codec.parse_detokenize)
+        if req.model is not None:
+            frontend.ctx.check_model(req.model)
+        vocab = frontend.ctx.model.identity.vocab_size
+        for i, token in enumerate(req.tokens):
+            if not 0 <= token < vocab:
+                raise ApiError(
+                    "invalid_request",
+                    f"tokens[{i}] is not in the vocabulary (0 to {vocab - 1})",
+                    param=f"tokens[{i}]",
+                )
+        tok = frontend.ctx.model.tokenizer
+        raw = b"".join(tok.token_bytes(t) for t in req.tokens)
+        text = raw.decode("utf-8", errors="replace")
+        return frontend.dialect.encoder.json(DetokenizeResponse(text, text))
+
+
+def _piece(raw: bytes) -> str:
+    """A token's text (a byte-level token that is part of a character: replacement)."""
+    return raw.decode("utf-8", errors="replace")
