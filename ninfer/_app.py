@@ -52,7 +52,7 @@ from ninfer._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ninfer._metrics import Metrics
 from ninfer._requestlog import RequestLog
 from ninfer.engine import ServedModel
-from ninfer.frontends import model_card, model_list
+from ninfer.frontends import model_card, model_list, server_props
 from protocols import AnthropicDialect, ApiError, Dialect, NativeDialect, OpenAIDialect, dumps
 from scheduler import AdmissionController
 
@@ -134,6 +134,7 @@ class App:
             "/metrics": Route({"GET": self._metrics}, native),
             "/version": Route({"GET": self._version}, native, logged=False),
             "/openapi.json": Route({"GET": self._openapi}, native, logged=False),
+            "/props": Route({"GET": self._props}, native, logged=False),
             "/tokenize": Route({"POST": self._tokenize}, native),
             "/detokenize": Route({"POST": self._detokenize}, native),
             "/v1/generate": Route({"POST": self._generate}, native),
@@ -376,6 +377,10 @@ class App:
         """ninfer's version (as vLLM's GET /version), with torch's and the request log's
         schema version."""
         await self._ok(exchange, life, dumps(version_info()))
+
+    async def _props(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
+        """llama.cpp's GET /props: the model, its context, template and capabilities."""
+        await self._ok(exchange, life, dumps(server_props(self.lifespan.ready().frontends)))
 
     async def _openapi(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
         """The contract this server keeps (what `ninfer openapi` writes, and

@@ -253,6 +253,33 @@ def openapi_document(version: str) -> dict[str, Any]:
                 },
             }
         },
+        "/props": {
+            "get": {
+                "summary": "the model, its context, template and capabilities (as llama.cpp's)",
+                "responses": {
+                    "200": {"description": "properties", "content": _json(
+                        {"type": "object",
+                         "required": ["model", "served_names", "architecture", "n_ctx",
+                                      "total_slots", "chat_template", "capabilities",
+                                      "modalities", "default_generation_settings",
+                                      "build_info"],
+                         "properties": {
+                             "model": {"type": "string"},
+                             "served_names": {"type": "array", "items": {"type": "string"}},
+                             "architecture": {"type": "string"},
+                             "n_ctx": {"type": "integer"},
+                             "total_slots": {"type": "integer"},
+                             "chat_template": {"type": ["string", "null"]},
+                             "capabilities": {"type": "object", "additionalProperties": {
+                                 "type": "boolean"}},
+                             "modalities": {"type": "object", "additionalProperties": {
+                                 "type": "boolean"}},
+                             "default_generation_settings": {"type": "object"},
+                             "build_info": {"type": "string"}}})},
+                    **_errors(native_err, ("401", "503"), "X-Request-Id"),
+                },
+            }
+        },
         "/openapi.json": {
             "get": {
                 "summary": "this document: the contract the server keeps",

@@ -40,6 +40,7 @@ FAIL = "FAIL"
 
 
 class FakeTemplate:
+    source = "<role>content...<assistant>"
     writes_tool_calls = False
 
     def render(

@@ -174,7 +174,8 @@ SHIPPED_CONTRACT = Path(__file__).resolve().parent.parent / "docs" / "openapi.js
 
 async def test_version(tiny_gguf: Path, tmp_path: Path) -> None:
     """GET /version: ninfer's, torch's and the request log schema's versions; not a
-    request the log records. GET /openapi.json: the shipped contract, whole."""
+    request the log records. GET /openapi.json: the shipped contract, whole. GET
+    /props: the model, its context, slots, template and defaults."""
     import torch
 
     from ninfer import __version__
@@ -183,6 +184,14 @@ async def test_version(tiny_gguf: Path, tmp_path: Path) -> None:
     async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
         r = await c.get("/version")
         contract = await c.get("/openapi.json")
+        props = (await c.get("/props")).json()
+    assert props["model"] == srv.app.public_id
+    assert props["served_names"] == [srv.app.public_id]
+    assert props["n_ctx"] == props["default_generation_settings"]["n_ctx"] > 0
+    assert props["total_slots"] == srv.app.config.max_concurrency
+    assert "{%" in props["chat_template"]  # the tiny model's ChatML template
+    assert props["capabilities"]["chat"] is props["capabilities"]["structured_outputs"] is True
+    assert props["default_generation_settings"]["params"]["temperature"] == 1.0
     assert contract.json() == json.loads(SHIPPED_CONTRACT.read_bytes())
     assert "/version" in contract.json()["paths"]
     assert r.status_code == 200

@@ -268,6 +268,11 @@ class ChatTemplate(Protocol):
     """A model's chat template, rendered in a sandbox."""
 
     @property
+    def source(self) -> str:
+        """The template's Jinja text, as the model file (or --chat-template) gave it."""
+        ...
+
+    @property
     def writes_tool_calls(self) -> bool:
         """Whether the template offers tools and writes calls in Hermes' markup itself."""
         ...

@@ -8,7 +8,7 @@ import attrs
 
 from ninfer.engine import TokenDelta
 from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
-from ninfer.frontends._budget import SamplingRequest
+from ninfer.frontends._budget import SamplingRequest, resolve_sampling
 from protocols import (
     ApiError,
     DetokenizeResponse,
@@ -25,7 +25,7 @@ from protocols import (
     Usage,
 )
 
-__all__ = ["NativeFrontend", "TokenizeFrontend"]
+__all__ = ["NativeFrontend", "TokenizeFrontend", "server_props"]
 
 NativeFinish = Literal["eos", "stop", "length", "context"]
 FINISH_REASONS: dict[str, NativeFinish] = {
@@ -158,3 +158,42 @@ class TokenizeFrontend:
 def _piece(raw: bytes) -> str:
     """A token's text (a byte-level token that is part of a character: replacement)."""
     return raw.decode("utf-8", errors="replace")
+
+
+def server_props(ctx: FrontendContext) -> dict[str, Any]:
+    """GET /props, in the shape of llama.cpp's server where it has one (n_ctx,
+    total_slots, chat_template, default_generation_settings, modalities, build_info),
+    with ninfer's own: the served names and what the model can do here."""
+    from ninfer import __version__
+
+    defaults, _ = resolve_sampling(SamplingRequest(), ctx.config)
+    template = ctx.model.tokenizer.chat_template
+    ident = ctx.model.identity
+    return {
+        "model": ctx.public_id,
+        "served_names": list(ctx.names),
+        "architecture": ident.architecture,
+        "n_ctx": ctx.model.max_context,
+        "total_slots": ctx.config.max_concurrency,
+        "chat_template": template.source if template is not None else None,
+        "capabilities": {
+            "chat": template is not None,
+            "tools": template is not None,
+            "structured_outputs": True,
+            "vision": False,
+            "audio": False,
+        },
+        "modalities": {"vision": False, "audio": False},
+        "default_generation_settings": {
+            "n_ctx": ctx.model.max_context,
+            "params": {
+                "temperature": defaults.temperature,
+                "top_p": defaults.top_p,
+                "top_k": defaults.top_k,
+                "min_p": defaults.min_p,
+                "seed": defaults.seed,
+                "max_tokens": ctx.config.default_max_tokens,
+            },
+        },
+        "build_info": f"ninfer {__version__}",
+    }
