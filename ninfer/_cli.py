@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ninfer import __version__
 
@@ -483,13 +484,13 @@ def _add_logs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from ninfer._artifacts import DEFAULT_MODEL, REGISTRY
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ninfer", description="An LLM inference server that tells the truth under load."
     )
     parser.add_argument("--version", action="version", version=f"ninfer {__version__}")
     # No abbreviated flags anywhere: `--api SECRET` must not be taken for --api-key (and
     # then logged as an unknown spelling).
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=argparse.ArgumentParser)
 
     fetch = sub.add_parser(
         "fetch-model",
@@ -645,6 +646,34 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_bench)
     _no_abbreviations(parser)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, saying which flag a misspelt one was probably meant to be: the
+    unrecognised flags come back to the top parser, which looks through every
+    command's flags (`--max-concurency` is one letter from `--max-concurrency`)."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            known = sorted(_flags(self))
+            for arg in message.split(":", 1)[1].split():
+                flag = arg.split("=", 1)[0]
+                if flag.startswith("--"):
+                    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.8)
+                    if close:
+                        message += f" (did you mean {close[0]}?)"
+                        break
+        super().error(message)
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Every long flag of `parser` and of its commands'."""
+    out = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                out |= _flags(child)
+    return out
 
 
 def _no_abbreviations(parser: argparse.ArgumentParser) -> None:

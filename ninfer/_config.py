@@ -9,6 +9,7 @@ raises ConfigError naming the flag.
 from __future__ import annotations
 
 import argparse
+import difflib
 import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -254,41 +255,42 @@ SETTINGS: tuple[Setting, ...] = (
 _BY_NAME = {s.name: s for s in SETTINGS}
 
 
-def _check(setting: Setting, value: Any) -> Any:
+def _check(setting: Setting, value: Any, label: str | None = None) -> Any:
+    """`value` for `setting`, checked; errors name `label` (where the value came from:
+    a flag, an environment variable, a TOML file's key), else the flag."""
+    flag = label or setting.flag
     if value is None:
         if setting.optional:
             return None
-        raise ConfigError(f"{setting.flag} needs a value")
+        raise ConfigError(f"{flag} needs a value")
     if setting.kind is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{setting.flag} must be true or false")
+            raise ConfigError(f"{flag} must be true or false")
     elif setting.kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{setting.flag} must be an integer")
+            raise ConfigError(f"{flag} must be an integer")
     elif setting.kind is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{setting.flag} must be a number")
+            raise ConfigError(f"{flag} must be a number")
         value = float(value)
         if value != value or value in (float("inf"), float("-inf")):
-            raise ConfigError(f"{setting.flag} must be a finite number")
+            raise ConfigError(f"{flag} must be a finite number")
     elif setting.kind is list:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",")]
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{setting.flag} must be a list of names")
+            raise ConfigError(f"{flag} must be a list of names")
         if not value or not all(v.strip() for v in value):
-            raise ConfigError(f"{setting.flag} needs non-empty names")
+            raise ConfigError(f"{flag} needs non-empty names")
         return tuple(value)
     elif not isinstance(value, str):
-        raise ConfigError(f"{setting.flag} must be a string")
+        raise ConfigError(f"{flag} must be a string")
     if setting.minimum is not None and value < setting.minimum:
-        raise ConfigError(f"{setting.flag} must be at least {setting.minimum:g}, got {value}")
+        raise ConfigError(f"{flag} must be at least {setting.minimum:g}, got {value}")
     if setting.maximum is not None and value > setting.maximum:
-        raise ConfigError(f"{setting.flag} must be at most {setting.maximum:g}, got {value}")
+        raise ConfigError(f"{flag} must be at most {setting.maximum:g}, got {value}")
     if setting.choices and value not in setting.choices:
-        raise ConfigError(
-            f"{setting.flag} must be one of {', '.join(setting.choices)}, got {value!r}"
-        )
+        raise ConfigError(f"{flag} must be one of {', '.join(setting.choices)}, got {value!r}")
     return value
 
 
@@ -336,15 +338,19 @@ class ServerConfig:
         return int(self.max_request_mib * 1024 * 1024)
 
 
-def build_config(values: Mapping[str, Any]) -> ServerConfig:
-    """A ServerConfig from a mapping of setting names; unknown names and bad values refused."""
+def build_config(
+    values: Mapping[str, Any], sources: Mapping[str, str] | None = None
+) -> ServerConfig:
+    """A ServerConfig from a mapping of setting names; unknown names and bad values
+    refused, naming where each came from (`sources`: name to flag, variable or key)."""
     checked: dict[str, Any] = {}
+    sources = sources or {}
     if isinstance(values.get("cors"), bool):  # cors = true in a TOML file
         values = {**values, "cors": "*" if values["cors"] else None}
     for name, value in values.items():
         if name not in _BY_NAME:
-            raise ConfigError(f"unknown setting {name!r}")
-        checked[name] = _check(_BY_NAME[name], value)
+            raise ConfigError(f"unknown setting {sources.get(name, repr(name))}{_close(name)}")
+        checked[name] = _check(_BY_NAME[name], value, sources.get(name))
     for s in SETTINGS:
         checked.setdefault(s.name, s.default)
     if checked["api_key_file"] is not None:
@@ -366,6 +372,56 @@ def _read_key(path: str) -> str:
             return f.readline().strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--api-key-file {path}: cannot read it ({exc})") from None
+
+
+# NINFER_ variables that are not settings: read by ninfer or its scripts.
+OTHER_ENV = {
+    "NINFER_CONFIG": "a TOML file of settings",
+    "NINFER_CACHE": "the model cache",
+    "NINFER_TORCH": "the torch dev.sh installs",
+    "NINFER_URL": "the server the examples ask",
+}
+
+
+def _close(name: str) -> str:
+    """'; did you mean X?' for the known setting nearest `name`, else ''."""
+    close = difflib.get_close_matches(name, list(_BY_NAME), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_env_names(environ: Mapping[str, str]) -> None:
+    """Refuse an unknown NINFER_ variable (a misspelt one would be silently ignored),
+    naming the closest known one."""
+    known = {s.env for s in SETTINGS} | set(OTHER_ENV)
+    for name in sorted(environ):
+        if name.startswith("NINFER_") and name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"unknown environment variable {name}{hint}")
+
+
+def env_values(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings NINFER_CONFIG's TOML file and the NINFER_ variables give (the
+    variables over the file), and where each came from."""
+    check_env_names(environ)
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    path = environ.get("NINFER_CONFIG")
+    if path:
+        try:
+            with open(path, "rb") as f:
+                table = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"NINFER_CONFIG {path}: {exc}") from None
+        for key, value in table.items():
+            name = key.replace("-", "_")
+            values[name] = value
+            sources[name] = f"{key!r} in {path}"
+    for s in SETTINGS:
+        if s.env in environ:
+            values[s.name] = _parse_env_value(s, environ[s.env])
+            sources[s.name] = s.env
+    return values, sources
 
 
 def _parse_env_value(setting: Setting, raw: str) -> Any:
@@ -397,20 +453,7 @@ def _parse_env_value(setting: Setting, raw: str) -> Any:
 def config_from_env(environ: Mapping[str, str]) -> ServerConfig:
     """For `hypercorn 'ninfer.app:create_app()'`: NINFER_CONFIG names an optional TOML
     file of settings; NINFER_<SETTING> variables override it."""
-    values: dict[str, Any] = {}
-    path = environ.get("NINFER_CONFIG")
-    if path:
-        try:
-            with open(path, "rb") as f:
-                table = tomllib.load(f)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"NINFER_CONFIG {path}: {exc}") from None
-        for key, value in table.items():
-            values[key.replace("-", "_")] = value
-    for s in SETTINGS:
-        if s.env in environ:
-            values[s.name] = _parse_env_value(s, environ[s.env])
-    return build_config(values)
+    return build_config(*env_values(environ))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -443,15 +486,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_namespace(
     ns: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> ServerConfig:
-    """Flags; the API key may also come from NINFER_API_KEY (kept out of `ps`)."""
-    values: dict[str, Any] = {}
-    key = (environ or {}).get("NINFER_API_KEY")
-    if key is not None and ns.api_key is None and ns.api_key_file is None:
-        values["api_key"] = key
+    """`ninfer serve`'s settings: flags over NINFER_ variables over NINFER_CONFIG's
+    TOML file (as under hypercorn), each refused naming where it came from."""
+    values, sources = env_values(environ or {})
+    if ns.api_key is not None or ns.api_key_file is not None:  # a flag's key wins whole
+        for name in ("api_key", "api_key_file"):
+            values.pop(name, None)
     for s in SETTINGS:
         raw = getattr(ns, s.name)
-        if raw is None:
-            continue
+        if raw is None or (s.kind is bool and raw is False):
+            continue  # not given (a boolean flag cannot say false: the lower layers may)
+        sources[s.name] = s.flag
         if s.kind is bool:
             values[s.name] = bool(raw)
             continue
@@ -467,7 +512,7 @@ def config_from_namespace(
                 raise ConfigError(f"{s.flag} must be a number, got {raw!r}") from None
         else:
             values[s.name] = raw
-    return build_config(values)
+    return build_config(values, sources)
 
 
 def redacted_argv(argv: Sequence[str], secret: str | None = None) -> list[str]:

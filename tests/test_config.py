@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -141,3 +142,43 @@ def test_served_model_names_from_flags_env_and_toml(tmp_path: Path) -> None:
         build_config({"model_id": "m", "served_model_name": ["n"]})
     with pytest.raises(ConfigError, match="non-empty"):
         build_config({"served_model_name": "a,,b"})
+
+
+def test_one_rule_for_flags_variables_and_the_file(tmp_path: Path) -> None:
+    """`ninfer serve` reads NINFER_ variables and NINFER_CONFIG's file as hypercorn does:
+    flags over variables over the file (before, it ignored both); a bad value names the
+    variable or key that carried it; an unknown NINFER_ name is refused with the
+    closest known one (a misspelt one was silently ignored)."""
+    toml = tmp_path / "ninfer.toml"
+    toml.write_text("max-concurrency = 2\nmax_pending_requests = 7\n")
+
+    def config(argv: list[str], env: dict[str, str]) -> Any:
+        return config_from_namespace(build_parser().parse_args(["serve", *argv]), env)
+
+    env = {"NINFER_CONFIG": str(toml)}
+    assert (config([], env).max_concurrency, config([], env).max_pending_requests) == (2, 7)
+    env["NINFER_MAX_CONCURRENCY"] = "3"
+    assert config([], env).max_concurrency == 3
+    assert config(["--max-concurrency", "5"], env).max_concurrency == 5
+    assert config(["--greedy"], {"NINFER_GREEDY": "0"}).greedy is True
+    assert config([], {"NINFER_GREEDY": "1"}).greedy is True
+    for bad, named in (
+        ({"NINFER_MAX_CONCURRENCY": "abc"}, "NINFER_MAX_CONCURRENCY must be an integer"),
+        ({"NINFER_DEVICE": "gpu"}, "NINFER_DEVICE must be one of"),
+        ({"NINFER_MAX_CONCURENCY": "4"},
+         "unknown environment variable NINFER_MAX_CONCURENCY; did you mean "
+         "NINFER_MAX_CONCURRENCY?"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError, match=named):
+            config([], bad)
+    toml.write_text("max-concurrency = 'two'\n")
+    with pytest.raises(ConfigError, match=f"'max-concurrency' in {toml}"):
+        config([], {"NINFER_CONFIG": str(toml)})
+    with pytest.raises(ConfigError, match="--device must be one of"):
+        config(["--device", "gpu"], {})
+
+
+def test_a_misspelt_flag_is_told_the_one_it_meant(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--max-concurency", "4"])
+    assert "did you mean --max-concurrency?" in capsys.readouterr().err
