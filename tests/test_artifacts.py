@@ -127,3 +127,29 @@ def test_a_long_download_says_it_is_still_fetching(tmp_path: Path) -> None:
     assert code == 0
     assert said
     assert said[0].startswith("still fetching (")
+
+
+@pytest.mark.parametrize("where", ["file", "missing-parent-in-proc", "read-only"])
+def test_a_cache_that_cannot_be_used_is_one_line(tmp_path: Path, where: str) -> None:
+    """`NINFER_CACHE=/etc/passwd ninfer serve` and `NINFER_CACHE=/proc/nope ninfer
+    fetch-model` ended in tracebacks: now a one-line error naming the folder and what
+    to do, before anything is downloaded."""
+    import os
+
+    if where == "file":
+        cache = tmp_path / "a-file"
+        cache.write_text("x")
+    elif where == "read-only":
+        if os.geteuid() == 0:
+            pytest.skip("root writes anywhere")
+        cache = tmp_path / "ro"
+        cache.mkdir()
+        cache.chmod(0o500)
+    else:
+        cache = Path("/proc/ninfer-nope")
+
+    def never(*_args: object) -> Path:
+        raise AssertionError("nothing is downloaded")
+
+    with pytest.raises(ArtifactError, match=f"the model cache {cache} cannot be used"):
+        fetch(DEFAULT_MODEL, cache, download=never)

@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 from server import serve
 
-from ninfer.tools._bench import BenchConfig, check_loopback, plot_bench, render_table, run_bench
+from ninfer.tools._bench import (
+    BenchConfig,
+    check_loopback,
+    plot_bench,
+    render_table,
+    run_bench,
+    server_url,
+)
 
 
 @pytest.mark.parametrize("route", ["chat", "completions", "native"])
@@ -40,3 +47,9 @@ def test_bench_stays_on_loopback_unless_asked() -> None:
     check_loopback("http://127.0.0.1:8080")
     with pytest.raises(ValueError, match="loopback"):
         check_loopback("http://10.0.0.5:8080")
+    # `ninfer bench localhost:8080` said " is not a loopback address" (an empty host)
+    assert server_url("localhost:8080") == "http://localhost:8080"
+    assert server_url("http://127.0.0.1:8080/") == "http://127.0.0.1:8080"
+    check_loopback(server_url("localhost:8080"))
+    with pytest.raises(ValueError, match="names no host"):
+        check_loopback("http://:8080")

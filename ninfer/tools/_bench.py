@@ -117,8 +117,18 @@ class LevelResult:
         }
 
 
+def server_url(url: str) -> str:
+    """The server's base URL: `localhost:8080` and `127.0.0.1:8080` mean http:// (as
+    curl takes them); a trailing slash is dropped."""
+    if "://" not in url:
+        url = "http://" + url
+    return url.rstrip("/")
+
+
 def check_loopback(url: str) -> None:
     host = urllib.parse.urlsplit(url).hostname or ""
+    if not host:
+        raise ValueError("the URL names no host; give http://HOST:PORT or HOST:PORT")
     if host not in ("127.0.0.1", "localhost", "::1") and not host.startswith("127."):
         raise ValueError(f"{host} is not a loopback address; pass --allow-remote to load it")
 
