@@ -68,6 +68,11 @@ def _hypercorn_console(console: Any) -> type[Any]:
             if level < 20:
                 return
             text = message % args if args else message
+            if text.startswith("Running on ") and text.endswith(" (CTRL + C to quit)"):
+                # Said before the model is loaded (or found to be bad): say so. `ready`
+                # follows when requests are served.
+                where = text.removeprefix("Running on ").removesuffix(" (CTRL + C to quit)")
+                text = f"listening on {where}; the model is loading (CTRL + C to quit)"
             if kwargs.get("exc_info"):
                 text += "\n" + traceback.format_exc().rstrip()
             getattr(console, name)(text)

@@ -95,6 +95,7 @@ class Lifespan:
         binds_itself: bool = True,
     ) -> None:
         self.config = config
+        self._started = time.monotonic()  # `ready` says how long start-up took in all
         self._binds_itself = binds_itself  # False: the server running the app chose the address
         self.log = RequestLog(config.request_log_jsonl)
         self.diagnostics = self.log.diagnostics()
@@ -221,6 +222,7 @@ class Lifespan:
             model=self.public_id,
             sha256=ident.sha256[:12],
             load_s=round(model.load_seconds, 2),
+            since_start_s=round(time.monotonic() - self._started, 1),
         )
         self.settled.set()
         if self.config.log_stats_interval_ms > 0:

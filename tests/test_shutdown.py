@@ -29,8 +29,9 @@ async def _start(cmd: list[str], console: bytearray | None = None) -> tuple[trio
         assert chunk, buf.decode(errors="replace")
         buf += chunk
         for line in buf.decode(errors="replace").splitlines():
-            if "Running on http://" in line:
-                return proc, line.split("Running on ")[1].split()[0]
+            # said as soon as the port is open, before the model is loaded
+            if "listening on http://" in line and "the model is loading" in line:
+                return proc, line.split("listening on ")[1].split(";")[0]
 
 
 # The console's one format: local time, level, then the event (Hypercorn's lines too).
@@ -101,7 +102,12 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
     assert code == 0
     lines = console.decode().splitlines()
     assert [line for line in lines if not CONSOLE_LINE.match(line)] == []
-    assert any(" ready " in line for line in lines)
+    ready = [line for line in lines if " ready " in line]
+    assert len(ready) == 1
+    assert "load_s=" in ready[0]
+    assert "since_start_s=" in ready[0]
+    listening = next(i for i, line in enumerate(lines) if "listening on http://" in line)
+    assert listening < lines.index(ready[0])  # the port opens first, and says so
     assert [s for s, _ in results] == [200] * 6
     assert all("event: done" in text for _, text in results)
     records = [orjson.loads(line) for line in log.read_bytes().splitlines()]
