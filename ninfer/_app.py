@@ -321,6 +321,18 @@ class App:
             self._lives.discard(life)
             if exchange.status:
                 self.metrics.http_done(label, exchange.status)
+                if not self.config.no_access_log and (route is None or route.logged):
+                    self._access(method, label, exchange.status, life)
+
+    def _access(self, method: str, label: str, status: int, life: Lifecycle) -> None:
+        """The request's access line on the console (uvicorn's, llama-server's): method,
+        route (its template, or `unmatched`: never the raw path), status, tokens when
+        it generated, seconds, request id. Probes (/health, /ready) are not shown."""
+        fields: dict[str, Any] = {"method": method, "route": label, "status": status}
+        if life.tokens is not None:
+            fields["tokens"] = f"{life.tokens[0]}+{life.tokens[1]}"
+        fields["seconds"] = round(trio.current_time() - life.arrival, 3)
+        self.log.console("access", request_id=life.request_id, **fields)
 
     async def _websocket(
         self, scope: WebsocketScope, receive: ASGIReceiveCallable, send: ASGISendCallable

@@ -177,6 +177,13 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="FILE",
     ),
     Setting(
+        "no_access_log",
+        bool,
+        False,
+        "print no access line on the console for each request (method, route, status, "
+        "tokens, seconds)",
+    ),
+    Setting(
         "log_stats_interval_ms",
         int,
         5000,
@@ -319,6 +326,7 @@ class ServerConfig:
     response_store_max_records: int = 1024
     response_store_max_mib: float = 64.0
     request_log_jsonl: str | None = None
+    no_access_log: bool = False
     log_stats_interval_ms: int = 5000
     graceful_timeout_s: float = 10.0
     read_timeout_s: float = 30.0

@@ -118,6 +118,7 @@ class Lifecycle:
     prepared_at: float | None = None
     admitted_at: float | None = None
     first_token_at: float | None = None
+    tokens: tuple[int, int] | None = None  # (prompt, completion), once settled
 
     @property
     def decided(self) -> bool:
@@ -178,6 +179,7 @@ class Lifecycle:
         # A budget cut short by a full KV pool is told to the client as its length; the
         # record says so in a field of its own (the finish reasons of schema v1 stay).
         extra: dict[str, Any] = {"cut_by": "kv_pool"} if finish.reason == "capacity" else {}
+        self.tokens = (finish.usage.prompt_tokens, finish.usage.completion_tokens)
         self._go(
             Trigger.SETTLED,
             **extra,

@@ -493,3 +493,28 @@ async def test_tokenize_and_detokenize_in_both_servers_shapes(
             r = await c.post(path, json=body)
             assert r.status_code in (400, 404, 422), (path, body, r.text)
             assert r.json()["error"]["param"] == param, r.text
+
+
+async def test_each_request_has_an_access_line_unless_turned_off(
+    tiny_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One console line per request, in the console's format: method, route (never the
+    raw path), status, tokens when it generated, seconds; none for the probes, and
+    none at all with --no-access-log."""
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        await c.get("/health")
+        r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 3, "ignore_eos": True})
+        assert r.status_code == 200
+        await c.get("/no/such/secret-path")
+    lines = [line for line in capsys.readouterr().err.splitlines() if " access " in line]
+    assert len(lines) == 2, lines
+    done, missing = lines
+    assert "method=POST route=/v1/generate status=200" in done
+    assert "tokens=" in done
+    assert "+3" in done
+    assert r.headers["x-request-id"] in done
+    assert "route=unmatched status=404" in missing
+    assert "secret-path" not in missing
+    async with serve(tiny_gguf, tmp_path, no_access_log=True) as srv, srv.client() as c:
+        await c.post(GEN, json={"prompt": "x", "max_new_tokens": 1})
+    assert " access " not in capsys.readouterr().err
