@@ -131,7 +131,7 @@ class App:
         self._routes: dict[str, Route] = {
             "/health": Route({"GET": self._health}, native, open=True, logged=False),
             "/ready": Route({"GET": self._ready}, native, open=True, logged=False),
-            "/metrics": Route({"GET": self._metrics}, native),
+            "/metrics": Route({"GET": self._metrics}, native, open=config.metrics_public),
             "/version": Route({"GET": self._version}, native, logged=False),
             "/openapi.json": Route({"GET": self._openapi}, native, logged=False),
             "/props": Route({"GET": self._props}, native, logged=False),

@@ -177,6 +177,13 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="FILE",
     ),
     Setting(
+        "metrics_public",
+        bool,
+        False,
+        "serve GET /metrics without the API key (as vLLM allows), for a Prometheus that "
+        "scrapes without credentials; the metrics hold no prompt or key",
+    ),
+    Setting(
         "no_access_log",
         bool,
         False,
@@ -326,6 +333,7 @@ class ServerConfig:
     response_store_max_records: int = 1024
     response_store_max_mib: float = 64.0
     request_log_jsonl: str | None = None
+    metrics_public: bool = False
     no_access_log: bool = False
     log_stats_interval_ms: int = 5000
     graceful_timeout_s: float = 10.0

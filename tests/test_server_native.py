@@ -227,6 +227,11 @@ async def test_api_key(tiny_gguf: Path, tmp_path: Path) -> None:
         r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 1}, headers=both)
         assert r.status_code == 200
     assert b"s3cret" not in srv.log_path.read_bytes()
+    public = {"api_key": "s3cret", "metrics_public": True}
+    async with serve(tiny_gguf, tmp_path, **public) as srv, srv.client() as c:
+        assert (await c.get("/metrics")).status_code == 200  # scraped without the key
+        r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 1})
+        assert r.status_code == 401  # the rest still needs it
 
 
 async def test_body_limits_declared_and_chunked(tiny_gguf: Path, tmp_path: Path) -> None:
