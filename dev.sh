@@ -6,9 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-# An exact torch pin: an open range would pull a multi-GB CUDA build on a CPU machine.
-# Override for another machine, e.g. NINFER_TORCH='torch==2.13.0+cu128'.
+# An exact torch pin. On Linux, PyPI's torch==2.13.0 is the multi-GB CUDA build, so the
+# CPU build is taken from PyTorch's CPU wheel index (2.13.0+cpu satisfies the pin and
+# sorts above 2.13.0) when that index can be reached; where it cannot (a machine with
+# its own mirror of the CPU build), the configured indexes decide. NINFER_TORCH
+# overrides all of it, e.g. NINFER_TORCH='torch==2.13.0+cu128' on a CUDA machine.
 TORCH_SPEC="${NINFER_TORCH:-torch==2.13.0}"
+TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 PY="${PYTHON:-python3}"
 
 quiet_pip() {
@@ -23,8 +27,15 @@ setup() {
   fi
   local stamp=.venv/.ninfer-setup
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$TORCH_SPEC" ]; then
-    echo "setting up .venv: installing $TORCH_SPEC (a minute or two the first time)" >&2
-    quiet_pip "$TORCH_SPEC"
+    local index=()
+    if [ -z "${NINFER_TORCH:-}" ] && .venv/bin/python -c "
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1] + '/torch/', timeout=5)" "$TORCH_CPU_INDEX" 2>/dev/null; then
+      index=(--extra-index-url "$TORCH_CPU_INDEX")
+    fi
+    echo "setting up .venv: installing $TORCH_SPEC${index:+ (CPU build, $TORCH_CPU_INDEX)}" \
+      "(a minute or two the first time)" >&2
+    quiet_pip "${index[@]}" "$TORCH_SPEC"
     echo "setting up .venv: installing ninfer and its dependencies" >&2
     quiet_pip -e '.[dev]'
     echo "$TORCH_SPEC" > "$stamp"
