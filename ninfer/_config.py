@@ -96,7 +96,7 @@ SETTINGS: tuple[Setting, ...] = (
         "weights",
         str,
         "int4",
-        "int4: run the GGUF's Q4_0/Q4_1 matrices in their 4-bit blocks through torch's int4 "
+        "int4: run the GGUF's Q4_0/Q4_1/Q4_K matrices in their 4-bit blocks through torch's int4 "
         "CPU kernel (bfloat16 inside those matmuls, everything else in --dtype); dense: "
         "dequantize every matrix to --dtype",
         choices=WEIGHT_MODES,

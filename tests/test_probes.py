@@ -78,3 +78,13 @@ async def test_probes_against_the_default_model(real_gguf: Path, tmp_path: Path)
         env = ProbeEnv(model=srv.app.public_id, api_key="probe-key")
         results = await run_probes(srv.url, env)
     assert all(r.ok for r in results), _report(results)
+
+
+def test_the_readme_counts_the_probes() -> None:
+    """The README says how many requests `ninfer probe` sends: kept true."""
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    said = re.search(r"`ninfer probe` sends (\d+) awkward requests", readme)
+    assert said is not None
+    assert int(said.group(1)) == len(PROBES)
