@@ -177,6 +177,14 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="FILE",
     ),
     Setting(
+        "chat_template",
+        str,
+        None,
+        "a chat template for the model, replacing its file's: chatml, gemma3, or a Jinja "
+        "file's path (default: the file's own; a base model such as Gemma 3 270M has none)",
+        optional=True,
+    ),
+    Setting(
         "metrics_public",
         bool,
         False,
@@ -333,6 +341,7 @@ class ServerConfig:
     response_store_max_records: int = 1024
     response_store_max_mib: float = 64.0
     request_log_jsonl: str | None = None
+    chat_template: str | None = None
     metrics_public: bool = False
     no_access_log: bool = False
     log_stats_interval_ms: int = 5000
@@ -377,6 +386,10 @@ def build_config(
         if checked["served_model_name"] is not None:
             raise ConfigError("--model-id and --served-model-name: give one of them")
         checked["served_model_name"] = (checked["model_id"],)
+    if checked["chat_template"] is not None:  # a name or a readable file, said at start
+        from ninfer._chat_templates import chat_template_source
+
+        chat_template_source(checked["chat_template"])
     if checked["api_key"] is not None and not checked["api_key"].strip():
         raise ConfigError("--api-key must not be empty (an empty key would let anyone in)")
     return ServerConfig(**checked)

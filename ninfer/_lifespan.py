@@ -20,6 +20,7 @@ import trio
 
 from ninfer._artifacts import REGISTRY, cache_dir, resolve_model
 from ninfer._bridge import EngineHost, EngineService, ThreadedEngine
+from ninfer._chat_templates import chat_template_source
 from ninfer._config import ServerConfig, public_settings, redacted_argv
 from ninfer._estimate import ServiceTimes
 from ninfer._flow import FlowContext
@@ -114,6 +115,7 @@ class Lifespan:
                     dtype=config.dtype,
                     weights=config.weights,
                     device=config.device,
+                    chat_template=chat_template_source(config.chat_template),
                 ),
                 threads=config.threads,
                 log=self.diagnostics,

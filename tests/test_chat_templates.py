@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 from server import serve
-from tinymodel import GEMMA3_TEMPLATE, write_tiny_gguf
+from tinymodel import CHATML, GEMMA3_TEMPLATE, write_tiny_gguf
 
 from ninfer.engine._tokenizer import ChatTemplate
 
@@ -83,3 +83,29 @@ async def test_a_template_refusal_is_a_400_naming_messages(tmp_path: Path) -> No
             r = await client.post("/v1/chat/completions", json=good)
             assert r.status_code == 200, r.text
             assert r.json()["usage"]["prompt_tokens"] > 5
+
+
+async def test_a_template_less_model_is_given_one_by_chat_template(tmp_path: Path) -> None:
+    """A base model's file has no chat template (Gemma 3 270M's has none): the chat
+    routes refuse it, until --chat-template names one (chatml, gemma3) or a Jinja file;
+    /props shows it. A name that is neither is refused at start-up in one line."""
+    from ninfer._config import build_config
+    from ninfer._errors import ConfigError
+
+    base = write_tiny_gguf(tmp_path / "base.gguf", chat_template=False)
+    body = {"model": "tiny-test-llama", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    async with serve(base, tmp_path) as srv, srv.client() as c:
+        r = await c.post("/v1/chat/completions", json=body)
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "no_chat_template")
+    jinja = tmp_path / "chatml.jinja"
+    jinja.write_text(CHATML)
+    for given in ("chatml", str(jinja)):
+        async with serve(base, tmp_path, chat_template=given) as srv, srv.client() as c:
+            r = await c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            props = (await c.get("/props")).json()
+            assert props["chat_template"] == CHATML
+            assert props["capabilities"]["chat"] is True
+    with pytest.raises(ConfigError, match="--chat-template 'nope': neither a known name"):
+        build_config({"model": str(base), "chat_template": "nope"})

@@ -214,6 +214,7 @@ class EngineConfig:
     dtype: str = "float32"  # one of DTYPE_NAMES
     weights: str = "int4"  # one of WEIGHT_MODES
     device: str = "cpu"
+    chat_template: str | None = None  # Jinja text over the file's own (--chat-template)
 
 
 @attrs.frozen

@@ -59,15 +59,17 @@ def load_model(
     device: str,
     max_positions: int,
     weights: str = "int4",
+    chat_template: str | None = None,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> LoadedModel:
-    """Read, verify and load a GGUF model; `max_positions` sizes the rotary table."""
+    """Read, verify and load a GGUF model; `max_positions` sizes the rotary table;
+    `chat_template` (Jinja text) replaces the file's own."""
     prime_vector_math()  # before any of torch's math runs on two threads
     t0 = time.perf_counter()
     progress(f"reading {path}")
     sha = file_sha256(path)
     gguf = open_gguf(path)
-    tokenizer = tokenizer_from_metadata(gguf.metadata)
+    tokenizer = tokenizer_from_metadata(gguf.metadata, chat_template=chat_template)
     progress(
         f"parsed {len(gguf.tensors)} tensors, vocabulary {tokenizer.vocab_size} "
         f"({time.perf_counter() - t0:.1f}s)"

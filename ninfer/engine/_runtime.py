@@ -51,6 +51,7 @@ def create_engine(
             device=config.device,
             max_positions=config.max_context or 1 << 20,
             weights=config.weights,
+            chat_template=config.chat_template,
             progress=progress,
         )
 

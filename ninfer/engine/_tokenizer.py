@@ -321,7 +321,9 @@ def _spm_spelling(token: str, kind: int) -> bytes:
     return token.replace(_SPACE, " ").encode("utf-8")
 
 
-def tokenizer_from_metadata(md: Mapping[str, Any]) -> TextTokenizer:
+def tokenizer_from_metadata(
+    md: Mapping[str, Any], *, chat_template: str | None = None
+) -> TextTokenizer:
     """Build the tokenizer of a GGUF file; an unsupported kind is an error that names it."""
     kind = md.get("tokenizer.ggml.model")
     if kind not in ("gpt2", "llama"):
@@ -373,7 +375,7 @@ def tokenizer_from_metadata(md: Mapping[str, Any]) -> TextTokenizer:
     if not eos_ids:
         raise ArtifactError("GGUF metadata names no end-of-sequence token")
 
-    template_src = md.get("tokenizer.chat_template")
+    template_src = chat_template or md.get("tokenizer.chat_template")
     template = None
     if template_src:
         template = ChatTemplate.from_source(
