@@ -185,6 +185,16 @@ def openapi_document(version: str) -> dict[str, Any]:
             }
         }
 
+    def tokenizing(summary: str, request: type, answer: type, what: str) -> dict[str, Any]:
+        """A native POST route that answers one JSON object (/tokenize, /detokenize)."""
+        return {"post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": _json(req(request, False))},
+            "responses": {"200": {"description": what, "headers": rid,
+                                  "content": _json(resp(answer))},
+                          **_errors(native_err, _NATIVE_STATUSES, "X-Request-Id")},
+        }}  # fmt: skip
+
     paths: dict[str, Any] = {
         "/health": {
             "get": {
@@ -338,26 +348,12 @@ def openapi_document(version: str) -> dict[str, Any]:
             _errors(anthropic_err, _COMPAT_STATUSES, "Request-Id"),
             rid_name="Request-Id",
         ),
-        "/tokenize": {
-            "post": {
-                "summary": "a text's tokens (llama.cpp's and vLLM's shapes, one answer)",
-                "requestBody": {"required": True,
-                                "content": _json(req(TokenizeRequest, False))},
-                "responses": {"200": {"description": "tokenized", "headers": rid,
-                                      "content": _json(resp(TokenizeResponse))},
-                              **_errors(native_err, _NATIVE_STATUSES, "X-Request-Id")},
-            }
-        },
-        "/detokenize": {
-            "post": {
-                "summary": "tokens' text (llama.cpp's content and vLLM's prompt)",
-                "requestBody": {"required": True,
-                                "content": _json(req(DetokenizeRequest, False))},
-                "responses": {"200": {"description": "text", "headers": rid,
-                                      "content": _json(resp(DetokenizeResponse))},
-                              **_errors(native_err, _NATIVE_STATUSES, "X-Request-Id")},
-            }
-        },
+        "/tokenize": tokenizing(
+            "a text's tokens (llama.cpp's and vLLM's shapes, one answer)",
+            TokenizeRequest, TokenizeResponse, "tokenized"),
+        "/detokenize": tokenizing(
+            "tokens' text (llama.cpp's content and vLLM's prompt)",
+            DetokenizeRequest, DetokenizeResponse, "text"),
         "/v1/messages/count_tokens": {
             "post": {
                 "summary": "count a conversation's tokens (Anthropic-compatible)",
