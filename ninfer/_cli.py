@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 from collections import Counter
@@ -668,14 +667,15 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments:"):
-            known = sorted(_flags(self))
+            from ninfer._config import closest
+
+            known = _flags(self)
             for arg in message.split(":", 1)[1].split():
                 flag = arg.split("=", 1)[0]
-                if flag.startswith("--"):
-                    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.8)
-                    if close:
-                        message += f" (did you mean {close[0]}?)"
-                        break
+                close = closest(flag, known, cutoff=0.8) if flag.startswith("--") else None
+                if close:
+                    message += f" (did you mean {close}?)"
+                    break
         super().error(message)
 
 

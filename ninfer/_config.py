@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -412,10 +412,17 @@ OTHER_ENV = {
 }
 
 
+def closest(word: str, known: Iterable[str], cutoff: float = 0.75) -> str | None:
+    """The known name `word` was most likely meant to be (a misspelling), if any: for
+    the errors that say "did you mean" (a setting, a variable, a flag)."""
+    close = difflib.get_close_matches(word, sorted(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
 def _close(name: str) -> str:
     """'; did you mean X?' for the known setting nearest `name`, else ''."""
-    close = difflib.get_close_matches(name, list(_BY_NAME), n=1, cutoff=0.75)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    close = closest(name, _BY_NAME)
+    return f"; did you mean {close!r}?" if close else ""
 
 
 def check_env_names(environ: Mapping[str, str]) -> None:
@@ -424,8 +431,8 @@ def check_env_names(environ: Mapping[str, str]) -> None:
     known = {s.env for s in SETTINGS} | set(OTHER_ENV)
     for name in sorted(environ):
         if name.startswith("NINFER_") and name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
-            hint = f"; did you mean {close[0]}?" if close else ""
+            close = closest(name, known)
+            hint = f"; did you mean {close}?" if close else ""
             raise ConfigError(f"unknown environment variable {name}{hint}")
 
 
