@@ -83,12 +83,19 @@ async def test_a_client_told_to_come_back_is_let_in(tiny_gguf: Path, tmp_path: P
     Anthropic SDKs do with `x-stainless-retry-count: 0`, so that the test does not hang
     on timing) re-sending the moment its own request ended is refused, and the refused
     client, back at the time it was told, gets in. Before promises were places held,
-    the newcomer took the place and the refused client was refused again and again."""
+    the newcomer took the place and the refused client was refused again and again.
+
+    Requests are sized like the held one (the first request is the same), so the
+    newcomer cannot backfill the held place whatever the machine's pace: backfilling
+    needs the promise due later than 1.2 times such a request plus 0.5 s, and it is due
+    at most one such request from when the place comes back. (With a 2-token first
+    request the newcomer was taken for a short one and backfilled on a loaded CI
+    machine, as designed.)"""
     settings = {"max_concurrency": 1, "max_pending_requests": 0, "pending_timeout_ms": 600_000}
     long = {"prompt": "held", "max_new_tokens": 60, "ignore_eos": True}
     short = {"prompt": "back", "max_new_tokens": 2}
     async with serve(tiny_gguf, tmp_path, **settings) as srv, srv.client() as c:
-        r = await c.post(GEN, json=short)  # the engine measures its pace
+        r = await c.post(GEN, json=long)  # the engine measures its pace, requests' size
         assert r.status_code == 200
         sched = srv.app.scheduler
         assert sched is not None
