@@ -240,7 +240,9 @@ def test_groups_in_one_pass_equal_each_group_alone(tmp_path: Path) -> None:
         for _ in range(2):
             kv = KVPages.allocate(model.args, n_pages=8, page_size=8, dtype=torch.float32,
                                   device="cpu")  # fmt: skip
-            kv.zero_pages(list(range(1, 9)))
+            # every page, the scratch one too: memory left uninitialised may hold NaNs,
+            # which no copy makes equal to themselves
+            kv.zero_pages(list(range(1, kv.scratch_page + 1)))
             kv.k[:, 1:8].normal_(generator=gen)  # earlier keys and values, the same in both
             kv.v[:, 1:8].normal_(generator=gen)
             pools.append(kv)
@@ -249,5 +251,7 @@ def test_groups_in_one_pass_equal_each_group_alone(tmp_path: Path) -> None:
         together = model.hidden_many(groups(), pools[0])
         alone = [model.hidden(*g, pools[1]) for g in groups()]
     assert all(torch.equal(t, a) for t, a in zip(together, alone, strict=True))
-    assert torch.equal(pools[0].k, pools[1].k)
-    assert torch.equal(pools[0].v, pools[1].v)
+    # the pages requests own, bit for bit (the scratch page is where padding rows write)
+    real = slice(0, pools[0].scratch_page)
+    assert torch.equal(pools[0].k[:, real], pools[1].k[:, real])
+    assert torch.equal(pools[0].v[:, real], pools[1].v[:, real])

@@ -206,8 +206,11 @@ class KVPages:
         # for pages never used is never touched and does not count in RSS.
         k = torch.empty(shape, dtype=dtype, device=device)
         v = torch.empty(shape, dtype=dtype, device=device)
-        k[:, 0].zero_()
-        v[:, 0].zero_()
+        # The padding page and the scratch page are zeroed now: garbage there (a NaN
+        # among it) must never reach a padding row's output, however masked.
+        for page in (0, n_pages + 1):
+            k[:, page].zero_()
+            v[:, page].zero_()
         return cls(k=k, v=v, page_size=page_size)
 
     @property
