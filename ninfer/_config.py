@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from ninfer._errors import ConfigError
-from ninfer.engine import DTYPE_NAMES, WEIGHT_MODES
+from ninfer.engine import DTYPE_NAMES, SPEC_BACKENDS, WEIGHT_MODES
 
 __all__ = [
     "SETTINGS",
@@ -143,6 +143,19 @@ SETTINGS: tuple[Setting, ...] = (
         "compute every prompt whole instead of reusing the keys and values of a cached prefix: "
         "slower for shared prefixes, with the same results (a prompt served from the cache "
         "gets the bits it gets computed whole; docs/engine.md)",
+    ),
+    Setting(
+        "spec",
+        str,
+        "none",
+        "speculative decoding: ngram drafts each row's next tokens from its own prompt and "
+        "output (and a constrained row's from the tokens its grammar forces) and verifies "
+        "them in the decode pass; the output is token for token the output without it "
+        "(greedy or seeded), faster where answers repeat their prompt (docs/engine.md)",
+        choices=SPEC_BACKENDS,
+    ),
+    Setting(
+        "draft_tokens", int, 4, "the most tokens a row drafts a step, with --spec ngram", 1, 16
     ),
     Setting(
         "max_request_mib", float, 4.0, "request body limit before JSON parsing (413)", 0.001, 1024
@@ -336,6 +349,8 @@ class ServerConfig:
     pending_timeout_ms: int = 30000
     prefill_chunk: int = 256
     no_prefix_cache: bool = False
+    spec: str = "none"
+    draft_tokens: int = 4
     max_request_mib: float = 4.0
     default_max_tokens: int = 512
     response_store_max_records: int = 1024

@@ -11,6 +11,8 @@ outcome is settled; a write watchdog cancels a request whose client stopped read
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -415,8 +417,15 @@ class _Run:
             prepared.usage(finishes),
             life.timing(last.timings, now),
         )
+        counted = [f.speculative for f in finishes if f.speculative is not None]
         life.settled(
-            attrs.evolve(finishes[0], usage=outcome.usage), outcome.timing, stream=prepared.stream
+            attrs.evolve(
+                finishes[0],
+                usage=outcome.usage,
+                speculative=functools.reduce(operator.add, counted) if counted else None,
+            ),
+            outcome.timing,
+            stream=prepared.stream,
         )
         if prepared.stream:
             await self.writer.frames(answer.tail(outcome))

@@ -179,6 +179,8 @@ class Lifecycle:
         # A budget cut short by a full KV pool is told to the client as its length; the
         # record says so in a field of its own (the finish reasons of schema v1 stay).
         extra: dict[str, Any] = {"cut_by": "kv_pool"} if finish.reason == "capacity" else {}
+        if finish.speculative is not None:  # the server speculates (--spec)
+            extra["speculative"] = attrs.asdict(finish.speculative)
         self.tokens = (finish.usage.prompt_tokens, finish.usage.completion_tokens)
         self._go(
             Trigger.SETTLED,

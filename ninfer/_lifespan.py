@@ -116,6 +116,8 @@ class Lifespan:
                     weights=config.weights,
                     device=config.device,
                     chat_template=chat_template_source(config.chat_template),
+                    spec=config.spec,
+                    draft_tokens=config.draft_tokens,
                 ),
                 threads=config.threads,
                 log=self.diagnostics,
@@ -216,6 +218,7 @@ class Lifespan:
                 "batch_invariant": model.batch_invariant,
                 "batch_sizes": list(model.batch_sizes),
                 "prefill_together_rows": model.prefill_together_rows,
+                "speculative": model.speculative,
                 "self_check": [r.as_dict() for r in model.self_check],
             },
         )

@@ -126,7 +126,22 @@ class _Levels(Collector):
             "ninfer_prefill_seconds_per_token",
             "Recent prefill seconds per prompt token (moving average; 0 until measured).",
         )
+        # Speculative decoding (--spec), vLLM's names: rows' verifying rounds, tokens
+        # drafted, drafted tokens kept (0 without --spec).
+        drafts = CounterMetricFamily(
+            "ninfer_spec_decode_num_drafts", "Drafts verified: one per row and decode step."
+        )
+        drafted = CounterMetricFamily(
+            "ninfer_spec_decode_num_draft_tokens", "Tokens drafted by speculative decoding."
+        )
+        accepted = CounterMetricFamily(
+            "ninfer_spec_decode_num_accepted_tokens",
+            "Drafted tokens kept: each saved a decode step.",
+        )
         if eng is not None:
+            drafts.add_metric([], eng.spec_rounds)
+            drafted.add_metric([], eng.drafted_tokens)
+            accepted.add_metric([], eng.accepted_tokens)
             step.add_metric([], eng.decode_step_seconds)
             prefill.add_metric([], eng.prefill_seconds_per_token)
             used.add_metric([], eng.pages_used)
@@ -138,6 +153,7 @@ class _Levels(Collector):
             hits.add_metric([], eng.cached_prompt_tokens)
             queries.add_metric([], eng.cached_prompt_tokens + eng.prefill_tokens)
         yield from (used, free, usage, prompt, generation, steps, hits, queries, step, prefill)
+        yield from (drafts, drafted, accepted)
 
 
 class Metrics:

@@ -146,16 +146,26 @@ def _direct(model: Path, cases: list[dict[str, Any]], tmp_path: Path) -> list[di
     return out
 
 
-async def _check(model: Path, tmp_path: Path, cases: list[dict[str, Any]]) -> None:
+async def _check(
+    model: Path, tmp_path: Path, cases: list[dict[str, Any]], **extra: Any
+) -> list[dict[str, Any]]:
+    """The cases over HTTP (the server given `extra` settings) against the engine alone
+    in another process; the server's request log."""
     # All cases at once wait in the queue: a deadline no machine, however slow, reaches
     # (this test is about tokens; deadlines are tested elsewhere). The server keeps its
     # prefix cache (which prompt finds which in it depends on timing over HTTP) and the
     # direct run has none: a prompt served from the cache gets the bits it gets computed
     # whole (docs/engine.md, "Prefix cache"), which the logprobs check.
     settings = {"max_concurrency": 8, "max_pending_requests": 64, "pending_timeout_ms": 600_000,
-                "served_model_name": [MODEL_NAME]}  # fmt: skip
+                "served_model_name": [MODEL_NAME], **extra}  # fmt: skip
     async with serve(model, tmp_path, **settings) as srv:
         http = await _over_http(srv, cases)
+        async with srv.client() as c:
+            props = (await c.get("/props")).json()
+            metrics = (await c.get("/metrics")).text
+        log = srv.log_records()
+    assert props["speculative"] == extra.get("spec", "none")
+    assert "ninfer_spec_decode_num_accepted_tokens_total" in metrics
     direct = await trio.to_thread.run_sync(_direct, model, cases, tmp_path)
     assert len(http) == len(direct) == len(cases)
     mismatches = [
@@ -178,6 +188,7 @@ async def _check(model: Path, tmp_path: Path, cases: list[dict[str, Any]]) -> No
         assert h["usage"]["completion_tokens"] == case["max_new_tokens"]
         assert h["token_ids"] is None or len(h["token_ids"]) == case["max_new_tokens"]
         assert h["usage"]["total_tokens"] == len(d["prompt_ids"]) + case["max_new_tokens"]
+    return log
 
 
 def _logprobs_differ(http: dict[str, Any], direct: dict[str, Any]) -> bool:
@@ -201,6 +212,19 @@ def _logprobs_differ(http: dict[str, Any], direct: dict[str, Any]) -> bool:
 
 async def test_http_equals_the_engine_in_another_process(tiny_gguf: Path, tmp_path: Path) -> None:
     await _check(tiny_gguf, tmp_path, _cases(max_new_tokens=24, seeded=True))
+
+
+async def test_http_equals_the_engine_with_speculation(tiny_gguf: Path, tmp_path: Path) -> None:
+    """With --spec ngram the server's tokens and logprobs, batched, greedy and seeded,
+    are still those of the engine alone without speculation; the constrained rows'
+    grammars draft what they force, and the request log counts it."""
+    log = await _check(tiny_gguf, tmp_path, _cases(max_new_tokens=24, seeded=True, every=2),
+                       spec="ngram", draft_tokens=4)  # fmt: skip
+    done = [r for r in log if r["event"] == "request_done"]
+    counts = [r["speculative"] for r in done]
+    assert all(c["backend"] == "ngram" and c["draft_window"] == 4 for c in counts)
+    assert sum(c["accepted_tokens"] for c in counts) > 0
+    assert sum(c["drafted_tokens"] for c in counts) >= sum(c["accepted_tokens"] for c in counts)
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3"])

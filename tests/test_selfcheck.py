@@ -219,10 +219,11 @@ def test_the_check_runs_on_the_real_default_model_within_its_tolerances(
         check.kernels()
         assert check.together(16)
         assert check.decode_batch(16, lambda n: n)
+        assert check.speculative(16, lambda n: n)
     paths = {r.path: r for r in check.results}
     assert set(paths) == {
         "dequantizer", "embedding", "int4_kernel", "head", "attention", "prefill_together",
-        "decode_batch",
+        "decode_batch", "speculative",
     }  # fmt: skip
     assert all(r.ok for r in check.results), check.results
     assert paths["int4_kernel"].error < paths["int4_kernel"].tolerance / 2

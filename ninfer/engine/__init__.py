@@ -3,7 +3,7 @@
 This package's public face is its contract (`ninfer.engine._contract`), free of torch
 and of trio: `import ninfer.engine` loads neither. The torch side (`_engine`, `_model`,
 `_gguf`, `_loader`, `_tokenizer`, `_sampling`, `_kvpool`, `_textstream`,
-`_invariance`, `_selfcheck`, `_controltext`) is started by
+`_invariance`, `_selfcheck`, `_controltext`, `_speculative`) is started by
 `ninfer.engine._runtime.create_engine`, which only the bridge (`ninfer._bridge`)
 calls, on the engine thread.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 from ninfer.engine._contract import (
     DTYPE_NAMES,
     GRAMMAR_LIMIT,
+    SPEC_BACKENDS,
     WEIGHT_MODES,
     ChatTemplate,
     ChatText,
@@ -30,6 +31,7 @@ from ninfer.engine._contract import (
     RequestHandle,
     SamplingParams,
     ServedModel,
+    SpeculativeCounts,
     TokenDelta,
     Tokenizer,
     TokenLogprob,
@@ -39,6 +41,7 @@ from ninfer.engine._contract import (
 __all__ = [
     "DTYPE_NAMES",
     "GRAMMAR_LIMIT",
+    "SPEC_BACKENDS",
     "WEIGHT_MODES",
     "ChatTemplate",
     "ChatText",
@@ -56,6 +59,7 @@ __all__ = [
     "RequestHandle",
     "SamplingParams",
     "ServedModel",
+    "SpeculativeCounts",
     "TokenDelta",
     "TokenLogprob",
     "Tokenizer",

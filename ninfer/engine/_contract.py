@@ -45,6 +45,9 @@ __all__ = [
 # Activation dtypes and weight layouts by name; the engine maps them to torch types.
 DTYPE_NAMES = ("float32", "bfloat16")
 WEIGHT_MODES = ("int4", "dense")
+# Speculative decoding backends (--spec): none, or drafts from the row's own n-grams
+# (and, for a constrained row, the tokens its grammar forces).
+SPEC_BACKENDS = ("none", "ngram")
 
 # eos: an end-of-sequence token; stop: a stop string; length: the output budget;
 # context: the end of the context window; capacity: past its reserved output, no free
@@ -183,6 +186,34 @@ class TokenDelta:
 
 
 @attrs.frozen
+class SpeculativeCounts:
+    """What speculative decoding did for one request (the request log's `speculative`)."""
+
+    backend: str  # --spec
+    draft_window: int  # --draft-tokens: the most tokens one round drafts
+    rounds: int  # decode steps in which the request's row verified a draft
+    drafted_tokens: int
+    accepted_tokens: int  # drafted tokens kept (each saved a decode step)
+    fallback_steps: int  # decode steps in which it had no draft (one token each)
+    accepted_per_position: tuple[int, ...]  # rounds whose i-th drafted token was kept
+
+    def __add__(self, other: SpeculativeCounts) -> SpeculativeCounts:
+        """The counts of several choices of one request, together."""
+        width = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        a = self.accepted_per_position + (0,) * (width - len(self.accepted_per_position))
+        b = other.accepted_per_position + (0,) * (width - len(other.accepted_per_position))
+        return SpeculativeCounts(
+            backend=self.backend,
+            draft_window=max(self.draft_window, other.draft_window),
+            rounds=self.rounds + other.rounds,
+            drafted_tokens=self.drafted_tokens + other.drafted_tokens,
+            accepted_tokens=self.accepted_tokens + other.accepted_tokens,
+            fallback_steps=self.fallback_steps + other.fallback_steps,
+            accepted_per_position=tuple(x + y for x, y in zip(a, b, strict=True)),
+        )
+
+
+@attrs.frozen
 class Finish:
     """The last event of a request: exactly one per request."""
 
@@ -192,6 +223,7 @@ class Finish:
     seed: int | None
     stop_string: str | None = None
     error: str | None = None
+    speculative: SpeculativeCounts | None = None  # when the engine speculates (--spec)
 
 
 Event = TokenDelta | Finish
@@ -215,6 +247,8 @@ class EngineConfig:
     weights: str = "int4"  # one of WEIGHT_MODES
     device: str = "cpu"
     chat_template: str | None = None  # Jinja text over the file's own (--chat-template)
+    spec: str = "none"  # speculative decoding: one of SPEC_BACKENDS
+    draft_tokens: int = 4  # the most tokens a row drafts a step, with --spec
 
 
 @attrs.frozen
@@ -244,6 +278,11 @@ class EngineStatistics:
     # prefill seconds per prompt token (decaying sums of seconds over tokens).
     decode_step_seconds: float = 0.0
     prefill_seconds_per_token: float = 0.0
+    # Speculative decoding, cumulative: rows' verifying rounds, tokens drafted, drafted
+    # tokens kept.
+    spec_rounds: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @attrs.frozen
@@ -362,6 +401,9 @@ class ServedModel:
     # Rows a prefill pass may have when prompts are prefilled together (0: one prompt a
     # pass, as the layers' matmuls compute a row differently in other row counts).
     prefill_together_rows: int = 0
+    # Speculative decoding as it runs: "none", or the backend (--spec) when the engine
+    # verified at start-up that it changes no token (else it runs without, and says so).
+    speculative: str = "none"
     # The self-check of every fast path the engine chose, in the order checked.
     self_check: tuple[PathCheck, ...] = ()
     # Compiles a grammar for this engine on the calling thread (thread-safe; ValueError

@@ -57,6 +57,7 @@ from ninfer.engine._loader import LoadedModel, trim_heap
 from ninfer.engine._model import KVPages, Transformer
 from ninfer.engine._sampling import RowSampler, logprobs_of, sample_rows
 from ninfer.engine._selfcheck import SelfCheck, probe_tokens
+from ninfer.engine._speculative import RowSpeculation, step_logits
 from ninfer.engine._textstream import TextStream
 
 __all__ = ["DTYPES", "Engine"]
@@ -134,6 +135,7 @@ class _Active:
     delivered: bool = False  # a TokenDelta has been sent (the first carries `cached`)
     pending_lps: list[TokenLogprob] = attrs.field(factory=list)  # of pending_ids, if asked
     prompt_lps: list[TokenLogprob | None] | None = None  # when prompt_logprobs is asked
+    spec: RowSpeculation | None = None  # its drafting, when the engine speculates
 
 
 class Engine:
@@ -191,6 +193,11 @@ class Engine:
         self._together_rows = 0
         self._keys_per_token = 1e12  # set once the model is known (_chunk_at)
         self._self_check: tuple[PathCheck, ...] = ()
+        # Speculative decoding as it runs ("none" until the start-up checks allow it).
+        self._spec = "none"
+        self._spec_rounds = 0
+        self._drafted = 0
+        self._accepted = 0
 
     # ---- thread-safe API -------------------------------------------------------------
 
@@ -264,6 +271,7 @@ class Engine:
             batch_sizes=tuple(self._batch_sizes),
             prefill_together_rows=self._together_rows,
             self_check=self._self_check,
+            speculative=self._spec,
             compile_grammar=self.compile_grammar,
         )
 
@@ -298,6 +306,9 @@ class Engine:
                     if self._prefill_counted >= PREFILL_RATE_MIN_TOKENS
                     else 0.0
                 ),
+                spec_rounds=self._spec_rounds,
+                drafted_tokens=self._drafted,
+                accepted_tokens=self._accepted,
             )
 
     # ---- the engine thread ------------------------------------------------------------
@@ -376,10 +387,36 @@ class Engine:
             )
         if not self.batch_invariant:
             self._log.warning("batching_not_invariant", dtype=cfg.dtype)
+        if cfg.spec != "none":
+            self._setup_speculation(check)
         if check is not None:
             self._report(check)
             self.model = attrs.evolve(loaded, source=None)  # the file's map is not needed
             trim_heap()
+
+    def _setup_speculation(self, check: SelfCheck | None) -> None:
+        """Speculate (--spec) only where verifying a draft computes each position as a
+        plain step would: every matrix, the head too, computes a row the same in any
+        number of rows up to the most a pass can have (measured), and a verifying pass
+        gives the real model's plain-step logits bit for bit (the self-check). Else the
+        engine decodes without, and says why."""
+        cfg = self.config
+        model = self._transformer
+        most = self._padded(cfg.max_batch) + cfg.max_batch * (cfg.draft_tokens + 1)
+        maps = [*model.layer_maps(), model.lm_head]
+        if not self.batch_invariant or not rows_independent_of_count(
+            maps, max_rows=most, device=cfg.device
+        ):
+            self._log.warning(
+                "fast_path_refused",
+                path="speculative",
+                error="a row's numbers depend on how many rows a pass has",
+                instead="no speculation",
+            )
+            return
+        if check is not None and not check.speculative(cfg.page_size, self._padded):
+            return  # reported with the rest of the self-check
+        self._spec = cfg.spec
 
     def _report(self, check: SelfCheck) -> None:
         """The self-check on the console and in the log: a warning for each path
@@ -475,6 +512,10 @@ class Engine:
             text=TextStream(decode=tok.decode, stops=request.stop),
             submitted=submitted,
         )
+        if self._spec != "none":
+            active.spec = RowSpeculation(
+                window=self.config.draft_tokens, history=request.prompt_ids
+            )
         self._by_id[handle.id] = active
         with self._stats_lock:
             self._waiting.append(active)
@@ -712,9 +753,54 @@ class Engine:
         return out
 
     def _decode_step(self) -> None:
+        """One pass over every decode-ready row: a row with a draft (--spec) verifies it
+        in the same pass, as a group of its own (`_speculative`)."""
         rows = self._grow([a for a in self._decoding if not a.paused])
         if not rows:
             return
+        drafts = [self._propose(a) for a in rows]
+        plain = [a for a, d in zip(rows, drafts, strict=True) if not d]
+        drafted = [(a, d) for a, d in zip(rows, drafts, strict=True) if d]
+        try:
+            host, spans = step_logits(
+                self._transformer,
+                self._kv,
+                self._plain_group(plain) if plain else None,
+                [self._draft_group(a, d) for a, d in drafted],
+            )
+            tokens = (
+                sample_rows(host[: len(plain)], [a.sampler for a in plain])
+                if host is not None
+                else []
+            )
+            scored = (
+                [
+                    self._logprob(a, host[i], t)
+                    for i, (a, t) in enumerate(zip(plain, tokens, strict=True))
+                ]
+                if host is not None
+                else []
+            )
+        except Exception:
+            for a in rows:
+                self._fail(a, "decode")
+            return
+        self._decode_steps += 1
+        self._decode_rows += len(rows)
+        now = time.perf_counter()
+        if self._last_decode_end is not None:
+            self._step_ema = _ema(self._step_ema, now - self._last_decode_end)
+        self._last_decode_end = now
+        for a, token, lp in zip(plain, tokens, scored, strict=True):
+            a.position += 1
+            if a.spec is not None:
+                a.spec.fallback_steps += 1
+            self._accept(a, token, lp)
+        for (a, draft), logits in zip(drafted, spans, strict=True):
+            self._verify(a, draft, logits)
+
+    def _plain_group(self, rows: list[_Active]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows decoding one token each as one (B + padding, 1) group."""
         dev = self.config.device
         S = self.config.page_size
         width = max(pages_for(a.position + 1, S) for a in rows)
@@ -726,36 +812,95 @@ class Engine:
         table += [[self._kv.scratch_page] + [0] * (width - 1)] * pad
         tokens_in += [[0]] * pad
         positions += [[0]] * pad
-        try:
-            logits = self._transformer.forward(
-                torch.tensor(tokens_in, device=dev),  # (B + pad, 1)
-                torch.tensor(positions, device=dev),  # (B + pad, 1)
-                torch.tensor(table, device=dev),  # (B + pad, width)
-                self._kv,
-                last_only=True,
-            )[: len(rows)]  # (B, V)
-            host = logits.float().cpu()
-            tokens = sample_rows(host, [a.sampler for a in rows])
-            scored = [
-                self._logprob(a, host[i], t)
-                for i, (a, t) in enumerate(zip(rows, tokens, strict=True))
-            ]
-        except Exception:
-            for a in rows:
-                self._fail(a, "decode")
-            return
-        self._decode_steps += 1
-        self._decode_rows += len(rows)
-        now = time.perf_counter()
-        if self._last_decode_end is not None:
-            self._step_ema = _ema(self._step_ema, now - self._last_decode_end)
-        self._last_decode_end = now
-        for a, token, lp in zip(rows, tokens, scored, strict=True):
-            a.position += 1
-            self._accept(a, token, lp)
+        return (
+            torch.tensor(tokens_in, device=dev),  # (B + pad, 1)
+            torch.tensor(positions, device=dev),  # (B + pad, 1)
+            torch.tensor(table, device=dev),  # (B + pad, width)
+        )
 
-    def _accept(self, a: _Active, token: int, scored: TokenLogprob | None = None) -> None:
-        """Record a sampled token for a decoding request and apply the stop rules."""
+    def _draft_group(
+        self, a: _Active, draft: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A row and its draft as one (1, k + 1) group: its last token, then the draft."""
+        dev = self.config.device
+        end = a.position + len(draft) + 1
+        return (
+            torch.tensor([[a.last_token, *draft]], device=dev),
+            torch.arange(a.position, end, device=dev).view(1, -1),
+            torch.tensor([a.pages[: pages_for(end, self.config.page_size)]], device=dev),
+        )
+
+    def _propose(self, a: _Active) -> list[int]:
+        """`a`'s draft for this step ([]: a plain step), with pages for every drafted
+        position: taken from the free pages that waiting requests are not owed, else
+        the draft is cut to the row's own pages."""
+        if a.spec is None:
+            return []
+        assert self._pool is not None
+        S = self.config.page_size
+        limit = min(
+            a.request.max_new_tokens - a.generated - 1,  # the round's last token included
+            self.max_context - 1 - a.position,
+        )
+        draft = a.spec.propose(limit, a.sampler.constraint, a.output_ids)
+        need = pages_for(a.position + len(draft) + 1, S) - len(a.pages)
+        if draft and need > 0:
+            owed = sum(_reserved_pages(w.request, S) for w in self._waiting if not w.pages)
+            pages = self._pool.allocate(need) if self._pool.free - need >= owed else None
+            if pages is None:
+                return draft[: len(a.pages) * S - a.position - 1]
+            self._kv.zero_pages(pages)
+            a.pages.extend(pages)
+        return draft
+
+    def _verify(self, a: _Active, draft: list[int], logits: torch.Tensor) -> None:
+        """Sample `a`'s (k + 1, V) logits a position at a time, as plain steps would, and
+        keep tokens up to the first that differs from the draft (or that ends the
+        request). Then the keys and values rejected positions wrote are cleared and
+        pages no longer needed given back: the row is where plain steps leave it."""
+        assert a.spec is not None
+        start = a.position
+        kept = 0
+        alive = True
+        a.spec.begin(len(draft))
+        self._spec_rounds += 1
+        self._drafted += len(draft)
+        for j in range(len(draft) + 1):
+            try:
+                token = sample_rows(logits[j : j + 1], [a.sampler])[0]
+                scored = self._logprob(a, logits[j], token)
+            except Exception:
+                self._fail(a, "decode")
+                alive = False
+                break
+            a.position = start + j + 1
+            hit = j < len(draft) and token == draft[j]
+            if hit:
+                kept += 1
+                self._accepted += 1
+                a.spec.keep(j)
+            alive = self._accept(a, token, scored, deliver=False)
+            if not alive or not hit:
+                break
+        a.spec.adapt(len(draft), kept)
+        if not alive:
+            return  # finished: its pages went back whole
+        S = self.config.page_size
+        rejected = range(a.position, start + len(draft) + 1)
+        self._kv.clear_slots([a.pages[p // S] for p in rejected], [p % S for p in rejected])
+        keep = max(_reserved_pages(a.request, S), pages_for(a.position, S))
+        if len(a.pages) > keep:
+            assert self._pool is not None
+            self._pool.release(a.pages[keep:])
+            del a.pages[keep:]
+        self._deliver(a, a.text.take(final=False))
+
+    def _accept(
+        self, a: _Active, token: int, scored: TokenLogprob | None = None, *, deliver: bool = True
+    ) -> bool:
+        """Record a sampled token for a decoding request and apply the stop rules; False
+        when they ended it. `deliver`: send its text now (else the caller does, once the
+        step's tokens of the row are all in)."""
         try:
             req = a.request
             a.generated += 1
@@ -767,7 +912,7 @@ class Engine:
             assert self.model is not None
             if token in self.model.tokenizer.eos_ids and not req.ignore_eos:
                 self._finish(a, "eos")  # its logprob is not reported: it is no text
-                return
+                return False
             if scored is not None:
                 a.pending_lps.append(scored)
             a.text.push(token)
@@ -778,7 +923,10 @@ class Engine:
             elif a.position + 1 > self.max_context:
                 self._finish(a, "context")
             else:
-                self._deliver(a, a.text.take(final=False))
+                if deliver:
+                    self._deliver(a, a.text.take(final=False))
+                return True
+            return False
         except GrammarLimitReached as exc:
             self._log.info(
                 "grammar_limit_reached",
@@ -788,6 +936,7 @@ class Engine:
             self._finish(a, "error", GRAMMAR_LIMIT)
         except Exception:
             self._fail(a, "decode")
+        return False
 
     def _deliver(self, a: _Active, text: str) -> None:
         """The step's TokenDelta of `a`: its pending tokens and the text they complete."""
@@ -843,6 +992,7 @@ class Engine:
             seed=a.sampler.seed if not a.request.sampling.greedy else None,
             stop_string=a.text.stop_string if reason == "stop" else None,
             error=error,
+            speculative=a.spec.counts(self._spec) if a.spec is not None else None,
         )
         self._events.append((a.handle, finish))
 

@@ -250,6 +250,16 @@ class KVPages:
         k = k_blocks.index_select(0, blocks).view(groups, -1, dim)
         return k, v_blocks.index_select(0, blocks).view(groups, -1, dim)
 
+    def clear_slots(self, pages: Sequence[int], offsets: Sequence[int]) -> None:
+        """Every layer's keys and values at (page, offset) slots back to zeros: the
+        positions a rejected draft wrote, so that the pool holds what plain steps leave."""
+        if not pages:
+            return
+        page = torch.tensor(pages, dtype=torch.long, device=self.k.device)
+        offset = torch.tensor(offsets, dtype=torch.long, device=self.k.device)
+        self.k[:, page, :, offset] = 0.0
+        self.v[:, page, :, offset] = 0.0
+
     def copy_rows(self, source: int, target: int, rows: int) -> None:
         """Every layer's keys and values of the first `rows` slots of page `source`
         into page `target`."""

@@ -22,12 +22,16 @@ tolerance:
 - `attention`: `_model._attention` on layer 0's real queries, keys and values with a
   causal mask, within 1e-5;
 - `prefill_together`, `decode_batch`: prompts in one prefill pass, rows of different
-  lengths in one padded decode batch, bit-identical to each alone.
+  lengths in one padded decode batch, bit-identical to each alone;
+- `speculative` (with --spec): a row verifying a draft beside a plain row, in one
+  pass, gets at every drafted position the logits plain one-token steps give there,
+  bit for bit.
 
 A path that fails is not used: the engine falls back to the next exact path (int4
 kernel -> its matrices dequantized to float32; oneDNN -> MKL; torch embedding
 decoding -> numpy's; narrowing -> none; prefilling together -> one prompt a pass;
-decode batches -> every step padded to the largest batch) and checks that one too.
+decode batches -> every step padded to the largest batch; speculation -> none) and
+checks that one too.
 Where nothing exact is left (the dequantizer, attention, a float32 matmul through
 both libraries), the model does not become ready.
 """
@@ -44,6 +48,7 @@ import torch.nn.functional as F
 from ninfer._errors import EngineError
 from ninfer.engine._contract import PathCheck
 from ninfer.engine._gguf import GGUFFile, decode_blocks
+from ninfer.engine._kvpool import pages_for
 from ninfer.engine._model import (
     LAYER_TENSORS,
     Dense,
@@ -55,6 +60,7 @@ from ninfer.engine._model import (
     _narrowed,
     reference_rows,
 )
+from ninfer.engine._speculative import step_logits
 from ninfer.engine._tokenizer import TextTokenizer
 
 __all__ = ["BFLOAT16_TOLERANCE", "FLOAT32_TOLERANCE", "SelfCheck", "SelfCheckFailed"]
@@ -72,6 +78,8 @@ HEAD_SAMPLE = 16384
 HEAD_EDGE = 2048
 # Rows of one tensor of each type whose dequantization is checked.
 DEQUANT_ROWS = 64
+# The draft a verifying pass is checked with (`speculative`): this many tokens.
+DRAFT_CHECK = 4
 
 
 class SelfCheckFailed(EngineError):
@@ -351,9 +359,42 @@ class SelfCheck:
         self.seconds += time.perf_counter() - started
         return self._record(path, 0.0 if same else 1.0, 0.0, "padded to the largest batch")
 
-    def _scratch(self, page_size: int) -> KVPages:
+    def speculative(self, page_size: int, padded: Callable[[int], int]) -> bool:
+        """A row verifying a draft of DRAFT_CHECK tokens beside a plain row, in one pass,
+        gets the logits plain one-token steps give at each of its positions, and the
+        plain row the logits it gets alone."""
+        started = time.perf_counter()
+        short, long = 6, len(self.tokens) - 2
+        draft = self.tokens[: DRAFT_CHECK + 1]  # the last token and the draft: real tokens
+        first = pages_for(short + 1, page_size)
+        tables = (
+            list(range(1, 1 + first)),
+            list(range(1 + first, 1 + first + pages_for(long + len(draft), page_size))),
+        )
+        kv = self._scratch(page_size, len(tables[0]) + len(tables[1]))
+        for group in self._prompts(page_size, *tables):
+            self.model.hidden_many([group], kv)
+        alone = [self._decode([(self.tokens[short], short, tables[0])], padded, kv)]
+        alone += [self._decode([(t, long + i, tables[1])], padded, kv) for i, t in enumerate(draft)]
+        kv = self._scratch(page_size, len(tables[0]) + len(tables[1]))
+        for group in self._prompts(page_size, *tables):
+            self.model.hidden_many([group], kv)
+        dev = self.model.device
+        verifying = (
+            torch.tensor([draft], device=dev),
+            torch.arange(long, long + len(draft), device=dev).view(1, -1),
+            torch.tensor([tables[1]], device=dev),
+        )
+        plain_row = self._plain_group([(self.tokens[short], short, tables[0])], padded, kv)
+        plain, (spans,) = step_logits(self.model, kv, plain_row, [verifying])
+        assert plain is not None
+        same = torch.equal(plain[:1], alone[0]) and torch.equal(spans, torch.cat(alone[1:]))
+        self.seconds += time.perf_counter() - started
+        return self._record("speculative", 0.0 if same else 1.0, 0.0, "no speculation")
+
+    def _scratch(self, page_size: int, pages: int = 8) -> KVPages:
         kv = KVPages.allocate(
-            self.model.args, n_pages=8, page_size=page_size, dtype=self.model.dtype,
+            self.model.args, n_pages=max(pages, 8), page_size=page_size, dtype=self.model.dtype,
             device=self.model.device,
         )  # fmt: skip
         kv.zero_pages(list(range(1, kv.scratch_page + 1)))
@@ -382,16 +423,25 @@ class SelfCheck:
     ) -> torch.Tensor:
         """One decode step of `rows` (token, position, pages), padded as the engine does:
         (rows, vocab) logits."""
+        logits, _ = step_logits(self.model, kv, self._plain_group(rows, padded, kv), [])
+        assert logits is not None
+        return logits[: len(rows)]
+
+    def _plain_group(
+        self,
+        rows: Sequence[tuple[int, int, list[int]]],
+        padded: Callable[[int], int],
+        kv: KVPages,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`rows` (token, position, pages) as a plain decode step's group, padded as the
+        engine pads it."""
         dev = self.model.device
         pad = padded(len(rows)) - len(rows)
         width = max(len(p) for _, _, p in rows)
         table = [p + [0] * (width - len(p)) for _, _, p in rows]
         table += [[kv.scratch_page] + [0] * (width - 1)] * pad
-        logits = self.model.forward(
+        return (
             torch.tensor([[t] for t, _, _ in rows] + [[0]] * pad, device=dev),
             torch.tensor([[p] for _, p, _ in rows] + [[0]] * pad, device=dev),
             torch.tensor(table, device=dev),
-            kv,
-            last_only=True,
         )
-        return logits[: len(rows)].float().cpu()

@@ -184,6 +184,8 @@ def server_props(ctx: FrontendContext) -> dict[str, Any]:
             "audio": False,
         },
         "modalities": {"vision": False, "audio": False},
+        # --spec as it runs ("none" where the start-up checks refused it)
+        "speculative": ctx.model.speculative,
         "default_generation_settings": {
             "n_ctx": ctx.model.max_context,
             "params": {
