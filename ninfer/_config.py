@@ -155,7 +155,13 @@ SETTINGS: tuple[Setting, ...] = (
         choices=SPEC_BACKENDS,
     ),
     Setting(
-        "draft_tokens", int, 4, "the most tokens a row drafts a step, with --spec ngram", 1, 16
+        "draft_tokens",
+        int,
+        8,
+        "the most tokens a row drafts a step, with --spec ngram (fewer where they are not "
+        "likely to pay: docs/engine.md)",
+        1,
+        16,
     ),
     Setting(
         "max_request_mib", float, 4.0, "request body limit before JSON parsing (413)", 0.001, 1024
@@ -350,7 +356,7 @@ class ServerConfig:
     prefill_chunk: int = 256
     no_prefix_cache: bool = False
     spec: str = "none"
-    draft_tokens: int = 4
+    draft_tokens: int = 8
     max_request_mib: float = 4.0
     default_max_tokens: int = 512
     response_store_max_records: int = 1024

@@ -3,7 +3,7 @@
 The scheduler plays its own rules forward (slots, KV pages, FIFO) to tell a refused
 client when a place will be free for it; what it asks of the server is one number
 per ticket, `ServiceTimes(tickets)`: for a running request the seconds until it ends
-(its remaining output budget at the engine's recent step pace, plus its prefill if
+(its remaining output budget at the engine's recent pace per token, plus its prefill if
 it has not started), for any other the seconds it will run once admitted; one still
 being read or prepared (its size unknown yet) is taken to be like the recent ones
 (a moving average of their prompts and budgets). The budget is an upper bound (a
@@ -59,6 +59,9 @@ class ServiceTimes:
         for them all: a refusal's forward play asks for every ticket at once)."""
         st = self.statistics()
         step = st.decode_step_seconds if st and st.decode_step_seconds > 0 else FALLBACK_STEP_S
+        # A token's time: a step's, over the tokens a step gives a row (speculation
+        # gives more than one).
+        step /= max(1.0, st.decode_tokens_per_row) if st else 1.0
         per_token = (
             st.prefill_seconds_per_token
             if st and st.prefill_seconds_per_token > 0

@@ -14,7 +14,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tinymodel import write_tiny_gguf
 
 from ninfer._artifacts import DEFAULT_MODEL, cache_dir, fetch
-from ninfer.engine import EngineConfig, Event, Finish, RequestHandle, TokenDelta
+from ninfer.engine import (
+    EngineConfig,
+    Event,
+    Finish,
+    GenerationRequest,
+    RequestHandle,
+    TokenDelta,
+)
 from ninfer.engine._engine import Engine
 from ninfer.engine._loader import LoadedModel, load_model
 
@@ -139,6 +146,26 @@ def start_engine(path: Path, config: EngineConfig) -> RunningEngine:
     assert ready.wait(HANG_GUARD_S), "engine did not load"
     assert not errors, errors
     return RunningEngine(engine, sink, thread)
+
+
+def crowd_out(
+    running: RunningEngine, small_prompt: tuple[int, ...], big_prompt: tuple[int, ...]
+) -> tuple[RequestHandle, RequestHandle]:
+    """On an engine whose pool is 8 pages of 16 tokens: a request that reserved one
+    page (`small_prompt`, 10 tokens, 100 to generate), paused after its first token,
+    then one that takes the other seven (`big_prompt`), paused too. The pool is full;
+    resumed, the first has no page to grow into."""
+    eng, sink = running.engine, running.sink
+    small = eng.submit(
+        GenerationRequest("small", small_prompt, 100, ignore_eos=True, reserve_tokens=6)
+    )
+    eng.pause(small, True)
+    sink.wait_for(lambda: len(sink.tokens.get(small.id, [])) >= 1)
+    big = eng.submit(GenerationRequest("big", big_prompt, 100, ignore_eos=True))
+    eng.pause(big, True)
+    sink.wait_for(lambda: len(sink.tokens.get(big.id, [])) >= 1)
+    assert eng.statistics().pages_free == 0
+    return small, big
 
 
 def stop_engine(running: RunningEngine) -> None:

@@ -12,6 +12,7 @@ from conftest import (
     FAILING_SEED,
     HANG_GUARD_S,
     RunningEngine,
+    crowd_out,
     plant_sampling_failure,
     start_engine,
     stop_engine,
@@ -511,14 +512,7 @@ def test_output_past_its_reservation_grows_into_free_pages_or_ends(tiny_gguf: Pa
         assert eng.statistics().pages_used == 0
         # One page reserved, paused after its first token; then a request takes the
         # other seven pages and pauses too: resumed, the first has no page to grow into.
-        small = eng.submit(GenerationRequest("small", _prompt(10), 100, ignore_eos=True,
-                                             reserve_tokens=6))  # fmt: skip
-        eng.pause(small, True)
-        sink.wait_for(lambda: len(sink.tokens.get(small.id, [])) >= 1)
-        big = eng.submit(GenerationRequest("big", _prompt(10, 1), 100, ignore_eos=True))
-        eng.pause(big, True)
-        sink.wait_for(lambda: len(sink.tokens.get(big.id, [])) >= 1)
-        assert eng.statistics().pages_free == 0
+        small, big = crowd_out(running, _prompt(10), _prompt(10, 1))
         eng.pause(small, False)
         (ended,) = sink.wait_done(small)
         assert ended.reason == "capacity"

@@ -248,7 +248,7 @@ class EngineConfig:
     device: str = "cpu"
     chat_template: str | None = None  # Jinja text over the file's own (--chat-template)
     spec: str = "none"  # speculative decoding: one of SPEC_BACKENDS
-    draft_tokens: int = 4  # the most tokens a row drafts a step, with --spec
+    draft_tokens: int = 8  # the most tokens a row drafts a step, with --spec
 
 
 @attrs.frozen
@@ -278,6 +278,8 @@ class EngineStatistics:
     # prefill seconds per prompt token (decaying sums of seconds over tokens).
     decode_step_seconds: float = 0.0
     prefill_seconds_per_token: float = 0.0
+    # Tokens a decode step gives a row (a moving average): 1 without speculation.
+    decode_tokens_per_row: float = 1.0
     # Speculative decoding, cumulative: rows' verifying rounds, tokens drafted, drafted
     # tokens kept.
     spec_rounds: int = 0

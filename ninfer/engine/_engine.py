@@ -57,7 +57,7 @@ from ninfer.engine._loader import LoadedModel, trim_heap
 from ninfer.engine._model import KVPages, Transformer
 from ninfer.engine._sampling import RowSampler, logprobs_of, sample_rows
 from ninfer.engine._selfcheck import SelfCheck, probe_tokens
-from ninfer.engine._speculative import RowSpeculation, step_logits
+from ninfer.engine._speculative import RowSpeculation, group_lengths, plan_drafts, step_logits
 from ninfer.engine._textstream import TextStream
 
 __all__ = ["DTYPES", "Engine"]
@@ -69,6 +69,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PREFILL_RATE_MIN_TOKENS = 64
 # How many recent steps `slowest_recent_step` looks at.
 RECENT_STEPS = 64
+# Rows of the pass whose cost is measured against one row's (_measure_row_cost).
+ROW_COST_ROWS = 17
 # A prefill chunk deep into a long prompt is never cut below this many tokens.
 MIN_DEEP_CHUNK = 16
 # Attention's arithmetic per key is this many times less efficient than the matrices'
@@ -177,6 +179,8 @@ class Engine:
         self._cached_tokens = 0
         self._generated = 0
         self._step_ema = 0.0  # seconds between consecutive decode steps
+        # tokens a decode step gives a row (1 without speculation; a moving average)
+        self._row_tokens_ema = 1.0
         # prefill seconds and tokens, decaying sums: their ratio weighs each chunk by its
         # tokens, so that the fixed cost of a tiny prompt does not pass for a rate
         self._prefill_seconds = 0.0
@@ -198,6 +202,11 @@ class Engine:
         self._spec_rounds = 0
         self._drafted = 0
         self._accepted = 0
+        # What a pass costs per row against its fixed cost, c1 / c0 inverted (measured
+        # once the engine is warm: _measure_row_cost); the recent chance that a drafted
+        # token is kept, over every row (a new row's prior).
+        self._row_cost = 9.0
+        self._spec_prior = 0.5
 
     # ---- thread-safe API -------------------------------------------------------------
 
@@ -301,6 +310,7 @@ class Engine:
                 pages_cached=pool.cached if pool else 0,
                 generated_tokens=self._generated,
                 decode_step_seconds=self._step_ema,
+                decode_tokens_per_row=self._row_tokens_ema,
                 prefill_seconds_per_token=(
                     self._prefill_seconds / self._prefill_counted
                     if self._prefill_counted >= PREFILL_RATE_MIN_TOKENS
@@ -321,6 +331,8 @@ class Engine:
                 loaded = self._loader()
                 self._setup(loaded)
                 self._warm_up()
+                if self._spec != "none":
+                    self._measure_row_cost()
                 self._state = "ready"
                 on_ready(self.served())
                 self._loop()
@@ -403,7 +415,10 @@ class Engine:
         cfg = self.config
         model = self._transformer
         most = self._padded(cfg.max_batch) + cfg.max_batch * (cfg.draft_tokens + 1)
-        maps = [*model.layer_maps(), model.lm_head]
+        # The layers' matrices, unless measured up to as many rows for prefilling
+        # prompts together; and the head.
+        measured = self._together_rows >= most
+        maps = [*([] if measured else model.layer_maps()), model.lm_head]
         if not self.batch_invariant or not rows_independent_of_count(
             maps, max_rows=most, device=cfg.device
         ):
@@ -450,6 +465,46 @@ class Engine:
         model.forward(tokens, torch.arange(2).view(1, 2), table, self._kv, last_only=True)
         model.forward(tokens[:, :1], torch.tensor([[2]]), table, self._kv, last_only=True)
         self._pool.release(pages)
+
+    def _measure_row_cost(self) -> None:
+        """c0 / c1 of a pass costing about c0 + c1 x rows (`plan_drafts`): a pass of
+        one row and one of ROW_COST_ROWS (a prompt's positions, as a verifying row
+        has), each the median of five after a first. Decides how much drafting is
+        worth; never what is computed."""
+        assert self._pool is not None
+        S = self.config.page_size
+        rows = min(ROW_COST_ROWS, self.config.max_batch * (self.config.draft_tokens + 1))
+        pages = self._pool.allocate(pages_for(rows, S))
+        if pages is None or rows < 2:
+            return
+        self._kv.zero_pages(pages)
+        dev = self.config.device
+        table = torch.tensor([pages], device=dev)
+
+        def median_pass(n: int) -> float:
+            group = (
+                torch.zeros((1, n), dtype=torch.long, device=dev),
+                torch.arange(n, device=dev).view(1, -1),
+                table,
+            )
+            times = []
+            for _ in range(6):
+                began = time.perf_counter()
+                step_logits(self._transformer, self._kv, None, [group])
+                times.append(time.perf_counter() - began)
+            return sorted(times[1:])[2]
+
+        one, many = median_pass(1), median_pass(rows)
+        self._pool.release(pages)
+        per_row = max((many - one) / (rows - 1), one * 1e-4)
+        self._row_cost = max(1.0, (one - per_row) / per_row)
+        self._log.info(
+            "speculative_decoding",
+            backend=self._spec,
+            draft_tokens=self.config.draft_tokens,
+            pass_seconds=round(one, 4),
+            row_seconds=round(per_row, 5),
+        )
 
     def _padded(self, rows: int) -> int:
         """The batch size `rows` rows are padded to: the next one whose rows are computed
@@ -758,15 +813,27 @@ class Engine:
         rows = self._grow([a for a in self._decoding if not a.paused])
         if not rows:
             return
-        drafts = [self._propose(a) for a in rows]
+        # Drafts only in a step of at most --max-concurrency rows: the row counts up to
+        # which a pass computes each row alike were measured for those (_setup_speculation).
+        drafts: list[list[int]] = [[] for _ in rows]
+        if self._spec != "none" and len(rows) <= self.config.max_batch:
+            limits = [self._draft_limit(a) for a in rows]
+            chances = [a.spec.acceptance(self._spec_prior) if a.spec else 0.0 for a in rows]
+            plan = plan_drafts(chances, limits, self._row_cost)
+            drafts = group_lengths([self._propose(a, k) for a, k in zip(rows, plan, strict=True)])
         plain = [a for a, d in zip(rows, drafts, strict=True) if not d]
-        drafted = [(a, d) for a, d in zip(rows, drafts, strict=True) if d]
+        # Rows whose drafts have one length verify as one group.
+        by_length: dict[int, list[tuple[_Active, list[int]]]] = {}
+        for a, d in zip(rows, drafts, strict=True):
+            if d:
+                by_length.setdefault(len(d), []).append((a, d))
+        drafted = [row for group in by_length.values() for row in group]
         try:
             host, spans = step_logits(
                 self._transformer,
                 self._kv,
                 self._plain_group(plain) if plain else None,
-                [self._draft_group(a, d) for a, d in drafted],
+                [self._draft_group(group) for group in by_length.values()],
             )
             tokens = (
                 sample_rows(host[: len(plain)], [a.sampler for a in plain])
@@ -791,13 +858,19 @@ class Engine:
         if self._last_decode_end is not None:
             self._step_ema = _ema(self._step_ema, now - self._last_decode_end)
         self._last_decode_end = now
+        before = self._generated
         for a, token, lp in zip(plain, tokens, scored, strict=True):
             a.position += 1
             if a.spec is not None:
                 a.spec.fallback_steps += 1
             self._accept(a, token, lp)
-        for (a, draft), logits in zip(drafted, spans, strict=True):
+        row_logits = [row for span in spans for row in span]  # (k + 1, V) each
+        for (a, draft), logits in zip(drafted, row_logits, strict=True):
             self._verify(a, draft, logits)
+        if self._spec != "none":  # what a step gives a row: for how long requests take
+            self._row_tokens_ema = _ema(
+                self._row_tokens_ema, (self._generated - before) / len(rows)
+            )
 
     def _plain_group(self, rows: list[_Active]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rows decoding one token each as one (B + padding, 1) group."""
@@ -819,30 +892,41 @@ class Engine:
         )
 
     def _draft_group(
-        self, a: _Active, draft: list[int]
+        self, rows: list[tuple[_Active, list[int]]]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A row and its draft as one (1, k + 1) group: its last token, then the draft."""
+        """Rows and their drafts (of one length k) as one (n, k + 1) group: each row's
+        last token, then its draft."""
         dev = self.config.device
-        end = a.position + len(draft) + 1
+        S = self.config.page_size
+        T = len(rows[0][1]) + 1
+        width = max(pages_for(a.position + T, S) for a, _ in rows)
         return (
-            torch.tensor([[a.last_token, *draft]], device=dev),
-            torch.arange(a.position, end, device=dev).view(1, -1),
-            torch.tensor([a.pages[: pages_for(end, self.config.page_size)]], device=dev),
+            torch.tensor([[a.last_token, *d] for a, d in rows], device=dev),
+            torch.tensor([list(range(a.position, a.position + T)) for a, _ in rows], device=dev),
+            torch.tensor(
+                [a.pages[:width] + [0] * (width - min(width, len(a.pages))) for a, _ in rows],
+                device=dev,
+            ),
         )
 
-    def _propose(self, a: _Active) -> list[int]:
-        """`a`'s draft for this step ([]: a plain step), with pages for every drafted
-        position: taken from the free pages that waiting requests are not owed, else
-        the draft is cut to the row's own pages."""
-        if a.spec is None:
+    def _draft_limit(self, a: _Active) -> int:
+        """The most tokens `a` may draft: within its budget (the round's last token
+        included) and the context."""
+        return min(
+            a.spec.window if a.spec is not None else 0,
+            a.request.max_new_tokens - a.generated - 1,
+            self.max_context - 1 - a.position,
+        )
+
+    def _propose(self, a: _Active, planned: int) -> list[int]:
+        """`a`'s draft for this step, at most `planned` tokens ([]: a plain step), with
+        pages for every drafted position: taken from the free pages that waiting
+        requests are not owed, else the draft is cut to the row's own pages."""
+        if a.spec is None or planned <= 0:
             return []
         assert self._pool is not None
         S = self.config.page_size
-        limit = min(
-            a.request.max_new_tokens - a.generated - 1,  # the round's last token included
-            self.max_context - 1 - a.position,
-        )
-        draft = a.spec.propose(limit, a.sampler.constraint, a.output_ids)
+        draft = a.spec.propose(planned, a.sampler.constraint, a.output_ids)
         need = pages_for(a.position + len(draft) + 1, S) - len(a.pages)
         if draft and need > 0:
             owed = sum(_reserved_pages(w.request, S) for w in self._waiting if not w.pages)
@@ -883,6 +967,8 @@ class Engine:
             if not alive or not hit:
                 break
         a.spec.adapt(len(draft), kept)
+        judged = kept + (1 if kept < len(draft) else 0)
+        self._spec_prior = 0.95 * self._spec_prior + 0.05 * kept / judged
         if not alive:
             return  # finished: its pages went back whole
         S = self.config.page_size

@@ -360,35 +360,46 @@ class SelfCheck:
         return self._record(path, 0.0 if same else 1.0, 0.0, "padded to the largest batch")
 
     def speculative(self, page_size: int, padded: Callable[[int], int]) -> bool:
-        """A row verifying a draft of DRAFT_CHECK tokens beside a plain row, in one pass,
-        gets the logits plain one-token steps give at each of its positions, and the
-        plain row the logits it gets alone."""
+        """Two rows verifying drafts of DRAFT_CHECK tokens as one group, beside a plain
+        row, in one pass: each gets the logits plain one-token steps give at each of
+        its positions, and the plain row the logits it gets alone."""
         started = time.perf_counter()
         short, long = 6, len(self.tokens) - 2
-        draft = self.tokens[: DRAFT_CHECK + 1]  # the last token and the draft: real tokens
+        # Each verifying row's last token and draft: real tokens, in two new orders.
+        drafts = [self.tokens[: DRAFT_CHECK + 1], self.tokens[-DRAFT_CHECK - 1 :][::-1]]
         first = pages_for(short + 1, page_size)
-        tables = (
+        more = pages_for(long + DRAFT_CHECK + 1, page_size)
+        tables = [
             list(range(1, 1 + first)),
-            list(range(1 + first, 1 + first + pages_for(long + len(draft), page_size))),
-        )
-        kv = self._scratch(page_size, len(tables[0]) + len(tables[1]))
-        for group in self._prompts(page_size, *tables):
-            self.model.hidden_many([group], kv)
-        alone = [self._decode([(self.tokens[short], short, tables[0])], padded, kv)]
-        alone += [self._decode([(t, long + i, tables[1])], padded, kv) for i, t in enumerate(draft)]
-        kv = self._scratch(page_size, len(tables[0]) + len(tables[1]))
-        for group in self._prompts(page_size, *tables):
-            self.model.hidden_many([group], kv)
-        dev = self.model.device
-        verifying = (
-            torch.tensor([draft], device=dev),
-            torch.arange(long, long + len(draft), device=dev).view(1, -1),
-            torch.tensor([tables[1]], device=dev),
-        )
-        plain_row = self._plain_group([(self.tokens[short], short, tables[0])], padded, kv)
-        plain, (spans,) = step_logits(self.model, kv, plain_row, [verifying])
-        assert plain is not None
-        same = torch.equal(plain[:1], alone[0]) and torch.equal(spans, torch.cat(alone[1:]))
+            list(range(1 + first, 1 + first + more)),
+            list(range(1 + first + more, 1 + first + 2 * more)),
+        ]
+        alone: list[torch.Tensor] = []
+        together: list[torch.Tensor] = []
+        for run in (alone, together):
+            kv = self._scratch(page_size, first + 2 * more)
+            for group in self._prompts(page_size, tables[0], tables[1]):
+                self.model.hidden_many([group], kv)
+            self.model.hidden_many([self._prompts(page_size, tables[0], tables[2])[1]], kv)
+            plain_row = [(self.tokens[short], short, tables[0])]
+            if run is alone:
+                run.append(self._decode(plain_row, padded, kv))
+                for draft, table in zip(drafts, tables[1:], strict=True):
+                    run += [self._decode([(t, long + i, table)], padded, kv)
+                            for i, t in enumerate(draft)]  # fmt: skip
+                continue
+            dev = self.model.device
+            verifying = (
+                torch.tensor(drafts, device=dev),
+                torch.arange(long, long + DRAFT_CHECK + 1, device=dev).repeat(2, 1),
+                torch.tensor(tables[1:], device=dev),
+            )
+            plain, (spans,) = step_logits(
+                self.model, kv, self._plain_group(plain_row, padded, kv), [verifying]
+            )
+            assert plain is not None
+            run += [plain[:1], *spans.reshape(-1, 1, spans.shape[-1]).unbind(0)]
+        same = all(torch.equal(x, y) for x, y in zip(alone, together, strict=True))
         self.seconds += time.perf_counter() - started
         return self._record("speculative", 0.0 if same else 1.0, 0.0, "no speculation")
 
