@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import RunningEngine, crowd_out, start_engine, stop_engine
+from conftest import HANG_GUARD_S, RunningEngine, crowd_out, start_engine, stop_engine
 
 from ninfer.engine import (
     EngineConfig,
@@ -306,6 +306,41 @@ def test_a_draft_past_the_free_pages_is_cut_to_the_rows_own(
     assert (speculated, ended.reason) == (tokens, "capacity")
     assert ended.speculative is not None
     assert ended.speculative.accepted_tokens > 0
+
+
+def test_a_request_cancelled_while_it_speculates_gives_every_page_back(
+    tiny_gguf: Path, oracle: dict[tuple[int, ...], list[int]]
+) -> None:
+    """Cancelled between two steps whose drafts took pages past its reservation, a
+    request ends `cancelled`, and its pages, drafted ones too, are all free again."""
+    prompt = _prompt(10, 2)
+    oracle[prompt] = [7] * 200  # long drafts; the engine keeps what it samples
+    running = start_engine(
+        tiny_gguf,
+        EngineConfig(max_batch=4, kv_capacity=512, page_size=8, prefill_chunk=8, spec="ngram"),
+    )
+    try:
+        eng, sink = running.engine, running.sink
+        deliver = sink.deliver
+
+        def hold_after_three_rounds(events: Any) -> None:
+            # On the engine thread: from the third round on, its deliveries hold it.
+            if eng.statistics().spec_rounds >= 3:
+                sink.open.clear()
+            deliver(events)
+
+        sink.deliver = hold_after_three_rounds  # type: ignore[method-assign]
+        h = eng.submit(GenerationRequest("c", prompt, 150, ignore_eos=True, reserve_tokens=2))
+        assert sink.holding.wait(HANG_GUARD_S)  # three rounds in: a few dozen tokens of 150
+        eng.cancel(h)  # taken at the next step boundary
+        sink.deliver = deliver  # type: ignore[method-assign]
+        sink.open.set()
+        (finish,) = sink.wait_done(h)
+        assert finish.reason == "cancelled"
+        stats = eng.statistics()
+        assert stats.pages_free == stats.pages_total
+    finally:
+        stop_engine(running)
 
 
 def test_ngram_drafts_on_repeating_output_are_kept_and_change_nothing(tiny_gguf: Path) -> None:

@@ -475,7 +475,7 @@ class Engine:
         S = self.config.page_size
         rows = min(ROW_COST_ROWS, self.config.max_batch * (self.config.draft_tokens + 1))
         pages = self._pool.allocate(pages_for(rows, S))
-        if pages is None or rows < 2:
+        if pages is None:  # a pool too small to measure in: the default ratio stays
             return
         self._kv.zero_pages(pages)
         dev = self.config.device
@@ -808,8 +808,8 @@ class Engine:
         return out
 
     def _decode_step(self) -> None:
-        """One pass over every decode-ready row: a row with a draft (--spec) verifies it
-        in the same pass, as a group of its own (`_speculative`)."""
+        """One pass over every decode-ready row: rows with a draft (--spec) verify it in
+        the same pass, in groups of rows whose drafts have one length (`_speculative`)."""
         rows = self._grow([a for a in self._decoding if not a.paused])
         if not rows:
             return

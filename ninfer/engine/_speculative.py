@@ -1,7 +1,8 @@
 """Speculative decoding that never changes a token: drafts, and the pass that verifies them.
 
-A row with a draft d1..dk is run as one group of k + 1 positions (its last token, then
-the draft) beside the step's other rows. The position before each draft token gives
+A row with a draft d1..dk runs as k + 1 positions (its last token, then the draft), in
+a group with the other rows whose drafts have its length, beside the step's plain
+rows. The position before each draft token gives
 the logits a plain one-token step would have given there, bit for bit: every matmul
 computes a row the same in any number of rows (measured at start-up up to the most
 rows a pass can have, `rows_independent_of_count`), attention computes each query row
@@ -22,8 +23,11 @@ Drafts come without a second model:
   brackets, tool-call markup: llguidance's fast-forward tokens), and an n-gram draft of
   a constrained row is cut where the grammar would refuse it.
 
-A row whose drafts keep failing drafts less and then pauses (`RowSpeculation`), so
-free text, where lookups rarely hit, costs little more than plain decoding.
+Each step drafts only what is likely to pay for its rows in the pass (`plan_drafts`,
+from the pass cost measured at start-up and each row's recent acceptance), and a row
+whose round kept nothing pauses (`RowSpeculation`): free text, where lookups rarely
+hit, and large batches, where rows cost what they are likely to give, cost little
+more than plain decoding.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from ninfer.engine._model import KVPages, Transformer
 __all__ = [
     "NgramIndex",
     "RowSpeculation",
+    "group_lengths",
+    "plan_drafts",
     "step_logits",
 ]
 
