@@ -10,7 +10,7 @@ batch 8 (eight rows in the same state, masks filled one after another as the eng
 thread would), the same for ninfer's tool-call grammars (`auto` answered with text
 and with a call, `required`), plus the time to apply a bitmask to a batch of float32
 logits in torch.
-Not part of the test suite; the figures are in docs/benchmarks.md.
+Not part of the test suite; the figures are in docs/benchmarks-history.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Constrained decoding: a request's grammar masks its row's logits at every step.
 
 llguidance (the grammar engine llama.cpp uses; chosen by measurement, see
-docs/benchmarks.md) computes, from a grammar and the model's token bytes, which tokens
+docs/benchmarks-history.md) computes, from a grammar and the model's token bytes, which tokens
 may come next. The mask is applied to the request's own logits row only, so a
 constrained row is computed exactly as it would be alone and batch invariance holds.
 """

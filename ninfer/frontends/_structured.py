@@ -1,6 +1,6 @@
 """Structured outputs: a JSON schema made into the grammar the engine decodes under.
 
-The grammar engine is llguidance (see docs/benchmarks.md for why); it compiles a JSON
+The grammar engine is llguidance (see docs/benchmarks-history.md for why); it compiles a JSON
 schema into a grammar lazily, so compiling per request costs about a millisecond. The
 output is compact JSON (no free whitespace between tokens: a model, however weak,
 cannot spend its budget on blanks) that matches the schema by construction, unless the
