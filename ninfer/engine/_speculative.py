@@ -142,8 +142,8 @@ class NgramIndex:
 @attrs.define(eq=False)
 class RowSpeculation:
     """One request's drafting: its history's n-gram index (built on its first draft),
-    its pause after failed rounds, how often its drafted
-    tokens are kept, and its counters."""
+    its pause after failed rounds, how often its drafted tokens are kept, and its
+    counters."""
 
     window: int  # --draft-tokens
     history: Sequence[int]  # the prompt, until the index is built
