@@ -566,3 +566,24 @@ async def test_every_route_answers_the_same_with_speculation(
     assert speculated == plain
     done = [r for r in log if r["event"] == "request_done"]
     assert sum(r["speculative"]["accepted_tokens"] for r in done) > 0
+
+
+def test_a_running_request_is_told_to_end_at_the_tokens_a_step_gives_it() -> None:
+    """Retry-After's estimate of a running request: its remaining budget at the step
+    pace, divided by the tokens a step gives a row (two with speculation here)."""
+    import attrs
+
+    import scheduler
+    from ninfer._estimate import ServiceTimes
+    from ninfer.engine import EngineStatistics
+
+    fields = {f.name: 0 for f in attrs.fields(EngineStatistics) if f.default is attrs.NOTHING}
+    stats = EngineStatistics(**{**fields, "state": "ready", "busy": True,
+                                "batch_invariant": True, "batch_sizes": (1,)})  # fmt: skip
+    ticket = scheduler.Ticket(controller=None, arrival=0.0)  # type: ignore[arg-type]
+    for tokens_per_row, seconds in ((1.0, 1.0), (2.0, 0.5)):
+        paced = attrs.evolve(stats, decode_step_seconds=0.1, decode_tokens_per_row=tokens_per_row)
+        times = ServiceTimes(lambda s=paced: s, default_max_tokens=512)  # type: ignore[misc]
+        progress = times.track(ticket, prompt_tokens=10, max_new_tokens=20)
+        progress.generated = 10
+        assert times([ticket]) == pytest.approx([seconds])
