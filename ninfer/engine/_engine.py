@@ -790,22 +790,30 @@ class Engine:
         """Give each row whose next position starts a page beyond its reservation a free
         page; a row that cannot have one ends (`capacity`). Pages that requests waiting
         to prefill will take are not free to grow into."""
-        assert self._pool is not None
         S = self.config.page_size
         out = []
         for a in rows:
             if a.position < len(a.pages) * S:
                 out.append(a)
                 continue
-            owed = sum(_reserved_pages(w.request, S) for w in self._waiting if not w.pages)
-            page = self._pool.allocate(1) if self._pool.free > owed else None
-            if page is None:
+            if not self._extend(a, 1):
                 self._finish(a, "capacity")
                 continue
-            self._kv.zero_pages(page)
-            a.pages.extend(page)
             out.append(a)
         return out
+
+    def _extend(self, a: _Active, n: int) -> bool:
+        """Give `a` n more pages (zeroed) from those free that requests waiting to
+        prefill are not owed; False, and none taken, when there are not so many."""
+        assert self._pool is not None
+        S = self.config.page_size
+        owed = sum(_reserved_pages(w.request, S) for w in self._waiting if not w.pages)
+        pages = self._pool.allocate(n) if self._pool.free - n >= owed else None
+        if pages is None:
+            return False
+        self._kv.zero_pages(pages)
+        a.pages.extend(pages)
+        return True
 
     def _decode_step(self) -> None:
         """One pass over every decode-ready row: rows with a draft (--spec) verify it in
@@ -877,7 +885,7 @@ class Engine:
         dev = self.config.device
         S = self.config.page_size
         width = max(pages_for(a.position + 1, S) for a in rows)
-        table = [a.pages[:width] + [0] * (width - min(width, len(a.pages))) for a in rows]
+        table = [_page_row(a, width) for a in rows]
         tokens_in = [[a.last_token] for a in rows]
         positions = [[a.position] for a in rows]
         # Padding rows (see _invariance): token 0 at position 0, writing the scratch page.
@@ -903,10 +911,7 @@ class Engine:
         return (
             torch.tensor([[a.last_token, *d] for a, d in rows], device=dev),
             torch.tensor([list(range(a.position, a.position + T)) for a, _ in rows], device=dev),
-            torch.tensor(
-                [a.pages[:width] + [0] * (width - min(width, len(a.pages))) for a, _ in rows],
-                device=dev,
-            ),
+            torch.tensor([_page_row(a, width) for a, _ in rows], device=dev),
         )
 
     def _draft_limit(self, a: _Active) -> int:
@@ -924,17 +929,11 @@ class Engine:
         requests are not owed, else the draft is cut to the row's own pages."""
         if a.spec is None or planned <= 0:
             return []
-        assert self._pool is not None
         S = self.config.page_size
         draft = a.spec.propose(planned, a.sampler.constraint, a.output_ids)
         need = pages_for(a.position + len(draft) + 1, S) - len(a.pages)
-        if draft and need > 0:
-            owed = sum(_reserved_pages(w.request, S) for w in self._waiting if not w.pages)
-            pages = self._pool.allocate(need) if self._pool.free - need >= owed else None
-            if pages is None:
-                return draft[: len(a.pages) * S - a.position - 1]
-            self._kv.zero_pages(pages)
-            a.pages.extend(pages)
+        if draft and need > 0 and not self._extend(a, need):
+            return draft[: len(a.pages) * S - a.position - 1]
         return draft
 
     def _verify(self, a: _Active, draft: list[int], logits: torch.Tensor) -> None:
@@ -1099,6 +1098,11 @@ class Engine:
         if self._events:
             events, self._events = self._events, []
             self._sink.deliver(events)
+
+
+def _page_row(a: _Active, width: int) -> list[int]:
+    """`a`'s first `width` pages, filled up with the always-zero page 0."""
+    return a.pages[:width] + [0] * (width - min(width, len(a.pages)))
 
 
 def _reserved_pages(request: GenerationRequest, page_size: int) -> int:

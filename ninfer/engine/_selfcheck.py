@@ -374,31 +374,32 @@ class SelfCheck:
             list(range(1 + first, 1 + first + more)),
             list(range(1 + first + more, 1 + first + 2 * more)),
         ]
-        alone: list[torch.Tensor] = []
-        together: list[torch.Tensor] = []
-        for run in (alone, together):
+
+        def prefilled() -> KVPages:
+            """A pool holding the short prompt and the long one twice."""
             kv = self._scratch(page_size, first + 2 * more)
             for group in self._prompts(page_size, tables[0], tables[1]):
                 self.model.hidden_many([group], kv)
             self.model.hidden_many([self._prompts(page_size, tables[0], tables[2])[1]], kv)
-            plain_row = [(self.tokens[short], short, tables[0])]
-            if run is alone:
-                run.append(self._decode(plain_row, padded, kv))
-                for draft, table in zip(drafts, tables[1:], strict=True):
-                    run += [self._decode([(t, long + i, table)], padded, kv)
-                            for i, t in enumerate(draft)]  # fmt: skip
-                continue
-            dev = self.model.device
-            verifying = (
-                torch.tensor(drafts, device=dev),
-                torch.arange(long, long + DRAFT_CHECK + 1, device=dev).repeat(2, 1),
-                torch.tensor(tables[1:], device=dev),
-            )
-            plain, (spans,) = step_logits(
-                self.model, kv, self._plain_group(plain_row, padded, kv), [verifying]
-            )
-            assert plain is not None
-            run += [plain[:1], *spans.reshape(-1, 1, spans.shape[-1]).unbind(0)]
+            return kv
+
+        plain_row = [(self.tokens[short], short, tables[0])]
+        kv = prefilled()
+        alone = [self._decode(plain_row, padded, kv)]
+        for draft, table in zip(drafts, tables[1:], strict=True):
+            alone += [self._decode([(t, long + i, table)], padded, kv) for i, t in enumerate(draft)]
+        kv = prefilled()
+        dev = self.model.device
+        verifying = (
+            torch.tensor(drafts, device=dev),
+            torch.arange(long, long + DRAFT_CHECK + 1, device=dev).repeat(2, 1),
+            torch.tensor(tables[1:], device=dev),
+        )
+        plain, (spans,) = step_logits(
+            self.model, kv, self._plain_group(plain_row, padded, kv), [verifying]
+        )
+        assert plain is not None
+        together = [plain[:1], *spans.reshape(-1, 1, spans.shape[-1]).unbind(0)]
         same = all(torch.equal(x, y) for x, y in zip(alone, together, strict=True))
         self.seconds += time.perf_counter() - started
         return self._record("speculative", 0.0 if same else 1.0, 0.0, "no speculation")
