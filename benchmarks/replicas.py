@@ -65,6 +65,7 @@ def _row(label: str, level: LevelResult) -> dict[str, Any]:
         "refused": s["rejected_429"] + s["rejected_503"],
         "lost": lost,
         "failed": s["failed"] - lost,
+        "cut": s["cut"],
         "errors": errors,
         "tok_per_s": round(s["tokens_per_second"], 1),
     }

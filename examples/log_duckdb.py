@@ -22,33 +22,44 @@ COLUMNS = """{
 }"""
 
 
+def show(title: str, cursor: duckdb.DuckDBPyConnection) -> None:
+    """A query's result under its column names, one row a line."""
+    print(title)
+    print("  ", tuple(column[0] for column in cursor.description or ()))
+    for row in cursor.fetchall():
+        print("  ", row)
+
+
 def main(paths: list[str]) -> None:
     con = duckdb.connect()
     files = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
     con.execute(f"CREATE VIEW log AS SELECT * FROM read_ndjson([{files}], columns = {COLUMNS})")
-    print("completed requests, milliseconds:")
-    for row in con.execute(
-        """SELECT endpoint, count(*) AS n,
-                  round(1000 * quantile_cont(timings_seconds.queue, 0.5), 1) AS queue_p50,
-                  round(1000 * quantile_cont(timings_seconds.ttft, 0.5), 1) AS ttft_p50,
-                  round(1000 * quantile_cont(timings_seconds.ttft, 0.95), 1) AS ttft_p95,
-                  round(1000 * quantile_cont(timings_seconds.total, 0.95), 1) AS total_p95,
-                  sum(completion_tokens) AS tokens
-           FROM log WHERE event = 'request_done' GROUP BY endpoint ORDER BY endpoint"""
-    ).fetchall():
-        print("  ", row)
-    print("refused:")
-    for row in con.execute(
-        """SELECT status, type, count(*) FROM log WHERE event = 'request_rejected'
-           GROUP BY ALL ORDER BY status, type"""
-    ).fetchall():
-        print("  ", row)
-    print("cancelled:")
-    for row in con.execute(
-        """SELECT stage, count(*) FROM log WHERE event = 'request_cancelled'
-           GROUP BY ALL ORDER BY stage"""
-    ).fetchall():
-        print("  ", row)
+    show(
+        "completed requests:",
+        con.execute(
+            """SELECT endpoint, count(*) AS requests,
+                  round(1000 * quantile_cont(timings_seconds.queue, 0.5), 1) AS queue_p50_ms,
+                  round(1000 * quantile_cont(timings_seconds.ttft, 0.5), 1) AS ttft_p50_ms,
+                  round(1000 * quantile_cont(timings_seconds.ttft, 0.95), 1) AS ttft_p95_ms,
+                  round(1000 * quantile_cont(timings_seconds.total, 0.95), 1) AS total_p95_ms,
+                  sum(completion_tokens) AS completion_tokens
+               FROM log WHERE event = 'request_done' GROUP BY endpoint ORDER BY endpoint"""
+        ),
+    )
+    show(
+        "refused:",
+        con.execute(
+            """SELECT status, type, count(*) AS requests FROM log
+               WHERE event = 'request_rejected' GROUP BY ALL ORDER BY status, type"""
+        ),
+    )
+    show(
+        "cancelled:",
+        con.execute(
+            """SELECT stage, count(*) AS requests FROM log
+               WHERE event = 'request_cancelled' GROUP BY ALL ORDER BY stage"""
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -209,7 +209,7 @@ def _logs_plot(args: argparse.Namespace) -> int:
     from ninfer.tools._logtools import read_logs
 
     try:
-        from ninfer.tools._logplot import plot_log
+        from ninfer.tools._logplot import plot_log, resolve_moment
     except ImportError:  # pragma: no cover - depends on the install
         print(
             "ninfer logs plot: error: matplotlib is not installed (pip install 'ninfer[plot]')",
@@ -224,7 +224,13 @@ def _logs_plot(args: argparse.Namespace) -> int:
     for problem in read.problems:
         print(problem, file=sys.stderr)
     try:
-        shown = plot_log(read, Path(args.output), bin_seconds=args.bin_seconds)
+        first = min((r["ts_unix_ms"] / 1000.0 for r in read.records), default=0.0)
+        since = None if args.since is None else resolve_moment(args.since, first)
+        until = None if args.until is None else resolve_moment(args.until, first)
+        shown = plot_log(
+            read, Path(args.output), bin_seconds=args.bin_seconds, since=since, until=until,
+            clock=args.clock,
+        )  # fmt: skip
     except ValueError as exc:
         print(f"ninfer logs plot: error: {exc}", file=sys.stderr)
         return 1
@@ -373,6 +379,7 @@ def _bench(args: argparse.Namespace) -> int:
             clients=tuple(args.clients),
             rates=tuple(args.rates),
             duration_s=args.duration_s,
+            grace_s=args.grace_s,
             max_requests=args.max_requests,
             max_tokens=args.max_tokens,
             warmup_s=args.warmup_s,
@@ -455,6 +462,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("must be 0 or a positive number of seconds")
+    return value
+
+
 def _add_logs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     logs = sub.add_parser(
         "logs",
@@ -479,7 +496,8 @@ def _add_logs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "plot",
         help="one figure over time: running/waiting, admitted/rejected, latency",
         description="Draw requests running and waiting, admitted and rejected per "
-        "second, and p50/p95 latency over time in one figure (needs matplotlib: "
+        "second, and p50/p95 latency over time in one figure, over the whole log or a "
+        "window of it, against the wall clock (UTC) or seconds (needs matplotlib: "
         "pip install 'ninfer[plot]').",
     )
     plot.add_argument("files", nargs="+", metavar="FILE", help="request-log files")
@@ -489,6 +507,22 @@ def _add_logs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=_positive_float,
         default=None,
         help="width of the rate and latency bins (default: about 60 bins over the span)",
+    )
+    for edge, what in (("since", "begins"), ("until", "ends")):
+        plot.add_argument(
+            f"--{edge}",
+            default=None,
+            metavar="WHEN",
+            help=f"the window {what} here: seconds after the log's first record (e.g. 30), "
+            "or an ISO 8601 time (2026-12-02T14:03:00Z; UTC without an offset) "
+            f"(default: the log's {'first' if edge == 'since' else 'last'} record)",
+        )
+    plot.add_argument(
+        "--clock",
+        choices=["utc", "relative"],
+        default="utc",
+        help="the time axis: utc, the wall clock (default), or relative, seconds since "
+        "the window's start",
     )
     plot.set_defaults(func=_logs_plot)
 
@@ -589,8 +623,10 @@ def build_parser() -> argparse.ArgumentParser:
         "vLLM...) or ninfer's native route, and report completion tokens per second, time to first "
         "token, inter-token latency, end-to-end latency and refusals per load level. "
         "Closed loop: N clients send back to back. Open loop: Poisson arrivals at a rate. "
-        "Each level runs for --duration-s (at most --max-requests requests). Exit status 1 "
-        "when a request failed other than by 429/503.",
+        "Each level sends requests for --duration-s (at most --max-requests), then gives "
+        "those still running --grace-s to finish and cuts the rest (counted as cut). "
+        "Progress goes to stderr from the start. Exit status 1 when a request failed other "
+        "than by 429/503.",
     )
     bench.add_argument("url", help="the server, e.g. http://127.0.0.1:8080 or localhost:8080")
     bench.add_argument(
@@ -619,7 +655,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--duration-s",
         type=_positive_float,
         default=20.0,
-        help="seconds per load level (default: 20)",
+        help="seconds per load level in which requests begin (default: 20)",
+    )
+    bench.add_argument(
+        "--grace-s",
+        type=_non_negative_float,
+        default=5.0,
+        help="then at most this long for the requests still running to finish; the rest "
+        "are cancelled and counted as cut (default: 5)",
     )
     bench.add_argument(
         "--max-requests",
@@ -641,7 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--warmup-s",
-        type=float,
+        type=_non_negative_float,
         default=2.0,
         help="seconds of warm-up with 2 clients first (default: 2; 0: none)",
     )

@@ -42,11 +42,14 @@ async def test_probe_and_bench_commands(tiny_gguf: Path, tmp_path: Path) -> None
         assert b"requests failed at closed 1: " in wrong.stderr
         assert b" x HTTP 401" in wrong.stderr
     assert b"tok/s" in bench.stdout
-    # stderr is a pipe here: one progress line per level, no carriage returns
+    # stderr is a pipe here: the plan at once, a line as the level begins and as it
+    # ends, no carriage returns
     assert b"\r" not in bench.stderr
-    (line,) = [ln for ln in bench.stderr.decode().splitlines() if ln.startswith("[1/1]")]
-    assert line.startswith("[1/1] closed 2: "), line
-    assert line.endswith(" s"), line
+    first, begins, ends = bench.stderr.decode().splitlines()[:3]
+    assert first.startswith(f"ninfer bench: {srv.url} (chat), 1 level of 0.5 s, at most "), first
+    assert begins == "[1/1] closed 2: running for 0.5 s (+ up to 5 s to finish)"
+    assert ends.startswith("[1/1] closed 2: "), ends
+    assert " requests done in " in ends, ends
     levels = orjson.loads(out.read_bytes())["levels"]
     assert levels[0]["ok"] > 0
     assert levels[0]["completion_tokens"] == 4 * levels[0]["ok"]
@@ -84,7 +87,8 @@ def test_bench_with_nothing_listening_says_so_in_one_line() -> None:
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
     assert done.returncode == 2
-    (line,) = done.stderr.splitlines()
+    plan, line = done.stderr.splitlines()  # what it set out to do, then why it could not
+    assert plan.startswith(f"ninfer bench: {url} (chat), 1 level of 1 s")
     assert line.startswith(f"ninfer bench: error: cannot reach {url}: nothing answers there")
 
 

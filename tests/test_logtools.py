@@ -125,6 +125,63 @@ def test_cli_table_json_and_plot(
     assert f"{sum(seen.values()) + 1} requests" in capsys.readouterr().out
 
 
+def test_plot_takes_a_window_and_a_wall_clock_axis(
+    overload_log: tuple[Path, Counter[int]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--since/--until` (seconds after the first record, or ISO 8601 times) cut the
+    figure to a window, counting the requests that overlap it; the time axis is the
+    wall clock in UTC unless `--clock relative`."""
+    import datetime as dt
+
+    import matplotlib
+
+    from ninfer.tools._logplot import plot_log, resolve_moment
+
+    path, _ = overload_log
+    read = read_logs([path])
+    stamps = sorted(r["ts_unix_ms"] / 1000.0 for r in read.records)
+    first, last = stamps[0], stamps[-1]
+    whole = plot_log(read, tmp_path / "whole.png")
+    assert (whole["since"], whole["until"]) == (first, last)
+    half = (last - first) / 2
+    early = plot_log(read, tmp_path / "early.png", since=first, until=first + half)
+    assert early["seconds"] == pytest.approx(half)
+    spans = request_spans(read.records)
+    begun = sum(1 for s in spans if min(t for t in (s.waiting_from, s.admitted_at, s.end)
+                                        if t is not None) <= first + half)  # fmt: skip
+    assert early["requests"] == begun < whole["requests"]
+
+    # The wall clock: the axis says the day and the first tick the time of day (UTC).
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text kept as text, to be read here
+    try:
+        plot_log(read, tmp_path / "clock.svg")
+        plot_log(read, tmp_path / "relative.svg", clock="relative")
+    finally:
+        matplotlib.rcParams["svg.fonttype"] = "path"
+    day = dt.datetime.fromtimestamp(first, dt.UTC).date().isoformat()
+    svg = (tmp_path / "clock.svg").read_text()
+    assert f"time (UTC, {day})" in svg
+    hhmm = dt.datetime.fromtimestamp(first, dt.UTC).strftime("%H:%M:")
+    assert hhmm in svg
+    assert "seconds since the first record" in (tmp_path / "relative.svg").read_text()
+
+    # The command line: both spellings of a moment, and what it refuses in one line.
+    iso = dt.datetime.fromtimestamp(first + half, dt.UTC).isoformat().replace("+00:00", "Z")
+    assert resolve_moment(iso, first) == pytest.approx(first + half)
+    assert resolve_moment("2.5", first) == first + 2.5
+    out = tmp_path / "window.png"
+    assert main(["logs", "plot", str(path), "-o", str(out), "--until", iso]) == 0
+    assert f"{int(begun)} requests over {half:.1f} s" in capsys.readouterr().out
+    assert main(["logs", "plot", str(path), "-o", str(out), "--since", "3600"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("ninfer logs plot: error: no records after ")
+    assert main(["logs", "plot", str(path), "-o", str(out), "--since", "noon"]) == 1
+    (err,) = capsys.readouterr().err.splitlines()
+    assert "'noon' is neither seconds after the first record nor an ISO 8601 time" in err
+
+
 def test_running_never_exceeds_capacity(overload_log: tuple[Path, Counter[int]]) -> None:
     """The reconstructed levels respect the limits the server ran with (2 running, 4 waiting),
     up to the log's clock resolution at the instants one request leaves as another enters."""
@@ -237,6 +294,9 @@ def test_examples_run_on_a_real_log(overload_log: tuple[Path, Counter[int]], scr
     )
     assert "server_overloaded" in done.stdout or seen[429] == 0
     assert "/v1/generate" in done.stdout
+    if script == "log_duckdb.py":  # each result under its column names
+        assert "('endpoint', 'requests', 'queue_p50_ms', 'ttft_p50_ms'" in done.stdout
+        assert "('status', 'type', 'requests')" in done.stdout
 
 
 @pytest.mark.parametrize("script", ["log_duckdb.py", "log_pandas.py"])

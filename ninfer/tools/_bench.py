@@ -6,8 +6,11 @@ back for a fixed time. Open loop: requests arrive as a Poisson process at each r
 whatever the server's state (in flight capped). Every request asks for the same number
 of output tokens and sets `ignore_eos`, so runs compare. Each stream is timed: time to
 first token, the gaps between tokens, end to end; completion tokens come from the
-server's usage when it sends one, else from the chunks counted. Bounded by time and by
-count per level; loopback only unless asked.
+server's usage when it sends one, else from the chunks counted. Each level lasts
+--duration-s (no request begins after it) plus at most --grace-s for the requests still
+running to finish; those still running then are cut (cancelled: the server stops their
+work) and counted apart, as k6's graceful stop does. At most --max-requests per level;
+loopback only unless asked.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import sys
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -50,6 +53,7 @@ class BenchConfig:
     clients: tuple[int, ...] = (1, 4, 8, 16)
     rates: tuple[float, ...] = ()
     duration_s: float = 20.0
+    grace_s: float = 5.0  # for the requests still running when a level's duration ends
     max_requests: int = 2000  # per level
     max_tokens: int = 64
     warmup_s: float = 2.0
@@ -67,6 +71,15 @@ class Sample:
     tokens: int = 0
     gaps: list[float] = attrs.field(factory=list)
     error: str | None = None
+    finished: bool = False  # False: still running when the level's grace ran out (cut)
+
+    @property
+    def ok(self) -> bool:
+        return self.finished and self.status == 200 and self.error is None
+
+    @property
+    def failed(self) -> bool:
+        return self.finished and (self.status not in (200, 429, 503) or self.error is not None)
 
 
 @attrs.define
@@ -77,8 +90,11 @@ class LevelResult:
     samples: list[Sample] = attrs.field(factory=list)
 
     def summary(self) -> dict[str, Any]:
-        ok = [s for s in self.samples if s.status == 200 and s.error is None]
+        ok = [s for s in self.samples if s.ok]
+        cut = [s for s in self.samples if not s.finished]
         tokens = sum(s.tokens for s in ok)
+        # Throughput counts every token received in the level, a cut stream's too.
+        received = tokens + sum(s.tokens for s in cut)
         ttft = sorted(s.ttft for s in ok if s.ttft is not None)
         total = sorted(s.total for s in ok if s.total is not None)
         gaps = sorted(g for s in ok for g in s.gaps)
@@ -95,18 +111,13 @@ class LevelResult:
             "ok": len(ok),
             "rejected_429": sum(s.status == 429 for s in self.samples),
             "rejected_503": sum(s.status == 503 for s in self.samples),
-            "failed": sum(
-                s.status not in (200, 429, 503) or s.error is not None for s in self.samples
-            ),
+            "failed": sum(s.failed for s in self.samples),
+            "cut": len(cut),
             "errors": dict(
-                Counter(
-                    s.error or f"HTTP {s.status}"
-                    for s in self.samples
-                    if s.status not in (200, 429, 503) or s.error is not None
-                )
+                Counter(s.error or f"HTTP {s.status}" for s in self.samples if s.failed)
             ),
             "completion_tokens": tokens,
-            "tokens_per_second": tokens / self.seconds if self.seconds else 0.0,
+            "tokens_per_second": received / self.seconds if self.seconds else 0.0,
             "requests_per_second": len(ok) / self.seconds if self.seconds else 0.0,
             "ttft_p50": pct(ttft, 50),
             "ttft_p95": pct(ttft, 95),
@@ -170,22 +181,23 @@ class _Client:
             body["response_format"] = {"type": "json_object"}
         return "/v1/chat/completions", body
 
-    async def one(self) -> Sample:
+    async def one(self, sample: Sample) -> None:
+        """Send one request, filling in `sample` as the answer arrives (a cancelled one
+        keeps what came, and `finished` False)."""
         import httpx
 
         path, body = self._request()
         headers = {"authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
         start = time.perf_counter()
-        sample = Sample(status=0)
         last: float | None = None
-        chunks = 0
         usage: int | None = None
         try:
             async with self.http.stream("POST", path, json=body, headers=headers) as r:
                 sample.status = r.status_code
                 if r.status_code != 200:
                     await r.aread()
-                    return sample
+                    sample.finished = True
+                    return
                 complete = False  # the stream's own end: [DONE], or the native `done` event
                 async for line in _sse_lines(r):
                     if line in ("data: [DONE]", "event: done"):
@@ -203,16 +215,18 @@ class _Client:
                         else:
                             sample.gaps.extend([(now - last) / n] * n)
                         last = now
-                        chunks += n
+                        sample.tokens += n
                     usage = _usage_in(data, self.cfg.route) or usage
         except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
             sample.error = type(exc).__name__
-            return sample
+            sample.finished = True
+            return
         if not complete and sample.error is None:
             sample.error = "stream ended without its end"
         sample.total = time.perf_counter() - start
-        sample.tokens = usage if usage is not None else chunks
-        return sample
+        if usage is not None:
+            sample.tokens = usage
+        sample.finished = True
 
 
 async def _sse_lines(response: Any) -> AsyncIterator[str]:
@@ -246,9 +260,7 @@ def _usage_in(data: Any, route: Route) -> int | None:
     return None
 
 
-async def _closed(
-    client: _Client, clients: int, cfg: BenchConfig, tick: Callable[[], None]
-) -> LevelResult:
+async def _closed(client: _Client, clients: int, cfg: BenchConfig, shown: _Progress) -> LevelResult:
     import trio
 
     result = LevelResult("closed", clients, 0.0)
@@ -257,95 +269,134 @@ async def _closed(
 
     async def worker() -> None:
         while trio.current_time() < deadline and len(result.samples) < cfg.max_requests:
-            sample = await client.one()
+            sample = Sample(status=0)
             result.samples.append(sample)  # a request begun in the window counts whole
-            tick()
-            if sample.status != 200 or sample.error is not None:
+            shown.started()
+            await client.one(sample)
+            shown.ended()
+            if not sample.ok:
                 await trio.sleep(0.05)  # do not spin on refusals or failures
 
-    async with trio.open_nursery() as n:
-        for _ in range(clients):
-            n.start_soon(worker)
+    with trio.move_on_at(deadline + cfg.grace_s):  # then what still runs is cut
+        async with trio.open_nursery() as n:
+            for _ in range(clients):
+                n.start_soon(worker)
     result.seconds = trio.current_time() - start
     return result
 
 
-async def _open(
-    client: _Client, rate: float, cfg: BenchConfig, tick: Callable[[], None]
-) -> LevelResult:
+async def _open(client: _Client, rate: float, cfg: BenchConfig, shown: _Progress) -> LevelResult:
     import trio
 
     result = LevelResult("open", rate, 0.0)
     rng = random.Random(cfg.seed + int(rate * 1000))
     limiter = trio.CapacityLimiter(cfg.max_in_flight)
     start = trio.current_time()
+    deadline = start + cfg.duration_s
 
     async def fire() -> None:
+        sample = Sample(status=0)
+        result.samples.append(sample)
+        shown.started()
         async with limiter:
-            result.samples.append(await client.one())
-            tick()
+            await client.one(sample)
+        shown.ended()
 
-    async with trio.open_nursery() as n:
-        at = start
-        sent = 0
-        while sent < cfg.max_requests:
-            at += rng.expovariate(rate)
-            if at > start + cfg.duration_s:
-                break
-            await trio.sleep_until(at)
-            n.start_soon(fire)
-            sent += 1
+    with trio.move_on_at(deadline + cfg.grace_s):  # then what still runs is cut
+        async with trio.open_nursery() as n:
+            at = start
+            sent = 0
+            while sent < cfg.max_requests:
+                at += rng.expovariate(rate)
+                if at > deadline:
+                    break
+                await trio.sleep_until(at)
+                n.start_soon(fire)
+                sent += 1
     result.seconds = trio.current_time() - start
     return result
 
 
 class _Progress:
-    """One level's progress on stderr: on a terminal, a bar redrawn in place four times a
-    second (time elapsed, or requests done where --max-requests comes first); otherwise
-    (a file, a pipe) one line when the level ends, never a pile of carriage returns."""
+    """One level's progress on stderr. On a terminal, a bar redrawn in place four times
+    a second from the level's start (time elapsed, or requests done where --max-requests
+    comes first; then the requests left to finish in the grace time); otherwise (a file,
+    a pipe) a line when the level begins and one when it ends, never a pile of carriage
+    returns."""
 
-    def __init__(self, label: str, cfg: BenchConfig, stream: Any) -> None:
+    def __init__(self, label: str, cfg: BenchConfig, stream: Any, *, enabled: bool) -> None:
         self.label = label
         self.cfg = cfg
         self.stream = stream
+        self.enabled = enabled
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.begun = 0
         self.done = 0
-        self.begun = time.monotonic()
+        self.t0 = 0.0
 
-    def tick(self) -> None:
+    def started(self) -> None:
+        self.begun += 1
+
+    def ended(self) -> None:
         self.done += 1
 
-    def _line(self, frac: float) -> str:
+    def _line(self, elapsed: float) -> str:
+        frac = max(elapsed / self.cfg.duration_s, self.done / self.cfg.max_requests)
         bar = "#" * int(min(1.0, frac) * 30)
         plural = "" if self.done == 1 else "s"
-        return f"{self.label:<22} [{bar:<30}] {self.done} request{plural}"
+        line = f"{self.label:<22} [{bar:<30}] {self.done} request{plural} done"
+        if elapsed >= self.cfg.duration_s and self.begun > self.done:
+            line += f", finishing {self.begun - self.done}"
+        return line
 
-    async def redraw(self) -> None:
-        import trio
-
-        if not self.tty:
-            return
-        while True:
-            elapsed = time.monotonic() - self.begun
-            frac = max(elapsed / self.cfg.duration_s, self.done / self.cfg.max_requests)
-            self.stream.write("\r" + self._line(frac))
-            self.stream.flush()
-            await trio.sleep(0.25)
-
-    def finish(self) -> None:
-        seconds = time.monotonic() - self.begun
-        if self.tty:
-            self.stream.write("\r" + self._line(1.0) + f" in {seconds:.1f} s\n")
-        else:
-            plural = "" if self.done == 1 else "s"
-            self.stream.write(f"{self.label}: {self.done} request{plural} in {seconds:.1f} s\n")
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
         self.stream.flush()
 
+    async def show(self) -> None:
+        """Run beside the level: its first line at once, then (on a terminal) redraws."""
+        import trio
 
-async def run_bench(cfg: BenchConfig, *, progress: bool = True) -> list[LevelResult]:
+        self.t0 = trio.current_time()
+        if not self.enabled:
+            return
+        if not self.tty:
+            grace = f" (+ up to {self.cfg.grace_s:g} s to finish)" if self.cfg.grace_s else ""
+            self._write(f"{self.label}: running for {self.cfg.duration_s:g} s{grace}\n")
+            return
+        while True:
+            self._write("\r" + self._line(trio.current_time() - self.t0) + "\x1b[K")
+            await trio.sleep(0.25)
+
+    def finish(self, seconds: float, cut: int) -> None:
+        if not self.enabled:
+            return
+        plural = "" if self.done == 1 else "s"
+        tail = f" in {seconds:.1f} s" + (f", {cut} cut at the end" if cut else "")
+        if self.tty:
+            self._write("\r" + self._line(seconds) + tail + "\x1b[K\n")
+        else:
+            self._write(f"{self.label}: {self.done} request{plural} done{tail}\n")
+
+
+async def run_bench(
+    cfg: BenchConfig, *, progress: bool = True, stream: Any = None
+) -> list[LevelResult]:
     import httpx
     import trio
 
+    stream = stream if stream is not None else sys.stderr
+    levels: list[tuple[Literal["closed", "open"], float]] = [("closed", c) for c in cfg.clients]
+    levels += [("open", r) for r in cfg.rates]
+    if progress:  # at once, before the first connection: what will happen, how long
+        most = len(levels) * (cfg.duration_s + cfg.grace_s) + cfg.warmup_s
+        stream.write(
+            f"ninfer bench: {cfg.url} ({cfg.route}), {len(levels)} level"
+            f"{'' if len(levels) == 1 else 's'} of {cfg.duration_s:g} s"
+            f"{f' + {cfg.warmup_s:g} s warm-up' if cfg.warmup_s > 0 else ''}"
+            f", at most {most:g} s\n"
+        )
+        stream.flush()
     limits = httpx.Limits(max_connections=max([*cfg.clients, cfg.max_in_flight]) + 8)
     async with httpx.AsyncClient(base_url=cfg.url, timeout=600, limits=limits) as http:
         try:  # anything that answers HTTP at all will do (a 404 too)
@@ -358,25 +409,25 @@ async def run_bench(cfg: BenchConfig, *, progress: bool = True) -> list[LevelRes
             listing = (await http.get("/v1/models", headers=headers)).json()
             model = listing["data"][0]["id"]
         client = _Client(cfg, http, model)
+        plan: list[tuple[str, Literal["closed", "open"], float, BenchConfig]] = []
         if cfg.warmup_s > 0:
-            with trio.move_on_after(cfg.warmup_s * 5):
-                await _closed(client, 2, attrs.evolve(cfg, duration_s=cfg.warmup_s), lambda: None)
-        results = []
-        levels: list[tuple[str, float]] = [("closed", c) for c in cfg.clients]
-        levels += [("open", r) for r in cfg.rates]
+            warm = attrs.evolve(cfg, duration_s=cfg.warmup_s, grace_s=cfg.warmup_s * 4)
+            plan.append(("warm-up", "closed", 2, warm))
         for i, (mode, load) in enumerate(levels):
-            shown = _Progress(f"[{i + 1}/{len(levels)}] {mode} {load:g}", cfg, sys.stderr)
+            plan.append((f"[{i + 1}/{len(levels)}] {mode} {load:g}", mode, load, cfg))
+        results = []
+        for label, mode, load, level_cfg in plan:
+            shown = _Progress(label, level_cfg, stream, enabled=progress)
             async with trio.open_nursery() as n:
-                if progress:
-                    n.start_soon(shown.redraw)
+                n.start_soon(shown.show)
                 if mode == "closed":
-                    result = await _closed(client, int(load), cfg, shown.tick)
+                    result = await _closed(client, int(load), level_cfg, shown)
                 else:
-                    result = await _open(client, load, cfg, shown.tick)
+                    result = await _open(client, load, level_cfg, shown)
                 n.cancel_scope.cancel()
-            if progress:
-                shown.finish()
-            results.append(result)
+            shown.finish(result.seconds, sum(not s.finished for s in result.samples))
+            if label != "warm-up":
+                results.append(result)
     return results
 
 
@@ -392,6 +443,7 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
         "429",
         "503",
         "fail",
+        "cut",
         "tok/s",
         "req/s",
         "ttft p50",
@@ -409,6 +461,7 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
             str(r["rejected_429"]),
             str(r["rejected_503"]),
             str(r["failed"]),
+            str(r["cut"]),
             f"{r['tokens_per_second']:.1f}",
             f"{r['requests_per_second']:.2f}",
             _ms(r["ttft_p50"]),
@@ -423,42 +476,60 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) for b in body]
-    return "\n".join(lines) + "\n(times in ms; tok/s = completion tokens per second)"
+    return "\n".join(lines) + (
+        "\n(times in ms; tok/s = completion tokens received per second; cut = still running"
+        " when the level's grace time ran out, cancelled)"
+    )
 
 
-def plot_bench(rows: Sequence[dict[str, Any]], out: str, title: str) -> None:
+# The plot's panels: one quantity each, on its own axis from zero.
+PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("completion tokens per second", "tokens/s", ("tokens_per_second",)),
+    ("requests served per second", "requests/s", ("requests_per_second",)),
+    ("share refused (429 + 503)", "share", ()),  # computed from the counts
+    ("time to first token", "seconds", ("ttft_p50", "ttft_p95")),
+    ("inter-token latency", "milliseconds", ("itl_p50", "itl_p95")),
+    ("end-to-end latency", "seconds", ("e2e_p50", "e2e_p95")),
+)
+
+
+def plot_bench(rows: Sequence[dict[str, Any]], out: str, title: str) -> list[str]:
+    """Draw one panel per quantity against load (PANELS); returns the panels' titles."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), constrained_layout=True)
-    for mode in ("closed", "open"):
-        sel = [r for r in rows if r["mode"] == mode]
-        if not sel:
-            continue
-        x = [r["load"] for r in sel]
-        style = "o-" if mode == "closed" else "s--"
-        axes[0].plot(x, [r["tokens_per_second"] for r in sel], style, label=f"{mode} loop")
-        for key, name in (("ttft", "TTFT"), ("e2e", "end to end")):
-            for p, ls in (("p50", style), ("p95", ":")):
-                ys = [r[f"{key}_{p}"] if r[f"{key}_{p}"] is not None else math.nan for r in sel]
-                axes[1].plot(x, ys, ls, label=f"{name} {p} ({mode})")
-        refused = [(r["rejected_429"] + r["rejected_503"]) / max(1, r["requests"]) for r in sel]
-        axes[2].plot(x, refused, style, label=f"{mode} loop")
     from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-    axes[0].set_title("completion tokens per second")
-    axes[1].set_title("latency (s)")
-    axes[1].set_yscale("log")
-    axes[2].set_title("share refused (429 + 503)")
-    # A share: from 0 (never below), at least to 10%, as a percentage.
-    most = max(((r["rejected_429"] + r["rejected_503"]) / max(1, r["requests"]) for r in rows),
-               default=0.0)  # fmt: skip
-    axes[2].set_ylim(0.0, min(1.0, max(0.1, most * 1.15)))
-    axes[2].yaxis.set_major_formatter(PercentFormatter(1.0))
+    fig, grid = plt.subplots(2, 3, figsize=(14, 7.5), constrained_layout=True)
+    axes = list(grid.flat)
     closed_only = all(r["mode"] == "closed" for r in rows)
-    for ax in axes:
+    for ax, (name, unit, keys) in zip(axes, PANELS, strict=True):
+        for mode in ("closed", "open"):
+            sel = [r for r in rows if r["mode"] == mode]
+            if not sel:
+                continue
+            x = [r["load"] for r in sel]
+            marker = "o" if mode == "closed" else "s"
+            if not keys:  # the refused share
+                ys = [(r["rejected_429"] + r["rejected_503"]) / max(1, r["requests"]) for r in sel]
+                ax.plot(x, ys, marker=marker, label=f"{mode} loop")
+                continue
+            for key in keys:
+                scale = 1000.0 if unit == "milliseconds" else 1.0
+                ys = [math.nan if r[key] is None else r[key] * scale for r in sel]
+                pct = key.rsplit("_", 1)[1] if "_p" in key else ""
+                style = ":" if pct == "p95" else "-"
+                label = f"{pct} ({mode} loop)" if pct else f"{mode} loop"
+                ax.plot(x, ys, style, marker=marker, label=label)
+        ax.set_title(name)
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0.0)
+        if not keys:  # from 0, at least to 10%, as a percentage
+            most = max(((r["rejected_429"] + r["rejected_503"]) / max(1, r["requests"])
+                        for r in rows), default=0.0)  # fmt: skip
+            ax.set_ylim(0.0, min(1.0, max(0.1, most * 1.15)))
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
         if closed_only:  # clients come in whole numbers
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("clients" if closed_only else "clients, or arrivals per second")
@@ -467,3 +538,4 @@ def plot_bench(rows: Sequence[dict[str, Any]], out: str, title: str) -> None:
     fig.suptitle(title)
     fig.savefig(out, dpi=110)
     plt.close(fig)
+    return [name for name, _, _ in PANELS]
