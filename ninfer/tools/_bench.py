@@ -510,18 +510,22 @@ def plot_bench(rows: Sequence[dict[str, Any]], out: str, title: str) -> list[str
             if not sel:
                 continue
             x = [r["load"] for r in sel]
-            marker = "o" if mode == "closed" else "s"
+            # a color and marker per mode; p95 dotted with hollow markers beside p50
+            look = {"marker": "o", "color": "tab:blue"} if mode == "closed" else {
+                "marker": "s", "color": "tab:orange"}  # fmt: skip
             if not keys:  # the refused share
                 ys = [(r["rejected_429"] + r["rejected_503"]) / max(1, r["requests"]) for r in sel]
-                ax.plot(x, ys, marker=marker, label=f"{mode} loop")
+                ax.plot(x, ys, label=f"{mode} loop", **look)
                 continue
             for key in keys:
                 scale = 1000.0 if unit == "milliseconds" else 1.0
                 ys = [math.nan if r[key] is None else r[key] * scale for r in sel]
-                pct = key.rsplit("_", 1)[1] if "_p" in key else ""
-                style = ":" if pct == "p95" else "-"
+                pct = key.rsplit("_", 1)[1] if key.endswith(("_p50", "_p95")) else ""
                 label = f"{pct} ({mode} loop)" if pct else f"{mode} loop"
-                ax.plot(x, ys, style, marker=marker, label=label)
+                if pct == "p95":
+                    ax.plot(x, ys, ":", label=label, markerfacecolor="none", **look)
+                else:
+                    ax.plot(x, ys, "-", label=label, **look)
         ax.set_title(name)
         ax.set_ylabel(unit)
         ax.set_ylim(bottom=0.0)
