@@ -75,6 +75,33 @@ def test_serve_on_a_port_in_use_says_so_in_one_line_before_loading(tiny_gguf: Pa
     ]
 
 
+def test_hypercorn_on_a_port_in_use_fails_before_ninfer_is_imported(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """The README's hypercorn command on a busy port: Hypercorn binds before it imports
+    the app, so the error is Hypercorn's (docs/serving.md says so, and that `ninfer
+    serve` says it in one line); nothing of ninfer runs, no model is loaded."""
+    import os
+    import socket
+
+    hypercorn = Path(sys.executable).parent / "hypercorn"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run(
+            [str(hypercorn), "--worker-class", "trio", "--bind", f"127.0.0.1:{port}",
+             "ninfer.app:create_app()"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "NINFER_MODEL": str(tiny_gguf),
+                 "NINFER_REQUEST_LOG_JSONL": str(tmp_path / "requests.jsonl")},
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == "OSError: [Errno 98] Address already in use"
+    assert not (tmp_path / "requests.jsonl").exists()  # the app was never built
+    assert done.stdout == ""
+
+
 def test_bench_with_nothing_listening_says_so_in_one_line() -> None:
     import socket
 
