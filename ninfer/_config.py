@@ -279,9 +279,59 @@ SETTINGS: tuple[Setting, ...] = (
         optional=True,
     ),
     Setting("greedy", bool, False, "force greedy decoding (temperature 0) for every request"),
-    Setting("temperature", float, None, "default temperature (default: 1.0)", 0, 2, optional=True),
-    Setting("top_p", float, None, "default top-p (default: 1.0, off)", 0, 1, optional=True),
-    Setting("top_k", int, None, "default top-k (default: 0, off)", 0, optional=True),
+    Setting(
+        "temperature",
+        float,
+        None,
+        "default temperature (default: the model file's recommendation, else 1.0)",
+        0,
+        2,
+        optional=True,
+    ),
+    Setting(
+        "top_p",
+        float,
+        None,
+        "default top-p (default: the model file's recommendation, else 1.0, off)",
+        0,
+        1,
+        optional=True,
+    ),
+    Setting(
+        "top_k",
+        int,
+        None,
+        "default top-k (default: the model file's recommendation, else 0, off)",
+        0,
+        optional=True,
+    ),
+    Setting(
+        "min_p",
+        float,
+        None,
+        "default min-p (default: the model file's recommendation, else 0.0, off)",
+        0,
+        1,
+        optional=True,
+    ),
+    Setting(
+        "presence_penalty",
+        float,
+        None,
+        "default presence penalty (default: the model file's recommendation, else 0.0)",
+        -2,
+        2,
+        optional=True,
+    ),
+    Setting(
+        "frequency_penalty",
+        float,
+        None,
+        "default frequency penalty (default: the model file's recommendation, else 0.0)",
+        -2,
+        2,
+        optional=True,
+    ),
     Setting(
         "threads",
         int,
@@ -377,6 +427,9 @@ class ServerConfig:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     threads: int | None = None
 
     @property

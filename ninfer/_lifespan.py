@@ -43,6 +43,7 @@ from ninfer.frontends import (
     ResponsesFrontend,
     ResponseStore,
     TokenizeFrontend,
+    sampling_record,
 )
 from ninfer.frontends._structured import UNENFORCEABLE
 from ninfer.frontends._tools import ToolPlan, tool_grammar
@@ -221,6 +222,7 @@ class Lifespan:
                 "speculative": model.speculative,
                 "self_check": [r.as_dict() for r in model.self_check],
             },
+            sampling_defaults=sampling_record(self.config, model.sampling_preset),
         )
         self.log.console(
             "ready",

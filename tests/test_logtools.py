@@ -176,7 +176,8 @@ def test_plot_takes_a_window_and_a_wall_clock_axis(
     assert f"{int(begun)} requests over {half:.1f} s" in capsys.readouterr().out
     assert main(["logs", "plot", str(path), "-o", str(out), "--since", "3600"]) == 1
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith("ninfer logs plot: error: no records after ")
+    assert len(err) == 1
+    assert err[0].startswith("ninfer logs plot: error: no records after ")
     assert main(["logs", "plot", str(path), "-o", str(out), "--since", "noon"]) == 1
     (err,) = capsys.readouterr().err.splitlines()
     assert "'noon' is neither seconds after the first record nor an ISO 8601 time" in err

@@ -87,6 +87,7 @@ def write_tiny_gguf(
     sliding_window: int = 8,
     chat_template: bool = True,
     packed_layers: bool = False,
+    sampling: dict[str, float | int] | None = None,
 ) -> Path:
     """A random-weight model of the llama family. `architecture` qwen2 adds QKV biases,
     qwen3 per-head query and key norms; `rope_freqs` adds Llama 3's rope-scaling
@@ -94,7 +95,9 @@ def write_tiny_gguf(
     feed-forward, QK-norms and a SentencePiece vocabulary; with 6 or more layers
     (`n_layers`) both its sliding-window (`sliding_window` keys) and global layers.
     `packed_layers`: every layer matrix in Q4_0 or Q4_1, as a Q4 model's are (all of
-    them run through the int4 kernel), instead of a mix of types."""
+    them run through the int4 kernel), instead of a mix of types. `sampling`: recommended
+    defaults as general.sampling.<key> (floats as float32, ints as int32, as llama.cpp
+    writes them; anything else as a string)."""
     rng = np.random.default_rng(seed)
     gemma = architecture == "gemma3"
     if gemma:
@@ -104,6 +107,14 @@ def write_tiny_gguf(
     vocab = len(tokens)
     w = gguf.GGUFWriter(str(path), architecture)
     w.add_name("tiny-test-llama")
+    for key, value in (sampling or {}).items():
+        name = f"general.sampling.{key}"
+        if isinstance(value, int) and not isinstance(value, bool):
+            w.add_int32(name, value)
+        elif isinstance(value, float):
+            w.add_float32(name, value)
+        else:
+            w.add_string(name, str(value))
     w.add_block_count(n_layers)
     w.add_context_length(context)
     w.add_embedding_length(dim)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from ninfer.engine._contract import (
     DTYPE_NAMES,
     GRAMMAR_LIMIT,
+    PRESET_FIELDS,
     SPEC_BACKENDS,
     WEIGHT_MODES,
     ChatTemplate,
@@ -30,6 +31,7 @@ from ninfer.engine._contract import (
     PathCheck,
     RequestHandle,
     SamplingParams,
+    SamplingPreset,
     ServedModel,
     SpeculativeCounts,
     TokenDelta,
@@ -41,6 +43,7 @@ from ninfer.engine._contract import (
 __all__ = [
     "DTYPE_NAMES",
     "GRAMMAR_LIMIT",
+    "PRESET_FIELDS",
     "SPEC_BACKENDS",
     "WEIGHT_MODES",
     "ChatTemplate",
@@ -58,6 +61,7 @@ __all__ = [
     "PathCheck",
     "RequestHandle",
     "SamplingParams",
+    "SamplingPreset",
     "ServedModel",
     "SpeculativeCounts",
     "TokenDelta",

@@ -35,6 +35,7 @@ __all__ = [
     "PathCheck",
     "RequestHandle",
     "SamplingParams",
+    "SamplingPreset",
     "ServedModel",
     "TokenDelta",
     "TokenLogprob",
@@ -104,6 +105,37 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+# The sampling fields a preset may set, with the range a request may send for each
+# (a model file's recommendation outside it is not used).
+PRESET_FIELDS: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "top_k": (0, 2**31 - 1),
+    "min_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+
+
+@attrs.frozen
+class SamplingPreset:
+    """A model's own sampling defaults: what a request gets for a field that neither it
+    nor the process names (None: no recommendation; the built-in default applies).
+    `source` says where they came from (the GGUF file's `general.sampling.*` keys)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    source: str = "none"
+
+    def values(self) -> dict[str, float | int]:
+        """The fields it sets."""
+        return {f: v for f in PRESET_FIELDS if (v := getattr(self, f)) is not None}
 
 
 @attrs.frozen
@@ -408,6 +440,8 @@ class ServedModel:
     speculative: str = "none"
     # The self-check of every fast path the engine chose, in the order checked.
     self_check: tuple[PathCheck, ...] = ()
+    # The model file's recommended sampling defaults (under process flags and requests).
+    sampling_preset: SamplingPreset = attrs.field(factory=SamplingPreset)
     # Compiles a grammar for this engine on the calling thread (thread-safe; ValueError
     # for a grammar it refuses); None where the engine takes grammars as text only.
     compile_grammar: Callable[[str], CompiledGrammar] | None = attrs.field(default=None, eq=False)

@@ -282,6 +282,7 @@ class Engine:
             self_check=self._self_check,
             speculative=self._spec,
             compile_grammar=self.compile_grammar,
+            sampling_preset=self.model.sampling_preset,
         )
 
     def statistics(self) -> EngineStatistics:

@@ -10,11 +10,12 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 import torch
 
-from ninfer.engine._contract import ModelIdentity
+from ninfer.engine._contract import PRESET_FIELDS, ModelIdentity, SamplingPreset
 from ninfer.engine._gguf import GGUFFile, file_sha256, open_gguf
 from ninfer.engine._invariance import prime_vector_math
 from ninfer.engine._model import Transformer, load_transformer
@@ -29,9 +30,46 @@ class LoadedModel:
     tokenizer: TextTokenizer
     transformer: Transformer
     load_seconds: float
+    sampling_preset: SamplingPreset = attrs.field(factory=SamplingPreset)
     # The opened file (memory-mapped), for the engine's self-check and the exact paths
     # it may fall back to; dropped once the engine has started.
     source: GGUFFile | None = attrs.field(default=None, eq=False, repr=False)
+
+
+# GGUF's recommended-sampling keys (llama.cpp reads the same) and the fields they set.
+# `general.sampling.penalty_repeat` is a multiplicative repetition penalty, not
+# OpenAI's additive presence penalty: not used.
+_GGUF_SAMPLING = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.min_p": "min_p",
+}
+
+
+def sampling_preset(
+    metadata: Mapping[str, object], progress: Callable[[str], None] = lambda _m: None
+) -> SamplingPreset:
+    """The file's recommended sampling defaults. A value of the wrong type or outside
+    what a request may send is left out, and said."""
+    found: dict[str, Any] = {}  # field -> value, checked above
+    for key, field in _GGUF_SAMPLING.items():
+        value = metadata.get(key)
+        if value is None:
+            continue
+        low, high = PRESET_FIELDS[field]
+        wanted = (int,) if field == "top_k" else (int, float)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, wanted)
+            or not low <= value <= high  # NaN too
+        ):
+            progress(f"{key} = {value!r} is not used: not a number in {low}..{high}")
+            continue
+        found[field] = value if field == "top_k" else float(value)
+    if not found:
+        return SamplingPreset()
+    return attrs.evolve(SamplingPreset(source="gguf general.sampling"), **found)
 
 
 def _model_id(metadata: Mapping[str, object], path: str) -> str:
@@ -97,5 +135,6 @@ def load_model(
         tokenizer=tokenizer,
         transformer=transformer,
         load_seconds=elapsed,
+        sampling_preset=sampling_preset(gguf.metadata, progress),
         source=gguf,
     )

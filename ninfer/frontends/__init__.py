@@ -13,6 +13,7 @@ from ninfer.frontends._base import (
     Outcome,
     Prepared,
 )
+from ninfer.frontends._budget import sampling_record
 from ninfer.frontends._native import NativeFrontend, TokenizeFrontend, server_props
 from ninfer.frontends._openai import ChatFrontend, CompletionsFrontend, model_card, model_list
 from ninfer.frontends._responses import ResponsesFrontend, ResponseStore
@@ -34,5 +35,6 @@ __all__ = [
     "TokenizeFrontend",
     "model_card",
     "model_list",
+    "sampling_record",
     "server_props",
 ]

@@ -334,7 +334,9 @@ class Frontend(abc.ABC):
         grant = self.budget.grant(
             len(prompt_ids), requested, param=param, prompt_param=prompt_param, clamp=clamp
         )
-        params, warnings = resolve_sampling(sampling, self.ctx.config)
+        params, warnings = resolve_sampling(
+            sampling, self.ctx.config, self.ctx.model.sampling_preset
+        )
         gen = GenerationRequest(
             request_id=request_id,
             prompt_ids=tuple(prompt_ids),

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from ninfer._config import ServerConfig
-from ninfer.engine import CompiledGrammar, SamplingParams, ServedModel
+from ninfer.engine import CompiledGrammar, SamplingParams, SamplingPreset, ServedModel
 from protocols import ApiError
 
-__all__ = ["Budget", "Grant", "SamplingRequest", "resolve_sampling"]
+__all__ = [
+    "Budget",
+    "Grant",
+    "SamplingRequest",
+    "resolve_sampling",
+    "sampling_defaults",
+    "sampling_record",
+]
 
 DEFAULT_TEMPERATURE = 1.0
 
@@ -28,32 +37,68 @@ class SamplingRequest:
     grammar: str | CompiledGrammar | None = None  # a structured output's or tools' grammar
 
 
-def resolve_sampling(req: SamplingRequest, cfg: ServerConfig) -> tuple[SamplingParams, list[str]]:
-    """Request fields over process flags over built-in defaults; --greedy forces argmax.
-    Harmless ineffective fields are kept and reported as warnings."""
+# Each field's value where no request, flag or model names one.
+BUILT_IN: dict[str, float | int] = {
+    "temperature": DEFAULT_TEMPERATURE,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
+def sampling_defaults(cfg: ServerConfig, preset: SamplingPreset) -> dict[str, float | int]:
+    """What a request that names no sampling field gets: each field from the process
+    flag, else the model's preset, else the built-in default (the seed's precedence;
+    requests come on top, and --greedy last)."""
+    out: dict[str, float | int] = {}
+    for field, builtin in BUILT_IN.items():
+        flag = getattr(cfg, field)
+        model = getattr(preset, field)
+        out[field] = flag if flag is not None else model if model is not None else builtin
+    if cfg.greedy:
+        out["temperature"] = 0.0
+    return out
+
+
+def sampling_record(cfg: ServerConfig, preset: SamplingPreset) -> dict[str, Any]:
+    """server_start's account of the sampling defaults: the model file's preset, the
+    process flags set, --greedy and --seed, and what a request naming none gets."""
+    return {
+        "model": {"source": preset.source, **preset.values()},
+        "process": {f: v for f in BUILT_IN if (v := getattr(cfg, f)) is not None},
+        "greedy": cfg.greedy,
+        "seed": cfg.seed,
+        "resolved": sampling_defaults(cfg, preset),
+    }
+
+
+def resolve_sampling(
+    req: SamplingRequest, cfg: ServerConfig, preset: SamplingPreset
+) -> tuple[SamplingParams, list[str]]:
+    """Request fields over process flags over the model's preset over built-in defaults;
+    --greedy forces argmax. Harmless ineffective fields are kept and reported as
+    warnings."""
     warnings: list[str] = []
-    temperature = req.temperature
-    if temperature is None:
-        temperature = cfg.temperature if cfg.temperature is not None else DEFAULT_TEMPERATURE
+    defaults = sampling_defaults(cfg, preset)
+    chosen = {f: v if (v := getattr(req, f)) is not None else defaults[f] for f in BUILT_IN}
     if cfg.greedy:
         if req.temperature not in (None, 0.0):
             warnings.append("temperature is ignored: the server forces greedy decoding")
-        temperature = 0.0
-    top_p = req.top_p if req.top_p is not None else (cfg.top_p if cfg.top_p is not None else 1.0)
-    top_k = req.top_k if req.top_k is not None else (cfg.top_k if cfg.top_k is not None else 0)
-    min_p = req.min_p if req.min_p is not None else 0.0
+        chosen["temperature"] = 0.0
     seed = req.seed if req.seed is not None else cfg.seed
-    if temperature == 0.0:
+    if chosen["temperature"] == 0.0:
         for field in ("top_p", "top_k", "min_p", "seed"):
             if getattr(req, field) is not None:
                 warnings.append(f"{field} has no effect with greedy decoding (temperature 0)")
     params = SamplingParams(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
+        temperature=float(chosen["temperature"]),
+        top_k=int(chosen["top_k"]),
+        top_p=float(chosen["top_p"]),
+        min_p=float(chosen["min_p"]),
+        presence_penalty=float(chosen["presence_penalty"]),
+        frequency_penalty=float(chosen["frequency_penalty"]),
         seed=seed,
         logit_bias=req.logit_bias,
         grammar=req.grammar,

@@ -8,7 +8,7 @@ import attrs
 
 from ninfer.engine import TokenDelta
 from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
-from ninfer.frontends._budget import SamplingRequest, resolve_sampling
+from ninfer.frontends._budget import SamplingRequest, sampling_defaults
 from protocols import (
     ApiError,
     DetokenizeResponse,
@@ -166,7 +166,7 @@ def server_props(ctx: FrontendContext) -> dict[str, Any]:
     with ninfer's own: the served names and what the model can do here."""
     from ninfer import __version__
 
-    defaults, _ = resolve_sampling(SamplingRequest(), ctx.config)
+    defaults = sampling_defaults(ctx.config, ctx.model.sampling_preset)
     template = ctx.model.tokenizer.chat_template
     ident = ctx.model.identity
     return {
@@ -189,11 +189,8 @@ def server_props(ctx: FrontendContext) -> dict[str, Any]:
         "default_generation_settings": {
             "n_ctx": ctx.model.max_context,
             "params": {
-                "temperature": defaults.temperature,
-                "top_p": defaults.top_p,
-                "top_k": defaults.top_k,
-                "min_p": defaults.min_p,
-                "seed": defaults.seed,
+                **defaults,
+                "seed": ctx.config.seed,
                 "max_tokens": ctx.config.default_max_tokens,
             },
         },

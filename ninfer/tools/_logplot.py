@@ -195,8 +195,8 @@ def plot_log(
         ax_lat.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _clock(t0 + x, t1 - t0)))
         ax_lat.set_xlabel(_clock_label(t0, t1))
     else:
-        first = "the first record" if since is None else _moment(t0)
-        ax_lat.set_xlabel(f"seconds since {first}")
+        origin = "the first record" if since is None else _moment(t0)
+        ax_lat.set_xlabel(f"seconds since {origin}")
     ax_lat.set_xlim(0.0, max(t1 - t0, width))
     ax_lat.set_title("latency of completed requests")
     ax_lat.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
