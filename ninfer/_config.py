@@ -12,7 +12,7 @@ import argparse
 import difflib
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -43,6 +43,7 @@ class Setting:
     choices: tuple[str, ...] = ()
     optional: bool = False  # None allowed (unset)
     metavar: str | None = None
+    words: tuple[str, ...] = ()  # a number setting's values that are words (auto)
 
     @property
     def flag(self) -> str:
@@ -113,9 +114,13 @@ SETTINGS: tuple[Setting, ...] = (
         "kv_capacity",
         int,
         None,
-        "KV-cache pool in tokens, shared by all requests (default: --max-context)",
+        "KV-cache pool in tokens, shared by all requests, or auto: as many as fit in the "
+        "memory left after the weights, 1 GiB kept free (the CPU's available memory, "
+        "within a cgroup limit; on CUDA the device's free memory) (default: --max-context)",
         1,
         optional=True,
+        words=("auto",),
+        metavar="TOKENS|auto",
     ),
     Setting("max_concurrency", int, 8, "requests decoding at once (one batch)", 1, 64),
     Setting(
@@ -354,12 +359,14 @@ def _check(setting: Setting, value: Any, label: str | None = None) -> Any:
         if setting.optional:
             return None
         raise ConfigError(f"{flag} needs a value")
+    if setting.words and isinstance(value, str) and value in setting.words:
+        return value
     if setting.kind is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{flag} must be true or false")
     elif setting.kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{flag} must be an integer")
+            raise ConfigError(f"{flag} must be an integer{_or_words(setting)}")
     elif setting.kind is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{flag} must be a number")
@@ -385,6 +392,10 @@ def _check(setting: Setting, value: Any, label: str | None = None) -> Any:
     return value
 
 
+def _or_words(setting: Setting) -> str:
+    return "".join(f" or {w}" for w in setting.words)
+
+
 @attrs.frozen(kw_only=True)
 class ServerConfig:
     """The whole server configuration; SETTINGS holds each field's flag, bounds and help."""
@@ -399,7 +410,7 @@ class ServerConfig:
     dtype: str = "float32"
     weights: str = "int4"
     max_context: int | None = None
-    kv_capacity: int | None = None
+    kv_capacity: int | Literal["auto"] | None = None
     max_concurrency: int = 8
     max_pending_requests: int = 16
     pending_timeout_ms: int = 30000
@@ -547,11 +558,13 @@ def _parse_env_value(setting: Setting, raw: str) -> Any:
         if low in ("0", "false", "no", "off", ""):
             return False
         raise ConfigError(f"{setting.env} must be true or false")
+    if raw.strip() in setting.words:
+        return raw.strip()
     if setting.kind is int:
         try:
             return int(raw)
         except ValueError:
-            raise ConfigError(f"{setting.env} must be an integer") from None
+            raise ConfigError(f"{setting.env} must be an integer{_or_words(setting)}") from None
     if setting.kind is float:
         try:
             return float(raw)
@@ -610,11 +623,15 @@ def config_from_namespace(
         if s.kind is bool:
             values[s.name] = bool(raw)
             continue
-        if s.kind is int:
+        if raw in s.words:
+            values[s.name] = raw
+        elif s.kind is int:
             try:
                 values[s.name] = int(raw)
             except ValueError:
-                raise ConfigError(f"{s.flag} must be an integer, got {raw!r}") from None
+                raise ConfigError(
+                    f"{s.flag} must be an integer{_or_words(s)}, got {raw!r}"
+                ) from None
         elif s.kind is float:
             try:
                 values[s.name] = float(raw)

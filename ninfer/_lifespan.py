@@ -221,9 +221,22 @@ class Lifespan:
                 "prefill_together_rows": model.prefill_together_rows,
                 "speculative": model.speculative,
                 "self_check": [r.as_dict() for r in model.self_check],
+                "kv_sizing": model.kv_sizing.as_dict() if model.kv_sizing else None,
             },
             sampling_defaults=sampling_record(self.config, model.sampling_preset),
         )
+        if model.kv_sizing is not None:
+            sizing = model.kv_sizing
+            self.log.console(
+                "kv_pool",
+                mode=sizing.mode,
+                tokens=sizing.tokens,
+                bytes_per_token=sizing.bytes_per_token,
+                pool_mib=round(sizing.pool_bytes / 2**20, 1),
+                free_mib=round(sizing.available_bytes / 2**20, 1),
+                kept_free_mib=round(sizing.headroom_bytes / 2**20, 1),
+                memory=sizing.memory_source,
+            )
         self.log.console(
             "ready",
             model=self.public_id,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from ninfer.engine._contract import (
     DTYPE_NAMES,
     GRAMMAR_LIMIT,
+    KV_HEADROOM_BYTES,
     PRESET_FIELDS,
     SPEC_BACKENDS,
     WEIGHT_MODES,
@@ -27,6 +28,7 @@ from ninfer.engine._contract import (
     Finish,
     FinishReason,
     GenerationRequest,
+    KVSizing,
     ModelIdentity,
     PathCheck,
     RequestHandle,
@@ -43,6 +45,7 @@ from ninfer.engine._contract import (
 __all__ = [
     "DTYPE_NAMES",
     "GRAMMAR_LIMIT",
+    "KV_HEADROOM_BYTES",
     "PRESET_FIELDS",
     "SPEC_BACKENDS",
     "WEIGHT_MODES",
@@ -57,6 +60,7 @@ __all__ = [
     "Finish",
     "FinishReason",
     "GenerationRequest",
+    "KVSizing",
     "ModelIdentity",
     "PathCheck",
     "RequestHandle",

@@ -31,6 +31,7 @@ __all__ = [
     "Finish",
     "FinishReason",
     "GenerationRequest",
+    "KVSizing",
     "ModelIdentity",
     "PathCheck",
     "RequestHandle",
@@ -136,6 +137,27 @@ class SamplingPreset:
     def values(self) -> dict[str, float | int]:
         """The fields it sets."""
         return {f: v for f in PRESET_FIELDS if (v := getattr(self, f)) is not None}
+
+
+# Memory --kv-capacity auto leaves free beside the pool (activations, the logits, the
+# allocator's slack, the rest of the process and the machine).
+KV_HEADROOM_BYTES = 1 << 30
+
+
+@attrs.frozen
+class KVSizing:
+    """How the KV pool was sized: the ledger server_start and the console show."""
+
+    mode: Literal["auto", "explicit"]
+    tokens: int  # the pool, in tokens (whole pages)
+    bytes_per_token: int  # keys and values of every layer
+    pool_bytes: int  # the pool's memory, padding and scratch pages included
+    available_bytes: int  # free for it when it was sized (after the weights)
+    memory_source: str  # where available_bytes came from
+    headroom_bytes: int  # what auto left free
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
 
 
 @attrs.frozen
@@ -270,7 +292,7 @@ class EventSink(Protocol):
 @attrs.frozen
 class EngineConfig:
     max_batch: int = 8
-    kv_capacity: int = 16384  # tokens in the page pool
+    kv_capacity: int | Literal["auto"] = 16384  # tokens in the page pool, or as many as fit
     page_size: int = 16
     prefill_chunk: int = 256
     prefix_cache: bool = True  # reuse cached prompt prefixes (docs/engine.md)
@@ -440,6 +462,8 @@ class ServedModel:
     speculative: str = "none"
     # The self-check of every fast path the engine chose, in the order checked.
     self_check: tuple[PathCheck, ...] = ()
+    # How the KV pool was sized (None: an engine that does not say).
+    kv_sizing: KVSizing | None = None
     # The model file's recommended sampling defaults (under process flags and requests).
     sampling_preset: SamplingPreset = attrs.field(factory=SamplingPreset)
     # Compiles a grammar for this engine on the calling thread (thread-safe; ValueError

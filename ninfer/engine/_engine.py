@@ -25,9 +25,10 @@ import structlog
 import torch
 from structlog.typing import FilteringBoundLogger
 
-from ninfer._errors import EngineStopped, RequestInvalid
+from ninfer._errors import ConfigError, EngineStopped, RequestInvalid
 from ninfer.engine._contract import (
     GRAMMAR_LIMIT,
+    KV_HEADROOM_BYTES,
     CompiledGrammar,
     EngineConfig,
     EngineStatistics,
@@ -37,6 +38,7 @@ from ninfer.engine._contract import (
     Finish,
     FinishReason,
     GenerationRequest,
+    KVSizing,
     PathCheck,
     RequestHandle,
     ServedModel,
@@ -54,6 +56,7 @@ from ninfer.engine._grammar import (
 from ninfer.engine._invariance import invariant_batch_sizes, rows_independent_of_count
 from ninfer.engine._kvpool import PagePool, page_keys, pages_for
 from ninfer.engine._loader import LoadedModel, trim_heap
+from ninfer.engine._memory import available_memory
 from ninfer.engine._model import KVPages, Transformer
 from ninfer.engine._sampling import RowSampler, logprobs_of, sample_rows
 from ninfer.engine._selfcheck import SelfCheck, probe_tokens
@@ -165,6 +168,7 @@ class Engine:
         self.model: LoadedModel | None = None
         self.max_context = 0
         self._pool: PagePool | None = None
+        self._sizing: KVSizing | None = None  # how the pool was sized (_size_pool)
         self._waiting: deque[_Active] = deque()
         self._decoding: list[_Active] = []
         self._by_id: dict[int, _Active] = {}
@@ -283,6 +287,7 @@ class Engine:
             speculative=self._spec,
             compile_grammar=self.compile_grammar,
             sampling_preset=self.model.sampling_preset,
+            kv_sizing=self._sizing,
         )
 
     def statistics(self) -> EngineStatistics:
@@ -345,11 +350,52 @@ class Engine:
         finally:
             self._flush()
 
+    def _size_pool(self, loaded: LoadedModel) -> KVSizing:
+        """The pool's size in tokens, against the memory left after the weights: as many
+        whole pages as fit with KV_HEADROOM_BYTES to spare (--kv-capacity auto; fewer
+        than one sequence is refused), or the capacity asked for, never reduced (refused
+        where it cannot fit at all)."""
+        cfg = self.config
+        args, dtype = loaded.transformer.args, loaded.transformer.dtype
+        per_token = KVPages.bytes_per_token(args, dtype)
+        available, source = available_memory(cfg.device)
+        free = f"{_gib(available)} are free after the weights ({source})"
+        if cfg.kv_capacity == "auto":
+            page_bytes = per_token * cfg.page_size
+            pages = max(0, (available - KV_HEADROOM_BYTES) // page_bytes - 2)
+            if pages * cfg.page_size < self.max_context:
+                raise ConfigError(
+                    f"--kv-capacity auto: {free}; with {_gib(KV_HEADROOM_BYTES)} kept free, "
+                    f"{pages * cfg.page_size} tokens fit ({per_token} bytes each), fewer than "
+                    f"one sequence of {self.max_context} (--max-context): free memory or "
+                    "lower --max-context"
+                )
+            headroom = KV_HEADROOM_BYTES
+        else:
+            pages = pages_for(cfg.kv_capacity, cfg.page_size)
+            need = KVPages.pool_bytes(args, dtype, pages, cfg.page_size)
+            if need > available:
+                raise ConfigError(
+                    f"--kv-capacity {cfg.kv_capacity} needs {_gib(need)} for its KV pool "
+                    f"({per_token} bytes a token); {free}: lower it, or give auto"
+                )
+            headroom = 0
+        return KVSizing(
+            mode="auto" if cfg.kv_capacity == "auto" else "explicit",
+            tokens=pages * cfg.page_size,
+            bytes_per_token=per_token,
+            pool_bytes=KVPages.pool_bytes(args, dtype, pages, cfg.page_size),
+            available_bytes=available,
+            memory_source=source,
+            headroom_bytes=headroom,
+        )
+
     def _setup(self, loaded: LoadedModel) -> None:
         cfg = self.config
         ctx = loaded.identity.context_length
         self.max_context = min(cfg.max_context or ctx, ctx)
-        n_pages = pages_for(cfg.kv_capacity, cfg.page_size)
+        self._sizing = self._size_pool(loaded)
+        n_pages = self._sizing.tokens // cfg.page_size
         self._kv = KVPages.allocate(
             loaded.transformer.args,
             n_pages=n_pages,
@@ -1114,3 +1160,8 @@ def _reserved_pages(request: GenerationRequest, page_size: int) -> int:
 def _ema(previous: float, sample: float, weight: float = 0.2) -> float:
     """An exponential moving average; the first sample is taken as it is."""
     return sample if previous == 0.0 else (1 - weight) * previous + weight * sample
+
+
+def _gib(n: int) -> str:
+    """A size for people: GiB to two places, or MiB under one GiB."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

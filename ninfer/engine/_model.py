@@ -213,6 +213,17 @@ class KVPages:
             v[:, page].zero_()
         return cls(k=k, v=v, page_size=page_size)
 
+    @staticmethod
+    def bytes_per_token(args: ModelArgs, dtype: torch.dtype) -> int:
+        """Memory one token's keys and values take, every layer."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * args.n_layers * args.n_kv_heads * args.head_dim * itemsize
+
+    @staticmethod
+    def pool_bytes(args: ModelArgs, dtype: torch.dtype, n_pages: int, page_size: int) -> int:
+        """Memory a pool of `n_pages` takes (its padding and scratch pages too)."""
+        return (n_pages + 2) * page_size * KVPages.bytes_per_token(args, dtype)
+
     @property
     def n_pages(self) -> int:
         return int(self.k.shape[1]) - 2
