@@ -142,6 +142,21 @@ SETTINGS: tuple[Setting, ...] = (
         65536,
     ),
     Setting(
+        "no_thinking",
+        bool,
+        False,
+        "answer without reasoning by default, on a model whose chat template can think "
+        "(Qwen 3's enable_thinking, a reply that opens <think>); a request may still ask "
+        "for it (docs/api.md, Thinking)",
+    ),
+    Setting(
+        "preserve_thinking",
+        bool,
+        False,
+        "keep the reasoning of earlier, closed turns in the prompt by default, where the "
+        "chat template takes preserve_thinking (most drop it after each user turn)",
+    ),
+    Setting(
         "no_prefix_cache",
         bool,
         False,
@@ -415,6 +430,8 @@ class ServerConfig:
     max_pending_requests: int = 16
     pending_timeout_ms: int = 30000
     prefill_chunk: int = 256
+    no_thinking: bool = False
+    preserve_thinking: bool = False
     no_prefix_cache: bool = False
     spec: str = "none"
     draft_tokens: int = 8

@@ -361,23 +361,31 @@ class Lifespan:
             health["error"] = redact_paths(self.log.failure)
         return health
 
-    async def compile_schema(self, schema: dict[str, Any], param: str) -> Grammar:
+    async def compile_schema(
+        self, schema: dict[str, Any], param: str, think: bool = False
+    ) -> Grammar:
         """A structured output's grammar, compiled on a worker thread (two at once, as
         long texts are tokenized) down to the engine's matcher: a large schema takes
         llguidance hundreds of ms, on the event loop or the engine's thread a stall."""
         from ninfer.frontends._structured import json_schema_grammar
 
         return await trio.to_thread.run_sync(
-            lambda: self._for_engine(json_schema_grammar(schema, param=param), param),
+            lambda: self._for_engine(json_schema_grammar(schema, param=param, think=think), param),
             limiter=self._tokenize_limiter,
         )
 
     async def compile_tools(
-        self, plan: ToolPlan, text_schema: dict[str, Any] | None, text_param: str
+        self,
+        plan: ToolPlan,
+        text_schema: dict[str, Any] | None,
+        text_param: str,
+        think: bool = False,
     ) -> Grammar:
         """The grammar of an answer that may call tools, likewise."""
         return await trio.to_thread.run_sync(
-            lambda: self._for_engine(tool_grammar(plan, text_schema, text_param), "tools"),
+            lambda: self._for_engine(
+                tool_grammar(plan, text_schema, text_param, think=think), "tools"
+            ),
             limiter=self._tokenize_limiter,
         )
 

@@ -1,9 +1,10 @@
 """The Anthropic-compatible contract: POST /v1/messages and /v1/messages/count_tokens.
 
 Text and tools: `tools` (client functions), `tool_choice`, `tool_use` blocks of
-assistant turns and `tool_result` blocks of user turns; image, document, thinking and
-server-tool blocks and `thinking` are refused by name. The `model` field names a
-served model (the server checks it).
+assistant turns and `tool_result` blocks of user turns; `thinking` and the thinking
+blocks of assistant turns (the server refuses them for a model that cannot think);
+image, document, redacted_thinking and server-tool blocks are refused by name. The
+`model` field names a served model (the server checks it).
 Errors: `{"type": "error", "error": {"type", "message"}, "request_id"}`.
 """
 
@@ -30,6 +31,7 @@ from protocols._tools import check_tool_name, refuse_hosted_tools
 __all__ = [
     "AnthropicCodec",
     "AnthropicMessage",
+    "AnthropicThinking",
     "AnthropicTool",
     "AnthropicToolChoice",
     "CountTokensRequest",
@@ -59,7 +61,7 @@ class ResultBlock:
 
 @attrs.frozen
 class Block:
-    type: str = attrs.field(metadata=schema(enum=["text", "tool_use", "tool_result"]))
+    type: str = attrs.field(metadata=schema(enum=["text", "tool_use", "tool_result", "thinking"]))
     text: str | None = None  # of a text block
     id: str | None = None  # of a tool_use block (with name and input)
     name: str | None = None
@@ -73,8 +75,8 @@ class Block:
     toolset_name: str | None = attrs.field(default=None, metadata=_REFUSED)
     # Present only so that another block is refused by its type, not by its fields.
     source: dict[str, Any] | None = attrs.field(default=None, metadata=_REFUSED)
-    thinking: str | None = attrs.field(default=None, metadata=_REFUSED)
-    signature: str | None = attrs.field(default=None, metadata=_REFUSED)
+    thinking: str | None = None  # of a thinking block (with its signature)
+    signature: str | None = None
     cache_control: dict[str, Any] | None = None
     citations: list[dict[str, Any]] | None = None  # on text a client sends back: no effect
 
@@ -122,6 +124,27 @@ class Message:
             return self.content
         return "".join(b.text or "" for b in self.content if b.type == "text")
 
+    def reasoning(self) -> str | None:
+        """The reasoning of an assistant turn's thinking blocks (None: it has none)."""
+        if isinstance(self.content, str):
+            return None
+        parts = [b.thinking or "" for b in self.content if b.type == "thinking"]
+        return "\n\n".join(parts) if parts else None
+
+
+@attrs.frozen
+class ThinkingConfig:
+    """`thinking`: enabled (with its budget of tokens, which counts toward max_tokens),
+    adaptive (enabled; the model decides how much) or disabled."""
+
+    type: str = attrs.field(metadata=schema(enum=["enabled", "adaptive", "disabled"]))
+    budget_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1024))
+    display: str | None = None  # the reasoning is always shown in full here
+
+    @property
+    def enabled(self) -> bool:
+        return self.type != "disabled"
+
 
 @attrs.frozen
 class Metadata:
@@ -152,7 +175,7 @@ class MessagesRequest:
     stream: bool | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: dict[str, Any] | None = None
+    thinking: ThinkingConfig | None = None
     # Accepted without effect: caching is automatic here, one tier and place serve all.
     cache_control: dict[str, Any] | None = None
     service_tier: str | None = attrs.field(
@@ -172,7 +195,7 @@ class MessagesRequest:
 
     def unsupported(self) -> dict[str, Any]:
         """The fields refused by name when sent."""
-        names = ("thinking", "container", "mcp_servers",
+        names = ("container", "mcp_servers",
                  "output_config", "speed", "diagnostics", "context_management")  # fmt: skip
         return {name: getattr(self, name) for name in names}
 
@@ -186,13 +209,37 @@ class CountTokensRequest:
     system: str | list[Block] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: dict[str, Any] | None = None
+    thinking: ThinkingConfig | None = None
 
     def system_text(self) -> str | None:
         return _system_text(self.system)
 
 
 _invalid = invalid_value
+
+
+def _check_thinking(thinking: ThinkingConfig | None, max_tokens: int | None) -> None:
+    """Anthropic's rules: enabled needs budget_tokens (at least 1024, below max_tokens);
+    the others take none."""
+    if thinking is None:
+        return
+    if thinking.type not in ("enabled", "adaptive", "disabled"):
+        raise _invalid("thinking.type", "thinking.type must be enabled, adaptive or disabled")
+    if thinking.type == "enabled":
+        if thinking.budget_tokens is None:
+            raise _invalid("thinking.budget_tokens", "thinking of type enabled needs budget_tokens",
+                           code="missing_required_parameter")  # fmt: skip
+        if thinking.budget_tokens < 1024:
+            raise _invalid("thinking.budget_tokens", "thinking.budget_tokens must be at least 1024")
+        if max_tokens is not None and thinking.budget_tokens >= max_tokens:
+            raise _invalid(
+                "thinking.budget_tokens", "thinking.budget_tokens must be less than max_tokens"
+            )
+    elif thinking.budget_tokens is not None:
+        raise _invalid("thinking.budget_tokens",
+                       f"thinking of type {thinking.type} takes no budget_tokens")  # fmt: skip
+    if thinking.display not in (None, "summarized", "omitted", "full"):
+        raise _invalid("thinking.display", "thinking.display must be summarized or omitted")
 
 
 class AnthropicCodec:
@@ -212,11 +259,9 @@ class AnthropicCodec:
     ) -> None:
         for name, value in refused.items():
             if value is not None:
-                why = " (the model's chat template has no thinking support)" if (
-                    name == "thinking") else ""  # fmt: skip
                 raise ApiError(
                     "invalid_request",
-                    f"{name} is not supported by this server{why}",
+                    f"{name} is not supported by this server",
                     param=name,
                     code="unsupported_parameter",
                 )
@@ -252,15 +297,15 @@ class AnthropicCodec:
         """Text blocks anywhere; tool_use blocks in assistant turns, tool_result blocks
         in user turns, each with its own fields only."""
         allowed = {"system": ("text",), "user": ("text", "tool_result"),
-                   "assistant": ("text", "tool_use")}[role]  # fmt: skip
+                   "assistant": ("text", "tool_use", "thinking")}[role]  # fmt: skip
         for j, b in enumerate(blocks):
             at = f"{where}[{j}]"
             if b.type not in allowed:
-                known = b.type in ("text", "tool_use", "tool_result")
+                known = b.type in ("text", "tool_use", "tool_result", "thinking")
                 raise ApiError(
                     "invalid_request",
                     f"{b.type} blocks belong to "
-                    f"{'assistant' if b.type == 'tool_use' else 'user'} turns"
+                    f"{'user' if b.type == 'tool_result' else 'assistant'} turns"
                     if known and role != "system"
                     else f"content blocks of {kind_name(b.type, _BLOCK_TYPES)} are not "
                     f"supported here; {', '.join(allowed)} blocks are",
@@ -269,8 +314,10 @@ class AnthropicCodec:
                 )
             refuse_known(b, at)
             own = {"text": ("text",), "tool_use": ("id", "name", "input"),
-                   "tool_result": ("tool_use_id",)}[b.type]  # fmt: skip
-            others = {"text", "id", "name", "input", "tool_use_id", "content", "is_error"}
+                   "tool_result": ("tool_use_id",),
+                   "thinking": ("thinking", "signature")}[b.type]  # fmt: skip
+            others = {"text", "id", "name", "input", "tool_use_id", "content", "is_error",
+                      "thinking", "signature"}  # fmt: skip
             for field in sorted(others - set(own) - ({"content", "is_error"}
                                 if b.type == "tool_result" else set())):  # fmt: skip
                 if getattr(b, field) is not None:
@@ -328,6 +375,7 @@ class AnthropicCodec:
         refuse_hosted_tools(body, (None, "custom"))
         req = structure(self._conv, body, MessagesRequest)
         self._check_conversation(req.messages, req.system, req.unsupported())
+        _check_thinking(req.thinking, req.max_tokens)
         self._check_tools(req.tools, req.tool_choice)
         if req.messages[-1].role != "user":
             raise _invalid(
@@ -340,14 +388,12 @@ class AnthropicCodec:
     def parse_count(self, body: Any) -> CountTokensRequest:
         refuse_hosted_tools(body, (None, "custom"))
         req = structure(self._conv, body, CountTokensRequest)
-        self._check_conversation(
-            req.messages,
-            req.system,
-            {"thinking": req.thinking},
-        )
+        self._check_conversation(req.messages, req.system, {})
+        _check_thinking(req.thinking, None)
         self._check_tools(req.tools, req.tool_choice)
         return req
 
 
 AnthropicMessage = Message  # the public name of one message of a Messages request
+AnthropicThinking = ThinkingConfig
 AnthropicToolChoice = ToolChoice

@@ -87,6 +87,9 @@ class ChatMessage:
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # of an assistant message
+    # An assistant message's reasoning, as the answer gave it (vLLM's field): the chat
+    # template decides whether it is kept in the prompt.
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -115,6 +118,8 @@ class ResponseFormat:
 # to be refused by name (unsupported_parameter), never as unknown.
 _REFUSED = schema(refused=True)
 _SERVICE_TIERS = ["auto", "default", "flex", "scale", "priority", "fast"]
+_EFFORTS = ["none", "minimal", "low", "medium", "high", "xhigh"]
+TEMPLATE_SWITCHES = ("enable_thinking", "preserve_thinking")  # chat_template_kwargs
 LOGIT_BIAS_MAX = 1024  # entries; OpenAI documents no count, only -100..100 per entry
 METADATA_MAX_PAIRS, METADATA_KEY_MAX, METADATA_VALUE_MAX = 16, 64, 512
 
@@ -182,7 +187,11 @@ class ChatRequest(_Sampling):
     function_call: Any = attrs.field(default=None, metadata=_REFUSED)
     moderation: Any = attrs.field(default=None, metadata=_REFUSED)
     prediction: Any = attrs.field(default=None, metadata=_REFUSED)
-    reasoning_effort: Any = attrs.field(default=None, metadata=_REFUSED)
+    # Thinking, on a model whose chat template can (docs/api.md, "Thinking"): none turns
+    # it off, any other effort on (the models served here have no effort levels).
+    reasoning_effort: str | None = attrs.field(default=None, metadata=schema(enum=_EFFORTS))
+    # Template variables, as vLLM takes them: enable_thinking and preserve_thinking.
+    chat_template_kwargs: dict[str, Any] | None = None
     verbosity: Any = attrs.field(default=None, metadata=_REFUSED)
     web_search_options: Any = attrs.field(default=None, metadata=_REFUSED)
 
@@ -255,6 +264,35 @@ def _check_response_format(fmt: ResponseFormat) -> None:
             "response_format.json_schema.name",
             "json_schema.name is required: 1 to 64 of a-z, A-Z, 0-9, _ and -",
         )
+
+
+def _check_thinking(req: ChatRequest) -> None:
+    """reasoning_effort (one of the efforts), chat_template_kwargs (only the thinking
+    switches, as booleans, agreeing with reasoning_effort), and reasoning_content on
+    assistant messages only."""
+    if req.reasoning_effort is not None and req.reasoning_effort not in _EFFORTS:
+        raise _invalid("reasoning_effort", f"reasoning_effort must be one of {', '.join(_EFFORTS)}")
+    for key, value in (req.chat_template_kwargs or {}).items():
+        where = f"chat_template_kwargs.{key}" if SCHEMA_NAME.match(key) else (
+            "chat_template_kwargs")  # fmt: skip
+        if key not in TEMPLATE_SWITCHES:
+            raise _unsupported(
+                where, "chat_template_kwargs takes only enable_thinking and preserve_thinking"
+            )
+        if not isinstance(value, bool):
+            raise _invalid(where, f"{where} must be true or false", code="invalid_type")
+    switch = (req.chat_template_kwargs or {}).get("enable_thinking")
+    effort = req.reasoning_effort
+    if switch is not None and effort is not None and switch != (effort != "none"):
+        raise _invalid(
+            "chat_template_kwargs.enable_thinking",
+            "chat_template_kwargs.enable_thinking and reasoning_effort disagree",
+        )
+    for i, m in enumerate(req.messages):
+        if m.reasoning_content is not None and m.role != "assistant":
+            raise _invalid(
+                f"messages[{i}].reasoning_content", "only an assistant message has reasoning"
+            )
 
 
 def _check_replayed_calls(m: ChatMessage, where: str) -> None:
@@ -404,6 +442,7 @@ class OpenAICodec:
                             code="missing_required_parameter",
                         )
         _check_tools(req)
+        _check_thinking(req)
         if (
             req.max_tokens is not None
             and req.max_completion_tokens is not None

@@ -27,6 +27,7 @@ __all__ = [
     "CompletionChunk",
     "CompletionChunkChoice",
     "CompletionLogprobs",
+    "CompletionTokensDetails",
     "ContentBlockDelta",
     "ContentBlockStart",
     "ContentBlockStop",
@@ -68,6 +69,10 @@ __all__ = [
     "OutputTokensDetails",
     "Ping",
     "PromptTokensDetails",
+    "ReasoningItem",
+    "ReasoningText",
+    "ReasoningTextDeltaEvent",
+    "ReasoningTextDoneEvent",
     "ResponseDeleted",
     "ResponseError",
     "ResponseLifecycleEvent",
@@ -75,10 +80,13 @@ __all__ = [
     "ResponseTextConfig",
     "ResponseTextFormat",
     "ResponseUsage",
+    "SignatureDelta",
     "StopDelta",
     "StreamMessage",
     "TextBlock",
     "TextDelta",
+    "ThinkingBlock",
+    "ThinkingDelta",
     "Timing",
     "TokenLogprobEntry",
     "ToolCall",
@@ -193,11 +201,18 @@ class PromptTokensDetails:
 
 
 @attrs.frozen
+class CompletionTokensDetails:
+    reasoning_tokens: int  # of completion_tokens, those of the reasoning block
+
+
+@attrs.frozen
 class OpenAIUsage:
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    # Where the request could think (a model with a reasoning template).
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 @attrs.frozen
@@ -219,6 +234,9 @@ class AssistantMessage:
     content: str | None  # null when the message is tool calls only
     refusal: None
     tool_calls: list[ToolCall] | None = None
+    # The reasoning the model wrote before its answer (a thinking model's <think>
+    # block), apart from `content`: the field vLLM and llama.cpp's server answer with.
+    reasoning_content: str | None = None
 
 
 @attrs.frozen
@@ -288,6 +306,7 @@ class ChatDelta:
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None  # a piece of the reasoning, as it is written
 
 
 @attrs.frozen
@@ -402,6 +421,16 @@ class TextBlock:
 
 
 @attrs.frozen
+class ThinkingBlock:
+    """The reasoning a thinking model wrote before its answer. `signature` is a digest
+    of the text (hex SHA-256), not an attestation: a replayed block is taken as sent."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+@attrs.frozen
 class ToolUseBlock:
     """A tool call of an Anthropic answer (`input` is {} in a stream's block start)."""
 
@@ -429,7 +458,7 @@ class MessageResponse:
     id: str
     type: Literal["message"]
     role: Literal["assistant"]
-    content: list[TextBlock | ToolUseBlock]
+    content: list[ThinkingBlock | TextBlock | ToolUseBlock]
     model: str
     stop_reason: AnthropicStop
     stop_sequence: str | None
@@ -441,7 +470,7 @@ class StreamMessage:
     id: str
     type: Literal["message"]
     role: Literal["assistant"]
-    content: list[TextBlock | ToolUseBlock]
+    content: list[ThinkingBlock | TextBlock | ToolUseBlock]
     model: str
     stop_reason: AnthropicStop | None
     stop_sequence: str | None
@@ -458,7 +487,7 @@ class MessageStart:
 class ContentBlockStart:
     type: Literal["content_block_start"]
     index: int
-    content_block: TextBlock | ToolUseBlock
+    content_block: ThinkingBlock | TextBlock | ToolUseBlock
 
 
 @attrs.frozen
@@ -473,6 +502,20 @@ class TextDelta:
 
 
 @attrs.frozen
+class ThinkingDelta:
+    type: Literal["thinking_delta"]
+    thinking: str
+
+
+@attrs.frozen
+class SignatureDelta:
+    """A thinking block's signature, sent just before the block stops."""
+
+    type: Literal["signature_delta"]
+    signature: str
+
+
+@attrs.frozen
 class InputJsonDelta:
     type: Literal["input_json_delta"]
     partial_json: str  # the next piece of a tool_use block's input, as JSON text
@@ -482,7 +525,7 @@ class InputJsonDelta:
 class ContentBlockDelta:
     type: Literal["content_block_delta"]
     index: int
-    delta: TextDelta | InputJsonDelta
+    delta: TextDelta | ThinkingDelta | SignatureDelta | InputJsonDelta
 
 
 @attrs.frozen
@@ -572,6 +615,24 @@ class OutputMessage:
 
 
 @attrs.frozen
+class ReasoningText:
+    type: Literal["reasoning_text"]
+    text: str
+
+
+@attrs.frozen
+class ReasoningItem:
+    """The reasoning a thinking model wrote before its answer, as an output Item (as
+    open-weight models' servers give it: the text in `content`, no summary)."""
+
+    id: str
+    type: Literal["reasoning"]
+    summary: list[Any]  # always empty here: the reasoning is given whole
+    content: list[ReasoningText]
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+@attrs.frozen
 class FunctionCallItem:
     """A function call Item of a Response's output (or replayed in its input): `id` is
     the Item's (fc_...), `call_id` the call's (call_...), which its output answers."""
@@ -613,7 +674,7 @@ class InputTokensDetails:
 
 @attrs.frozen
 class OutputTokensDetails:
-    reasoning_tokens: int  # 0: no model served here reasons
+    reasoning_tokens: int  # of output_tokens, those of the reasoning (0: none)
 
 
 @attrs.frozen
@@ -666,7 +727,7 @@ class ResponseObject:
     status: ResponseStatus
     completed_at: int | None
     model: str
-    output: list[OutputMessage | FunctionCallItem]
+    output: list[ReasoningItem | OutputMessage | FunctionCallItem]
     usage: ResponseUsage | None
     incomplete_details: IncompleteDetails | None
     error: ResponseError | None
@@ -707,7 +768,7 @@ class OutputItemEvent:
     type: Literal["response.output_item.added", "response.output_item.done"]
     sequence_number: int
     output_index: int
-    item: OutputMessage | FunctionCallItem
+    item: ReasoningItem | OutputMessage | FunctionCallItem
 
 
 @attrs.frozen
@@ -717,7 +778,7 @@ class ContentPartEvent:
     item_id: str
     output_index: int
     content_index: int
-    part: OutputText
+    part: OutputText | ReasoningText
 
 
 @attrs.frozen
@@ -740,6 +801,26 @@ class OutputTextDoneEvent:
     content_index: int
     text: str
     logprobs: list[Any]
+
+
+@attrs.frozen
+class ReasoningTextDeltaEvent:
+    type: Literal["response.reasoning_text.delta"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+@attrs.frozen
+class ReasoningTextDoneEvent:
+    type: Literal["response.reasoning_text.done"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
 
 
 @attrs.frozen
@@ -771,7 +852,7 @@ class ResponseDeleted:
 @attrs.frozen
 class InputItemList:
     object: Literal["list"]
-    data: list[InputMessage | FunctionCallItem | FunctionCallOutputItem]
+    data: list[InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]
     first_id: str | None
     last_id: str | None
     has_more: bool
@@ -788,6 +869,8 @@ RESPONSES_STREAM_EVENTS: dict[str, type] = {
     "response.in_progress": ResponseLifecycleEvent,
     "response.output_item.added": OutputItemEvent,
     "response.content_part.added": ContentPartEvent,
+    "response.reasoning_text.delta": ReasoningTextDeltaEvent,
+    "response.reasoning_text.done": ReasoningTextDoneEvent,
     "response.output_text.delta": OutputTextDeltaEvent,
     "response.output_text.done": OutputTextDoneEvent,
     "response.function_call_arguments.delta": FunctionCallArgumentsDeltaEvent,

@@ -39,6 +39,7 @@ __all__ = [
     "InputTokensRequest",
     "ResponsesCodec",
     "ResponsesInputItem",
+    "ResponsesReasoning",
     "ResponsesRequest",
     "ResponsesTool",
 ]
@@ -47,7 +48,7 @@ _REFUSED = schema(refused=True)
 
 # Item and content-part types of the reference that this server does not take.
 _ITEM_TYPES = frozenset(
-    {"reasoning", "item_reference",
+    {"item_reference",
      "file_search_call", "web_search_call", "computer_call", "computer_call_output",
      "image_generation_call", "code_interpreter_call", "local_shell_call",
      "local_shell_call_output", "shell_call", "shell_call_output", "apply_patch_call",
@@ -64,7 +65,7 @@ class ResponsesContentPart:
     """One part of a message's content: `input_text`, or `output_text` when an assistant
     turn is replayed."""
 
-    type: str = attrs.field(metadata=schema(enum=["input_text", "output_text"]))
+    type: str = attrs.field(metadata=schema(enum=["input_text", "output_text", "reasoning_text"]))
     text: str | None = None
     annotations: list[Any] | None = None  # of a replayed output_text: no effect
     logprobs: list[Any] | None = None  # likewise
@@ -86,7 +87,8 @@ class ResponsesInputItem:
     role: str | None = attrs.field(default=None, metadata=schema(enum=list(_ROLES)))
     content: str | list[ResponsesContentPart] | None = None
     type: str | None = attrs.field(
-        default=None, metadata=schema(enum=["message", "function_call", "function_call_output"])
+        default=None,
+        metadata=schema(enum=["message", "function_call", "function_call_output", "reasoning"]),
     )
     id: str | None = attrs.field(default=None, metadata=schema(minLength=1, maxLength=128))
     status: str | None = attrs.field(
@@ -99,8 +101,9 @@ class ResponsesInputItem:
     name: str | None = None
     arguments: str | None = None  # JSON text of an object
     output: str | list[ResponsesContentPart] | None = None
-    # Present only so that an Item of another type is refused by its type.
-    summary: Any = attrs.field(default=None, metadata=_REFUSED)
+    # A reasoning Item (a thinking model's, replayed): `content` of reasoning_text parts;
+    # its summary is taken as sent (none is produced here), encrypted content refused.
+    summary: list[Any] | None = None
     encrypted_content: Any = attrs.field(default=None, metadata=_REFUSED)
 
     def text(self) -> str:
@@ -319,11 +322,6 @@ def _check_features(req: ResponsesRequest | InputTokensRequest) -> None:
     fmt = req.text.format if req.text else None
     if fmt is not None:
         _check_text_format(fmt)
-    if req.reasoning is not None and req.reasoning.effort not in (None, "none"):
-        raise _unsupported(
-            "reasoning.effort",
-            "this model has no reasoning template; reasoning.effort may only be none",
-        )
     if req.reasoning is not None and (req.reasoning.summary or req.reasoning.generate_summary):
         raise _unsupported("reasoning.summary", "reasoning summaries are not produced here")
     if req.truncation == "auto":
@@ -360,6 +358,12 @@ def _check_input(value: Input | None, *, required: bool) -> None:
         if item.type in ("function_call", "function_call_output"):
             _check_call_item(item, where)
             continue
+        if item.type == "reasoning":
+            _check_reasoning_item(item, where)
+            continue
+        if item.summary is not None:
+            raise _invalid(f"{where}.summary", "a message Item has no summary",
+                           "unknown_parameter")  # fmt: skip
         for name in ("call_id", "name", "arguments", "output"):
             if getattr(item, name) is not None:
                 raise _invalid(f"{where}.{name}", f"a message Item has no {name}",
@@ -390,7 +394,25 @@ def _check_input(value: Input | None, *, required: bool) -> None:
                     )
 
 
-_TAKEN = ("message", "function_call", "function_call_output")
+_TAKEN = ("message", "function_call", "function_call_output", "reasoning")
+
+
+def _check_reasoning_item(item: ResponsesInputItem, where: str) -> None:
+    """A reasoning Item: its summary (a list), and content of reasoning_text parts."""
+    for name in ("role", "call_id", "name", "arguments", "output"):
+        if getattr(item, name) is not None:
+            raise _invalid(f"{where}.{name}", f"a reasoning Item has no {name}",
+                           "unknown_parameter")  # fmt: skip
+    if item.summary is None:
+        raise _invalid(f"{where}.summary", f"{where} needs its summary",
+                       "missing_required_parameter")  # fmt: skip
+    if isinstance(item.content, str):
+        raise _invalid(f"{where}.content", "a reasoning Item's content is reasoning_text parts")
+    for j, part in enumerate(item.content or ()):
+        if part.type != "reasoning_text" or part.text is None:
+            raise _invalid(
+                f"{where}.content[{j}]", "a reasoning Item's content is reasoning_text parts"
+            )
 
 
 def _check_call_item(item: ResponsesInputItem, where: str) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -42,6 +42,7 @@ FAIL = "FAIL"
 class FakeTemplate:
     source = "<role>content...<assistant>"
     writes_tool_calls = False
+    thinking = None
 
     def render(
         self,
@@ -49,6 +50,7 @@ class FakeTemplate:
         *,
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
@@ -59,14 +61,23 @@ class FakeTemplate:
         *,
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> ChatText:
         return ChatText(self.render(messages, add_generation_prompt=add_generation_prompt))
 
 
 class FakeTokenizer:
-    """One token per character (ids 1..255)."""
+    """One token per character (ids 1..255); `template`: a real chat template's Jinja
+    text instead of the fake one."""
 
-    chat_template = FakeTemplate()
+    chat_template: Any = FakeTemplate()
+
+    def __init__(self, template: str | None = None) -> None:
+        if template is not None:
+            from ninfer.engine._tokenizer import ChatTemplate
+
+            self.chat_template = ChatTemplate.from_source(template, bos_token="", eos_token="")
+
     max_token_bytes = 4  # one character, at most four UTF-8 bytes
 
     def encode(self, text: str) -> list[int]:
@@ -79,10 +90,12 @@ class FakeTokenizer:
         return chr(token_id - 1).encode("utf-8")
 
 
-def served_model(*, max_context: int = 512, kv_pages: int = 256) -> ServedModel:
+def served_model(
+    *, max_context: int = 512, kv_pages: int = 256, template: str | None = None
+) -> ServedModel:
     return ServedModel(
         identity=ModelIdentity("fake", "llama", "0" * 64, max_context, 256, "fake.gguf"),
-        tokenizer=FakeTokenizer(),
+        tokenizer=FakeTokenizer(template),
         load_seconds=0.0,
         max_context=max_context,
         page_size=16,
@@ -106,9 +119,19 @@ class _Req:
 class FakeEngine:
     """An EngineHost inside Trio: exact steps on the test clock."""
 
-    def __init__(self, *, step_s: float = 0.01, prefill_steps: int = 1, **model: Any) -> None:
+    def __init__(
+        self,
+        *,
+        step_s: float = 0.01,
+        prefill_steps: int = 1,
+        script: Callable[[GenerationRequest], str] | None = None,
+        **model: Any,
+    ) -> None:
         self.step_s = step_s
         self.prefill_steps = prefill_steps
+        # What each request writes, one character a token, then its end (eos); without,
+        # "a" a token to its budget.
+        self.script = script
         self.model = served_model(**model)
         self._ids = itertools.count(1)
         self._reqs: dict[int, _Req] = {}
@@ -118,6 +141,7 @@ class FakeEngine:
         self.decode_rows = 0
         self.generated = 0
         self.cancelled: list[str] = []  # request ids, in order
+        self.submitted: list[GenerationRequest] = []
         self._sink: EventSink | None = None
 
     async def run(self, sink: EventSink, on_ready: Callable[[ServedModel], None]) -> None:
@@ -148,7 +172,16 @@ class FakeEngine:
             if FAIL in "".join(chr(t - 1) for t in r.request.prompt_ids):
                 events.append((r.handle, self._finish(r, "error", "injected failure")))
                 continue
-            events.append((r.handle, TokenDelta((7,), "a")))
+            if self.script is not None:
+                text = self.script(r.request)
+                if r.generated > len(text):
+                    r.generated -= 1  # the end of sequence is no output token
+                    events.append((r.handle, self._finish(r, "eos")))
+                    continue
+                ch = text[r.generated - 1]
+                events.append((r.handle, TokenDelta((ord(ch) % 255 + 1,), ch)))
+            else:
+                events.append((r.handle, TokenDelta((7,), "a")))
             if r.generated >= r.request.max_new_tokens:
                 events.append((r.handle, self._finish(r, "length")))
         if rows:
@@ -165,6 +198,7 @@ class FakeEngine:
         self._wake.set()
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
+        self.submitted.append(request)
         handle = RequestHandle(next(self._ids), request.request_id)
         self._reqs[handle.id] = _Req(handle, request, self.prefill_steps)
         self._poke()

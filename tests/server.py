@@ -38,10 +38,16 @@ class Server:
 
 @asynccontextmanager
 async def serve(
-    model: Path, tmp_path: Path, *, keep_alive_timeout: float = 5.0, **settings: Any
+    model: Path,
+    tmp_path: Path,
+    *,
+    keep_alive_timeout: float = 5.0,
+    engine: Any = None,
+    **settings: Any,
 ) -> AsyncIterator[Server]:
     """Serve `model` with the given settings on 127.0.0.1:<free port> until the block ends
-    (`keep_alive_timeout`: Hypercorn's, as `ninfer serve` leaves it by default)."""
+    (`keep_alive_timeout`: Hypercorn's, as `ninfer serve` leaves it by default; `engine`:
+    an engine host in place of the model's, e.g. tests/fakeengine.py's)."""
     log_path = tmp_path / f"requests-{id(settings)}.jsonl"
     values: dict[str, Any] = {
         "model": str(model),
@@ -51,7 +57,7 @@ async def serve(
         "threads": 2,
     }
     values.update(settings)
-    app = App(build_config(values), argv=["test"])
+    app = App(build_config(values), argv=["test"], engine=engine)
     hconfig = hypercorn.config.Config()
     hconfig.bind = ["127.0.0.1:0"]
     hconfig.graceful_timeout = 5.0

@@ -248,9 +248,9 @@ async def test_schemas_compile_off_the_event_loop(
     seen: list[str] = []
     real = _structured.json_schema_grammar
 
-    def spy(schema: dict[str, object], *, param: str) -> str:
+    def spy(schema: dict[str, object], *, param: str, think: bool = False) -> str:
         seen.append(threading.current_thread().name)
-        return real(schema, param=param)
+        return real(schema, param=param, think=think)
 
     monkeypatch.setattr(_structured, "json_schema_grammar", spy)
     compiled_on: list[int] = []

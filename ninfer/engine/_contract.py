@@ -10,7 +10,7 @@ reports (`EngineStatistics`). The server imports this module and nothing else of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -38,6 +38,7 @@ __all__ = [
     "SamplingParams",
     "SamplingPreset",
     "ServedModel",
+    "ThinkingSupport",
     "TokenDelta",
     "TokenLogprob",
     "Tokenizer",
@@ -360,6 +361,18 @@ class ChatText:
     text: str
 
 
+@attrs.frozen
+class ThinkingSupport:
+    """What a chat template does with reasoning (a thinking model's `<think>` block),
+    found by rendering it: whether `enable_thinking` switches thinking on and off,
+    whether the reply it prompts for begins inside an open `<think>` with thinking on,
+    and whether `preserve_thinking` keeps the reasoning of closed turns in the history."""
+
+    switch: bool
+    opens: bool
+    preserve: bool
+
+
 class ChatTemplate(Protocol):
     """A model's chat template, rendered in a sandbox."""
 
@@ -373,12 +386,18 @@ class ChatTemplate(Protocol):
         """Whether the template offers tools and writes calls in Hermes' markup itself."""
         ...
 
+    @property
+    def thinking(self) -> ThinkingSupport | None:
+        """How the template handles reasoning; None: it has none (no thinking model)."""
+        ...
+
     def render(
         self,
         messages: Sequence[dict[str, Any]],
         *,
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str: ...
 
     def render_chat(
@@ -387,8 +406,10 @@ class ChatTemplate(Protocol):
         *,
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> ChatText:
-        """`render` with every client string escaped: for `Tokenizer.encode_chat`."""
+        """`render` with every client string escaped: for `Tokenizer.encode_chat`
+        (`variables`: more template variables, e.g. enable_thinking)."""
         ...
 
 

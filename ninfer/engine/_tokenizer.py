@@ -14,6 +14,7 @@ chat template is the GGUF's Jinja source, rendered in Jinja2's immutable sandbox
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,10 +34,18 @@ from tokenizers import (
 )
 
 from ninfer._errors import ArtifactError
-from ninfer.engine._contract import ChatText
+from ninfer.engine._contract import ChatText, ThinkingSupport
 from ninfer.engine._controltext import ControlText
 
-__all__ = ["ChatTemplate", "TextTokenizer", "tokenizer_from_metadata"]
+__all__ = [
+    "THINK_CLOSE",
+    "THINK_OPEN",
+    "ChatTemplate",
+    "TextTokenizer",
+    "opens_thinking",
+    "thinking_support",
+    "tokenizer_from_metadata",
+]
 
 _TOKEN_TYPE_NORMAL = 1
 _TOKEN_TYPE_CONTROL = 3
@@ -148,11 +157,15 @@ class ChatTemplate:
         *,
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         """Render the conversation (`tools`: the functions offered, in OpenAI's shape, for
-        a template that describes them itself); a template error becomes ValueError."""
+        a template that describes them itself; `variables`: more names the template may
+        read, as transformers' chat_template_kwargs); a template error becomes
+        ValueError."""
         try:
             return self._template.render(
+                **(variables or {}),
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
@@ -168,6 +181,7 @@ class ChatTemplate:
         *,
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> ChatText:
         """`render` with every string of the messages and tools escaped (client text:
         see `_controltext`), for `TextTokenizer.encode_chat`."""
@@ -177,8 +191,61 @@ class ChatTemplate:
                 [escape(dict(m)) for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 tools=[escape(dict(t)) for t in tools] if tools else None,
+                variables=variables,
             )
         )
+
+    @functools.cached_property
+    def thinking(self) -> ThinkingSupport | None:
+        """How the template handles reasoning, found by rendering it (once): see
+        `thinking_support`."""
+        return thinking_support(self)
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def opens_thinking(prompt: str) -> bool:
+    """Whether a rendered prompt ends inside an open `<think>` block (the reply it asks
+    for begins as reasoning)."""
+    return prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)
+
+
+def thinking_support(template: ChatTemplate) -> ThinkingSupport | None:
+    """What `template` does with reasoning, by rendering a short conversation: a
+    template whose prompt changes with `enable_thinking` (Qwen 3's), or whose reply
+    begins inside `<think>` (DeepSeek-R1's distills, QwQ), supports thinking; it
+    preserves closed turns' reasoning if `preserve_thinking` (or `preserved_thinking`)
+    brings an earlier turn's reasoning into the prompt. None for any other template, and
+    for one that fails on this conversation."""
+    asked = [{"role": "user", "content": "q"}]
+    try:
+        on = template.render(asked, variables={"enable_thinking": True})
+        off = template.render(asked, variables={"enable_thinking": False})
+    except ValueError:
+        return None
+    # Off, the prompt closes the reasoning it would open (Qwen 3: an empty block).
+    switch = off.count(THINK_CLOSE) > on.count(THINK_CLOSE)
+    opens = opens_thinking(on)
+    if not (switch or opens):
+        return None
+    marker = "reasoning-of-an-earlier-turn"
+    history = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a", "reasoning_content": marker, "thinking": marker},
+        {"role": "user", "content": "r"},
+    ]
+    names = {"preserve_thinking": True, "preserved_thinking": True}
+    try:
+        kept = template.render(history, variables=names)
+        dropped = template.render(
+            history, variables={"preserve_thinking": False, "preserved_thinking": False}
+        )
+    except ValueError:
+        kept = dropped = ""
+    return ThinkingSupport(
+        switch=switch, opens=opens, preserve=marker in kept and marker not in dropped
+    )
 
 
 # Texts longer than this many characters are encoded with encode_batch (measured

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
@@ -17,23 +19,29 @@ from ninfer.frontends._base import (
     clamp_headers,
 )
 from ninfer.frontends._budget import SamplingRequest
+from ninfer.frontends._reasoning import (
+    OutputReader,
+    Piece,
+    Reading,
+    ReasoningPiece,
+    ThinkingAsk,
+    ThinkingMode,
+)
 from ninfer.frontends._tools import (
     CallArgs,
     CallStart,
-    Event,
     TextPiece,
     Tool,
     ToolCallTurn,
     ToolPlan,
-    ToolStream,
     call_id,
     ended_with_calls,
-    parse_output,
 )
 from protocols import (
     AnthropicCodec,
     AnthropicDialect,
     AnthropicMessage,
+    AnthropicThinking,
     AnthropicTool,
     AnthropicToolChoice,
     AnthropicUsage,
@@ -48,10 +56,13 @@ from protocols import (
     MessageStart,
     MessageStop,
     Ping,
+    SignatureDelta,
     StopDelta,
     StreamMessage,
     TextBlock,
     TextDelta,
+    ThinkingBlock,
+    ThinkingDelta,
     ToolUseBlock,
 )
 
@@ -75,24 +86,34 @@ def _stop_reason(reason: str, calls: int, cut: bool) -> StopReason:
     return "tool_use" if ended_with_calls(reason, calls, cut) else STOP_REASON[reason]
 
 
+def _signature(thinking: str) -> str:
+    """A thinking block's signature: a digest of its text (see ThinkingBlock)."""
+    return hashlib.sha256(thinking.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 @attrs.define
 class MessageAnswer:
     """A stream's `message_start` waits for the engine's first delta, which says how much
     of the prompt the prefix cache served (its usage reports it); the frames before it
     are the HTTP headers only.
 
-    With tools, blocks open as the output shows what they are: a text block for text, a
-    tool_use block (its input streamed as `input_json_delta`) for each call."""
+    Plain, one text block from the start. Thinking or with tools, blocks open as the
+    output shows what they are: a thinking block for the reasoning (its signature sent
+    before it stops), a text block for text, a tool_use block (its input streamed as
+    `input_json_delta`) for each call."""
 
     encoder: Encoder
     id: str
     label: str  # the served name the request gave as `model`
     input_tokens: int
+    reading: Reading = attrs.field(factory=Reading)
     started: bool = False
-    tools: bool = False
-    reader: ToolStream = attrs.field(factory=ToolStream)
+    reader: OutputReader | None = None
     blocks: int = 0  # blocks opened
-    open_block: bool = False
+    open_kind: str | None = None  # the kind of the block open now
+    thought: list[str] = attrs.field(factory=list)  # the open thinking block's text
+    texted: bool = False  # a text block was opened
+    spell: Callable[[int], bytes] | None = None  # each token's bytes (reasoning tokens)
 
     def head(self) -> list[bytes]:
         return []
@@ -111,33 +132,46 @@ class MessageAnswer:
         )
         sse = self.encoder.sse
         frames = [sse(MessageStart("message_start", message), "message_start")]
-        if not self.tools:
+        if self.reading.plain:
             frames += self._open(TextBlock("text", ""))
+        else:
+            self.reader = self.reading.reader()
         return [*frames, sse(Ping("ping"), "ping")]
 
-    def _open(self, block: TextBlock | ToolUseBlock) -> list[bytes]:
+    def _open(self, block: ThinkingBlock | TextBlock | ToolUseBlock) -> list[bytes]:
         frames = self._close()
-        self.open_block = True
+        self.open_kind = block.type
+        self.texted = self.texted or block.type == "text"
         self.blocks += 1
         start = ContentBlockStart("content_block_start", self.blocks - 1, block)
         return [*frames, self.encoder.sse(start, "content_block_start")]
 
     def _close(self) -> list[bytes]:
-        if not self.open_block:
+        if self.open_kind is None:
             return []
-        self.open_block = False
+        frames = []
+        if self.open_kind == "thinking":
+            signed = SignatureDelta("signature_delta", _signature("".join(self.thought)))
+            frames.append(self._piece(signed))
+            self.thought = []
+        self.open_kind = None
         stop = ContentBlockStop("content_block_stop", self.blocks - 1)
-        return [self.encoder.sse(stop, "content_block_stop")]
+        return [*frames, self.encoder.sse(stop, "content_block_stop")]
 
-    def _piece(self, delta: TextDelta | InputJsonDelta) -> bytes:
+    def _piece(self, delta: TextDelta | ThinkingDelta | SignatureDelta | InputJsonDelta) -> bytes:
         block = ContentBlockDelta("content_block_delta", self.blocks - 1, delta)
         return self.encoder.sse(block, "content_block_delta")
 
-    def _events(self, events: list[Event]) -> list[bytes]:
+    def _events(self, pieces: list[Piece]) -> list[bytes]:
         frames: list[bytes] = []
-        for e in events:
-            if isinstance(e, TextPiece):
-                if not self.open_block:
+        for e in pieces:
+            if isinstance(e, ReasoningPiece):
+                if self.open_kind != "thinking":
+                    frames += self._open(ThinkingBlock("thinking", "", ""))
+                self.thought.append(e.text)
+                frames.append(self._piece(ThinkingDelta("thinking_delta", e.text)))
+            elif isinstance(e, TextPiece):
+                if self.open_kind != "text":
                     frames += self._open(TextBlock("text", ""))
                 frames.append(self._piece(TextDelta("text_delta", e.text)))
             elif isinstance(e, CallStart):
@@ -150,8 +184,8 @@ class MessageAnswer:
 
     def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
         frames = [] if self.started else self._start(delta.cached_tokens or 0)
-        if self.tools:
-            return frames + self._events(self.reader.feed(delta.text))
+        if self.reader is not None:
+            return frames + self._events(self.reader.feed(delta.text, len(delta.token_ids)))
         if delta.text:
             frames.append(self._piece(TextDelta("text_delta", delta.text)))
         return frames
@@ -161,11 +195,12 @@ class MessageAnswer:
         u = f.usage
         frames = [] if self.started else self._start(u.cached_tokens)
         reason = STOP_REASON[f.reason]
-        if self.tools:
+        if self.reader is not None:
             frames += self._events(self.reader.finish())
-            if not self.blocks:  # an empty answer still has its (empty) text block
+            if not self.texted and not self.reader.calls:  # an empty answer: its text block
                 frames += self._open(TextBlock("text", ""))
-            reason = _stop_reason(f.reason, self.reader.calls, self.reader.open_call)
+            if self.reading.tools:
+                reason = _stop_reason(f.reason, self.reader.calls, self.reader.open_call)
         frames += self._close()
         sse = self.encoder.sse
         stop = StopDelta(reason, f.stop_string)
@@ -179,16 +214,23 @@ class MessageAnswer:
     def body(self, outcome: Outcome) -> bytes:
         f = outcome.finish
         u = f.usage
-        content: list[TextBlock | ToolUseBlock] = [TextBlock("text", outcome.text)]
+        content: list[ThinkingBlock | TextBlock | ToolUseBlock] = [TextBlock("text", outcome.text)]
         reason = STOP_REASON[f.reason]
-        if self.tools:
-            out = parse_output(outcome.text)
-            content = [TextBlock("text", out.text)] if out.text or not out.calls else []
+        if not self.reading.plain:
+            choice = outcome.choices[0]
+            assert self.spell is not None
+            out = self.reading.read(choice.text, choice.token_ids, self.spell)
+            content = []
+            if out.reasoning:  # as the stream: a thinking block where there is reasoning
+                content.append(ThinkingBlock("thinking", out.reasoning, _signature(out.reasoning)))
+            if out.text or not out.calls:
+                content.append(TextBlock("text", out.text))
             content += [
                 ToolUseBlock("tool_use", call_id("toolu"), c.name, orjson.loads(c.arguments))
                 for c in out.calls
             ]
-            reason = _stop_reason(f.reason, len(out.calls), out.truncated)
+            if self.reading.tools:
+                reason = _stop_reason(f.reason, len(out.calls), out.truncated)
         return self.encoder.json(
             MessageResponse(
                 self.id,
@@ -216,23 +258,24 @@ class MessagesFrontend(Frontend):
         system: str | None,
         messages: list[AnthropicMessage],
         tools: tuple[Tool, ...],
+        thinking: ThinkingMode | None,
     ) -> ChatText:
         conv: list[dict[str, Any]] = []
         if system is not None:
             conv.append({"role": "system", "content": system})
         for m in messages:
             conv.extend(_turns(m))
-        return await self.render_chat(conv, param="messages", tools=tools)
+        return await self.render_chat(conv, param="messages", tools=tools, thinking=thinking)
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_messages)
         self.ctx.check_model(req.model)
         tools = _tools(req.tools)
         plan = _plan(tools, req.tool_choice)
-        ids = await self.tokens(
-            await self._render(req.system_text(), req.messages, tools), prompt_param="messages"
-        )
-        grammar = await self.output_grammar(plan, None, "")
+        thinking = self.thinking(_thinking_ask(req.thinking))
+        prompt = await self._render(req.system_text(), req.messages, tools, thinking)
+        ids = await self.tokens(prompt, prompt_param="messages")
+        grammar = await self.output_grammar(plan, None, "", thinking)
         gen, grant, _warnings = self.request(
             request_id,
             ids,
@@ -250,25 +293,31 @@ class MessagesFrontend(Frontend):
             "msg_" + request_id,
             req.model,
             len(ids),
-            tools=plan is not None and plan.calls_allowed,
+            self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
+            spell=self.ctx.model.tokenizer.token_bytes,
         )
-        return Prepared(
-            (gen,),
-            bool(req.stream),
-            answer,
-            {"protocol": self.protocol, **(plan.log_fields() if plan is not None else {})},
-            headers=clamp_headers(grant),
-        )
+        fields: dict[str, Any] = {"protocol": self.protocol}
+        if plan is not None:
+            fields.update(plan.log_fields())
+        if thinking is not None:
+            fields.update(thinking.log_fields())
+        return Prepared((gen,), bool(req.stream), answer, fields, headers=clamp_headers(grant))
 
     async def count_tokens(self, body: bytes) -> bytes:
         """POST /v1/messages/count_tokens: the prompt /v1/messages would build, counted."""
         req = await self.decode(body, self._codec.parse_count)
         self.ctx.check_model(req.model)
+        thinking = self.thinking(_thinking_ask(req.thinking))
         ids = await self.tokens(
-            await self._render(req.system_text(), req.messages, _tools(req.tools)),
+            await self._render(req.system_text(), req.messages, _tools(req.tools), thinking),
             prompt_param="messages",
         )
         return self.dialect.encoder.json(CountTokensResponse(len(ids)))
+
+
+def _thinking_ask(thinking: AnthropicThinking | None) -> ThinkingAsk:
+    """Anthropic's `thinking`: enabled or adaptive turn it on, disabled off."""
+    return ThinkingAsk(None if thinking is None else thinking.enabled, None, "thinking")
 
 
 def _tools(tools: list[AnthropicTool] | None) -> tuple[Tool, ...]:
@@ -302,6 +351,9 @@ def _turns(m: AnthropicMessage) -> list[dict[str, Any]]:
         turn: dict[str, Any] = {"role": "assistant", "content": m.text()}
         if calls:
             turn["tool_calls"] = calls
+        reasoning = m.reasoning()
+        if reasoning is not None:
+            turn["reasoning_content"] = reasoning
         return [turn]
     turns: list[dict[str, Any]] = [
         {"role": "tool", "tool_call_id": b.tool_use_id,

@@ -28,6 +28,14 @@ from ninfer.engine import (
     Usage,
 )
 from ninfer.frontends._budget import Budget, Grant, SamplingRequest, resolve_sampling
+from ninfer.frontends._reasoning import (
+    Reading,
+    ThinkingAsk,
+    ThinkingMode,
+    close_unwanted_thinking,
+    opens_thinking,
+    resolve_thinking,
+)
 from ninfer.frontends._tools import Tool, ToolPlan, render_tool_turns
 from protocols import ApiError, Dialect, loads
 
@@ -55,12 +63,14 @@ def clamp_headers(grant: Grant) -> tuple[tuple[bytes, bytes], ...]:
 
 
 Tokenize = Callable[[str | ChatText], Awaitable[list[int]]]
-# Compiles a structured output's JSON schema (schema, param) to its grammar, off the
-# event loop: a large schema takes llguidance hundreds of milliseconds.
-CompileSchema = Callable[[dict[str, Any], str], Awaitable[str | CompiledGrammar]]
+# Compiles a structured output's JSON schema (schema, param, after a reasoning block) to
+# its grammar, off the event loop: a large schema takes llguidance hundreds of ms.
+CompileSchema = Callable[[dict[str, Any], str, bool], Awaitable[str | CompiledGrammar]]
 # Compiles the grammar of an answer that may call tools (plan, the response format's
-# schema or None, where that schema is), likewise.
-CompileTools = Callable[[ToolPlan, dict[str, Any] | None, str], Awaitable[str | CompiledGrammar]]
+# schema or None, where that schema is, after a reasoning block), likewise.
+CompileTools = Callable[
+    [ToolPlan, dict[str, Any] | None, str, bool], Awaitable[str | CompiledGrammar]
+]
 # Runs a function on a worker thread (bounded: the threads that tokenize long texts).
 Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
 
@@ -245,23 +255,42 @@ class Frontend(abc.ABC):
         return result
 
     async def render_chat(
-        self, conversation: list[dict[str, Any]], *, param: str, tools: Sequence[Tool] = ()
+        self,
+        conversation: list[dict[str, Any]],
+        *,
+        param: str,
+        tools: Sequence[Tool] = (),
+        thinking: ThinkingMode | None = None,
     ) -> ChatText:
         """`render_template` (below), on a worker thread for a long conversation."""
         if len(conversation) + len(tools) <= INLINE_TURNS:
-            return self.render_template(conversation, param=param, tools=tools)
+            return self.render_template(conversation, param=param, tools=tools, thinking=thinking)
         result: ChatText = await self.ctx.offload(
-            lambda: self.render_template(conversation, param=param, tools=tools)
+            lambda: self.render_template(conversation, param=param, tools=tools, thinking=thinking)
         )
         return result
 
+    def thinking(self, ask: ThinkingAsk) -> ThinkingMode | None:
+        """How this request thinks (None: the model's template cannot), or a refusal of
+        what it asked that the template cannot do."""
+        template = self.ctx.model.tokenizer.chat_template
+        support = template.thinking if template is not None else None
+        return resolve_thinking(ask, support, self.ctx.config)
+
     def render_template(
-        self, conversation: list[dict[str, Any]], *, param: str, tools: Sequence[Tool] = ()
+        self,
+        conversation: list[dict[str, Any]],
+        *,
+        param: str,
+        tools: Sequence[Tool] = (),
+        thinking: ThinkingMode | None = None,
     ) -> ChatText:
         """The model's chat template over a conversation of {role, content} turns (and
-        tool calls and results: `ninfer.frontends._tools`), ready for the assistant's
-        reply, with `tools` offered (`developer` rendered as `system`: ChatML templates
-        know no other); a refusal naming `param` when there is no template or it refuses."""
+        tool calls and results: `ninfer.frontends._tools`; `reasoning_content` of an
+        assistant turn), ready for the assistant's reply, with `tools` offered
+        (`developer` rendered as `system`: ChatML templates know no other) and
+        `thinking`'s switches; a refusal naming `param` when there is no template or it
+        refuses. With thinking off, a reasoning block the prompt still opens is closed."""
         template = self.ctx.model.tokenizer.chat_template
         if template is None:
             raise ApiError(
@@ -276,8 +305,12 @@ class Frontend(abc.ABC):
         offered = None
         if tools or any(t["role"] == "tool" or t.get("tool_calls") for t in turns):
             turns, offered = render_tool_turns(turns, tools, native=template.writes_tool_calls)
+        variables = thinking.variables() if thinking is not None else None
         try:
-            return template.render_chat(turns, add_generation_prompt=True, tools=offered)
+            prompt = template.render_chat(
+                turns, add_generation_prompt=True, tools=offered, variables=variables
+            )
+            return close_unwanted_thinking(prompt, thinking)
         except ValueError:
             raise ApiError(
                 "invalid_request",
@@ -300,15 +333,27 @@ class Frontend(abc.ABC):
             )
 
     async def output_grammar(
-        self, plan: ToolPlan | None, schema: dict[str, Any] | None, param: str
+        self,
+        plan: ToolPlan | None,
+        schema: dict[str, Any] | None,
+        param: str,
+        thinking: ThinkingMode | None = None,
     ) -> str | CompiledGrammar | None:
         """The grammar an answer is decoded under: the tools' (with the response
-        format's `schema`, found at `param`, as its text), the format's alone, or none."""
+        format's `schema`, found at `param`, as its text), the format's alone, or none;
+        after a free reasoning block when the request thinks."""
+        think = thinking is not None and thinking.enabled
         if plan is not None:
-            return await self.ctx.compile_tools(plan, schema, param)
+            return await self.ctx.compile_tools(plan, schema, param, think)
         if schema is not None:
-            return await self.ctx.compile_schema(schema, param)
+            return await self.ctx.compile_schema(schema, param, think)
         return None
+
+    def reading(self, prompt: ChatText, thinking: ThinkingMode | None, *, tools: bool) -> Reading:
+        """How the answer to `prompt` is read: apart from its reasoning when it thinks
+        (from the start, when the prompt opened the block), and for calls."""
+        think = thinking is not None and thinking.enabled
+        return Reading(thinking=think, opens=think and opens_thinking(prompt.text), tools=tools)
 
     @abc.abstractmethod
     async def prepare(self, body: bytes, request_id: str) -> Prepared:

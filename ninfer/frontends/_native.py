@@ -102,7 +102,7 @@ class NativeFrontend(Frontend):
                 seed=req.seed,
                 grammar=None
                 if req.json_schema is None
-                else await self.ctx.compile_schema(req.json_schema, "json_schema"),
+                else await self.ctx.compile_schema(req.json_schema, "json_schema", False),
             ),
             stop=tuple(req.stop or ()),
             ignore_eos=req.ignore_eos,
@@ -180,10 +180,13 @@ def server_props(ctx: FrontendContext) -> dict[str, Any]:
             "chat": template is not None,
             "tools": template is not None,
             "structured_outputs": True,
+            "thinking": template is not None and template.thinking is not None,
             "vision": False,
             "audio": False,
         },
         "modalities": {"vision": False, "audio": False},
+        # What the chat template does with reasoning, and the server's defaults for it.
+        "thinking": _thinking_props(ctx),
         # --spec as it runs ("none" where the start-up checks refused it)
         "speculative": ctx.model.speculative,
         "default_generation_settings": {
@@ -195,4 +198,18 @@ def server_props(ctx: FrontendContext) -> dict[str, Any]:
             },
         },
         "build_info": f"ninfer {__version__}",
+    }
+
+
+def _thinking_props(ctx: FrontendContext) -> dict[str, Any]:
+    template = ctx.model.tokenizer.chat_template
+    support = template.thinking if template is not None else None
+    if support is None:
+        return {"supported": False}
+    return {
+        "supported": True,
+        "default": not ctx.config.no_thinking,  # --no-thinking
+        "preserve": ctx.config.preserve_thinking and support.preserve,
+        "preserve_supported": support.preserve,  # the template takes preserve_thinking
+        "opens_block": support.opens,  # the prompt opens <think> itself
     }

@@ -4,7 +4,7 @@ model cards of /v1/models."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -26,19 +26,24 @@ from ninfer.frontends._base import (
     clamp_headers,
 )
 from ninfer.frontends._budget import Grant, SamplingRequest
+from ninfer.frontends._reasoning import (
+    OutputReader,
+    Piece,
+    Reading,
+    ReasoningPiece,
+    ThinkingAsk,
+    ThinkingMode,
+)
 from ninfer.frontends._structured import ANY_JSON_OBJECT
 from ninfer.frontends._tools import (
     CallArgs,
     CallStart,
-    Event,
     TextPiece,
     Tool,
     ToolCallTurn,
     ToolPlan,
-    ToolStream,
     call_id,
     ended_with_calls,
-    parse_output,
 )
 from protocols import (
     ApiError,
@@ -57,6 +62,7 @@ from protocols import (
     CompletionChunkChoice,
     CompletionLogprobs,
     CompletionRequest,
+    CompletionTokensDetails,
     Encoder,
     FunctionCall,
     FunctionCallDelta,
@@ -168,8 +174,13 @@ class ChatAnswer:
     choices: int
     service_tier: str | None
     spelling: Spelling | None  # when logprobs are asked for
-    tools: bool = False  # the answer may hold tool calls (read per choice as it streams)
-    streams: dict[int, ToolStream] = attrs.field(factory=dict)  # per choice, with tools
+    # How the output is read (apart from its reasoning, for calls), with each token's
+    # bytes (to count reasoning tokens in a whole answer).
+    reading: Reading = attrs.field(factory=Reading)
+    spell: Callable[[int], bytes] | None = None
+    # Usage says how many tokens were reasoning (a model that can think, thinking or not).
+    reasoning_usage: bool = False
+    readers: dict[int, OutputReader] = attrs.field(factory=dict)  # per choice, streaming
 
     def _chunk(self, choice: ChatChunkChoice | None, usage: OpenAIUsage | None = None) -> bytes:
         chunk = ChatCompletionChunk(
@@ -193,8 +204,9 @@ class ChatAnswer:
         lps = None
         if self.spelling is not None and delta.logprobs:
             lps = self.spelling.chat(delta.logprobs)
-        if self.tools:
-            frames = self._tool_frames(index, self._stream(index).feed(delta.text))
+        if not self.reading.plain:
+            reader = self._reader(index)
+            frames = self._frames(index, reader.feed(delta.text, len(delta.token_ids)))
             if lps is not None:
                 frames.append(self._chunk(ChatChunkChoice(index, ChatDelta(), lps, None)))
             return frames
@@ -202,15 +214,19 @@ class ChatAnswer:
             return []
         return [self._chunk(ChatChunkChoice(index, ChatDelta(content=delta.text), lps, None))]
 
-    def _stream(self, index: int) -> ToolStream:
-        return self.streams.setdefault(index, ToolStream())
+    def _reader(self, index: int) -> OutputReader:
+        if index not in self.readers:
+            self.readers[index] = self.reading.reader()
+        return self.readers[index]
 
-    def _tool_frames(self, index: int, events: list[Event]) -> list[bytes]:
-        """A choice's text and call pieces as chunks: a call's first carries its id, type
-        and name, the next ones its arguments as they are generated."""
+    def _frames(self, index: int, pieces: list[Piece]) -> list[bytes]:
+        """A choice's reasoning, text and call pieces as chunks: a call's first carries
+        its id, type and name, the next ones its arguments as they are generated."""
         frames = []
-        for e in events:
-            if isinstance(e, TextPiece):
+        for e in pieces:
+            if isinstance(e, ReasoningPiece):
+                part = ChatDelta(reasoning_content=e.text)
+            elif isinstance(e, TextPiece):
                 part = ChatDelta(content=e.text)
             elif isinstance(e, CallStart):
                 fn = FunctionCallDelta(e.name, "")
@@ -225,34 +241,55 @@ class ChatAnswer:
 
     def tail(self, outcome: Outcome) -> list[bytes]:
         frames = []
+        reasoning = 0
         for c in outcome.choices:
             reason: ChatFinishReason = FINISH[c.finish.reason]
-            if self.tools:
-                stream = self._stream(c.index)
-                frames += self._tool_frames(c.index, stream.finish())
-                reason = _chat_finish(c.finish, stream.calls, stream.open_call)
+            if not self.reading.plain:
+                reader = self._reader(c.index)
+                frames += self._frames(c.index, reader.finish())
+                reasoning += reader.reasoning_tokens
+                if self.reading.tools:
+                    reason = _chat_finish(c.finish, reader.calls, reader.open_call)
             frames.append(self._chunk(ChatChunkChoice(c.index, ChatDelta(), None, reason)))
         if self.include_usage:
-            frames.append(self._chunk(None, _usage(outcome)))
+            frames.append(self._chunk(None, self._usage(outcome, reasoning)))
         return [*frames, _DONE]
 
-    def _message(self, c: Choice) -> tuple[AssistantMessage, ChatFinishReason]:
-        if not self.tools:
-            return AssistantMessage("assistant", c.text, None), FINISH[c.finish.reason]
-        out = parse_output(c.text)
+    def _usage(self, outcome: Outcome, reasoning: int) -> OpenAIUsage:
+        usage = _usage(outcome)
+        if self.reasoning_usage:
+            usage = attrs.evolve(
+                usage, completion_tokens_details=CompletionTokensDetails(reasoning)
+            )
+        return usage
+
+    def _message(self, c: Choice) -> tuple[AssistantMessage, ChatFinishReason, int]:
+        if self.reading.plain:
+            return AssistantMessage("assistant", c.text, None), FINISH[c.finish.reason], 0
+        assert self.spell is not None
+        out = self.reading.read(c.text, c.token_ids, self.spell)
         calls = [
             ToolCall(call_id(), "function", FunctionCall(call.name, call.arguments))
             for call in out.calls
         ]
         message = AssistantMessage(
-            "assistant", out.text if out.text or not calls else None, None, calls or None
+            "assistant",
+            out.text if out.text or not calls else None,
+            None,
+            calls or None,
+            out.reasoning or None,
         )
-        return message, _chat_finish(c.finish, len(calls), out.truncated)
+        reason: ChatFinishReason = FINISH[c.finish.reason]
+        if self.reading.tools:
+            reason = _chat_finish(c.finish, len(calls), out.truncated)
+        return message, reason, out.reasoning_tokens
 
     def body(self, outcome: Outcome) -> bytes:
         choices = []
+        reasoning = 0
         for c in outcome.choices:
-            message, reason = self._message(c)
+            message, reason, thought = self._message(c)
+            reasoning += thought
             lps = self.spelling.chat(c.logprobs) if self.spelling is not None else None
             choices.append(ChatChoice(c.index, message, lps, reason))
         return self.encoder.json(
@@ -262,7 +299,7 @@ class ChatAnswer:
                 self.created,
                 self.model,
                 choices,
-                _usage(outcome),
+                self._usage(outcome, reasoning),
                 None,
                 self.service_tier,
             )
@@ -477,12 +514,18 @@ class _OpenAIFrontend(Frontend):
         headers: tuple[tuple[bytes, bytes], ...],
         answer: ChatAnswer | CompletionAnswer,
         plan: ToolPlan | None = None,
+        thinking: ThinkingMode | None = None,
     ) -> Prepared:
+        fields: dict[str, Any] = {"protocol": self.protocol}
+        if plan is not None:
+            fields.update(plan.log_fields())
+        if thinking is not None:
+            fields.update(thinking.log_fields())
         return Prepared(
             requests,
             bool(req.stream),
             answer,
-            {"protocol": self.protocol, **(plan.log_fields() if plan is not None else {})},
+            fields,
             prompt_of=groups,
             headers=headers,
         )
@@ -541,7 +584,21 @@ def _turn(m: ChatMessage) -> dict[str, Any]:
         ]
     if m.role == "tool":
         turn["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content is not None:
+        turn["reasoning_content"] = m.reasoning_content
     return turn
+
+
+def _chat_thinking(req: ChatRequest) -> ThinkingAsk:
+    """What a chat request asks of thinking: chat_template_kwargs' switches, else
+    reasoning_effort (none: off; any other effort: on). The codec checked they agree."""
+    kwargs = req.chat_template_kwargs or {}
+    enabled, param = kwargs.get("enable_thinking"), "chat_template_kwargs.enable_thinking"
+    if enabled is None and req.reasoning_effort is not None:
+        enabled, param = req.reasoning_effort != "none", "reasoning_effort"
+    return ThinkingAsk(
+        enabled, kwargs.get("preserve_thinking"), param, "chat_template_kwargs.preserve_thinking"
+    )
 
 
 class ChatFrontend(_OpenAIFrontend):
@@ -551,11 +608,15 @@ class ChatFrontend(_OpenAIFrontend):
         req = await self.decode(body, self._codec.parse_chat)
         self.ctx.check_model(req.model)  # the body is checked whole before the template
         plan = _tool_plan(req)
-        grammar = await self.output_grammar(plan, *_format_schema(req))
+        thinking = self.thinking(_chat_thinking(req))
+        grammar = await self.output_grammar(plan, *_format_schema(req), thinking)
         sampling = self._checked_sampling(req, 1, prompt_param="messages", grammar=grammar)
         conversation = [_turn(m) for m in req.messages]
         prompt = await self.render_chat(
-            conversation, param="messages", tools=plan.tools if plan is not None else ()
+            conversation,
+            param="messages",
+            tools=plan.tools if plan is not None else (),
+            thinking=thinking,
         )
         ids = await self.tokens(prompt, prompt_param="messages")
         requested: int | None = req.max_tokens
@@ -582,9 +643,11 @@ class ChatFrontend(_OpenAIFrontend):
             len(requests),
             _tier(req.service_tier),
             self._spelling if logprobs is not None else None,
-            tools=plan is not None and plan.calls_allowed,
+            self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
+            self._spelling.bytes,
+            reasoning_usage=thinking is not None,
         )
-        return self._prepared(req, requests, groups, headers, answer, plan)
+        return self._prepared(req, requests, groups, headers, answer, plan, thinking)
 
 
 class CompletionsFrontend(_OpenAIFrontend):

@@ -14,13 +14,13 @@ import collections
 import time
 import urllib.parse
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import attrs
 import orjson
 
-from ninfer.engine import CompiledGrammar, TokenDelta
+from ninfer.engine import ChatText, CompiledGrammar, TokenDelta
 from ninfer.frontends._base import (
     Frontend,
     FrontendContext,
@@ -29,18 +29,23 @@ from ninfer.frontends._base import (
     clamp_headers,
 )
 from ninfer.frontends._budget import SamplingRequest
+from ninfer.frontends._reasoning import (
+    OutputReader,
+    Piece,
+    Reading,
+    ReasoningPiece,
+    ThinkingAsk,
+    ThinkingMode,
+)
 from ninfer.frontends._structured import ANY_JSON_OBJECT
 from ninfer.frontends._tools import (
     CallArgs,
     CallStart,
-    Event,
     TextPiece,
     Tool,
     ToolCallTurn,
     ToolPlan,
-    ToolStream,
     call_id,
-    parse_output,
 )
 from protocols import (
     ApiError,
@@ -63,12 +68,17 @@ from protocols import (
     OutputTextDeltaEvent,
     OutputTextDoneEvent,
     OutputTokensDetails,
+    ReasoningItem,
+    ReasoningText,
+    ReasoningTextDeltaEvent,
+    ReasoningTextDoneEvent,
     ResponseDeleted,
     ResponseError,
     ResponseLifecycleEvent,
     ResponseObject,
     ResponsesCodec,
     ResponsesInputItem,
+    ResponsesReasoning,
     ResponsesRequest,
     ResponsesTool,
     ResponseTextConfig,
@@ -95,6 +105,7 @@ class Turn:
     text: str
     calls: tuple[ToolCallTurn, ...] = ()
     call_id: str | None = None  # of a tool turn
+    reasoning: str | None = None  # of an assistant turn of a thinking model
 
     def message(self) -> dict[str, Any]:
         turn: dict[str, Any] = {"role": self.role, "content": self.text}
@@ -102,15 +113,17 @@ class Turn:
             turn["tool_calls"] = list(self.calls)
         if self.call_id is not None:
             turn["tool_call_id"] = self.call_id
+        if self.reasoning is not None:
+            turn["reasoning_content"] = self.reasoning
         return turn
 
 
-Item = InputMessage | FunctionCallItem | FunctionCallOutputItem
+Item = InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 
 
 def text_bytes(history: Sequence[Turn]) -> int:
     """The UTF-8 bytes of a conversation's texts: its turns and their calls."""
-    texts = [t.text for t in history]
+    texts = [t.text for t in history] + [t.reasoning for t in history if t.reasoning]
     texts += [orjson.dumps(c.arguments).decode() for t in history for c in t.calls]
     return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
 
@@ -215,6 +228,12 @@ def _input_items(items: str | list[ResponsesInputItem]) -> list[Item]:
                              [InputText("input_text", items)])]  # fmt: skip
     out: list[Item] = []
     for item in items:
+        if item.type == "reasoning":
+            texts = [ReasoningText("reasoning_text", p.text or "")
+                     for p in item.content or () if not isinstance(p, str)]  # fmt: skip
+            out.append(ReasoningItem(item.id or _new_id("rs"), "reasoning",
+                                     list(item.summary or []), texts, "completed"))  # fmt: skip
+            continue
         if item.type == "function_call":
             assert item.call_id
             assert item.name
@@ -268,19 +287,28 @@ def _check_outputs_answer_calls(earlier: Sequence[Turn], items: Sequence[Item]) 
 
 def _turns(items: Sequence[Item]) -> list[Turn]:
     """Items as turns: function calls join the assistant turn just before them (or make
-    one), outputs are tool turns."""
+    one), outputs are tool turns; reasoning Items are the reasoning of the assistant turn
+    (message or calls) that follows them."""
     turns: list[Turn] = []
+    pending: list[str] = []  # reasoning not yet given to an assistant turn
     for item in items:
+        if isinstance(item, ReasoningItem):
+            pending.append("".join(p.text for p in item.content))
+            continue
+        thought = "\n\n".join(pending) if pending else None
+        pending = []
         if isinstance(item, InputMessage):
-            turns.append(Turn(item.role, "".join(p.text for p in item.content)))
+            text = "".join(p.text for p in item.content)
+            turns.append(Turn(item.role, text, reasoning=thought if item.role == "assistant"
+                              else None))  # fmt: skip
         elif isinstance(item, FunctionCallOutputItem):
             turns.append(Turn("tool", item.output, call_id=item.call_id))
         else:
             call = ToolCallTurn(item.call_id, item.name, replayed_arguments(item.arguments, ""))
-            if turns and turns[-1].role == "assistant":
+            if turns and turns[-1].role == "assistant" and thought is None:
                 turns[-1] = attrs.evolve(turns[-1], calls=(*turns[-1].calls, call))
             else:
-                turns.append(Turn("assistant", "", (call,)))
+                turns.append(Turn("assistant", "", (call,), reasoning=thought))
     return turns
 
 
@@ -294,14 +322,19 @@ class ResponseAnswer:
     template: ResponseObject  # the in-progress Response: every field but the outcome's
     input_items: tuple[Item, ...]
     history: tuple[Turn, ...]  # what this request continued (its chain's), then its input
+    # How the output is read (apart from its reasoning, for calls), with each token's
+    # bytes (to count reasoning tokens in a whole answer).
+    reading: Reading = attrs.Factory(Reading)
+    spell: Callable[[int], bytes] | None = None
     item_id: str = attrs.Factory(lambda: _new_id("msg"))
     sequence: int = 0
-    tools: bool = False  # the output may hold function calls
-    reader: ToolStream = attrs.Factory(ToolStream)
-    # A stream's output Items so far (with tools, each opens as the output shows what it
-    # is): the message's text, and each call's Item and arguments.
-    streamed: list[OutputMessage | FunctionCallItem] = attrs.Factory(list)
+    reader: OutputReader | None = None  # streaming, unless plain
+    # A stream's output Items so far (thinking or with tools, each opens as the output
+    # shows what it is): the reasoning, the message's text, each call's Item and
+    # arguments.
+    streamed: list[ReasoningItem | OutputMessage | FunctionCallItem] = attrs.Factory(list)
     text: list[str] = attrs.Factory(list)
+    thought: list[str] = attrs.Factory(list)
     arguments: list[str] = attrs.Factory(list)
 
     def _sse(self, event: Any) -> bytes:
@@ -316,8 +349,10 @@ class ResponseAnswer:
             self._sse(ResponseLifecycleEvent("response.created", self._next(), self.template)),
             self._sse(ResponseLifecycleEvent("response.in_progress", self._next(), self.template)),
         ]
-        if not self.tools:
+        if self.reading.plain:
             frames += self._open_message()
+        else:
+            self.reader = self.reading.reader()
         return frames
 
     def _open_message(self) -> list[bytes]:
@@ -331,10 +366,31 @@ class ResponseAnswer:
         ]  # fmt: skip
 
     def _text(self, text: str) -> list[bytes]:
-        frames = [] if self.streamed and self._open_kind() == "message" else self._open_message()
+        frames = []
+        if self._open_kind() != "message":  # after reasoning or a call, a new message Item
+            frames = self._close("completed") + self._open_message()
         self.text.append(text)
         event = OutputTextDeltaEvent("response.output_text.delta", self._next(), self.item_id,
                                      len(self.streamed) - 1, 0, text, [])  # fmt: skip
+        return [*frames, self._sse(event)]
+
+    def _thinking(self, text: str) -> list[bytes]:
+        frames = []
+        if self._open_kind() != "reasoning":
+            frames += self._close("completed")
+            item = ReasoningItem(_new_id("rs"), "reasoning", [], [], "in_progress")
+            self.streamed.append(item)
+            self.thought = []
+            at = len(self.streamed) - 1
+            frames += [
+                self._sse(OutputItemEvent("response.output_item.added", self._next(), at, item)),
+                self._sse(ContentPartEvent("response.content_part.added", self._next(), item.id,
+                                           at, 0, ReasoningText("reasoning_text", ""))),
+            ]  # fmt: skip
+        self.thought.append(text)
+        at = len(self.streamed) - 1
+        event = ReasoningTextDeltaEvent("response.reasoning_text.delta", self._next(),
+                                        self.streamed[at].id, at, 0, text)  # fmt: skip
         return [*frames, self._sse(event)]
 
     def _open_kind(self) -> str | None:
@@ -345,6 +401,18 @@ class ResponseAnswer:
         """The frames that end the Item being streamed, if one is."""
         kind = self._open_kind()
         at = len(self.streamed) - 1
+        if kind == "reasoning":
+            part = ReasoningText("reasoning_text", "".join(self.thought))
+            thinking = ReasoningItem(self.streamed[at].id, "reasoning", [], [part], status)
+            self.streamed[at] = thinking
+            return [
+                self._sse(ReasoningTextDoneEvent("response.reasoning_text.done", self._next(),
+                                                 thinking.id, at, 0, part.text)),
+                self._sse(ContentPartEvent("response.content_part.done", self._next(),
+                                           thinking.id, at, 0, part)),
+                self._sse(OutputItemEvent("response.output_item.done", self._next(), at,
+                                          thinking)),
+            ]  # fmt: skip
         if kind == "message":
             text = _output_text("".join(self.text))
             item: OutputMessage | FunctionCallItem = OutputMessage(
@@ -373,10 +441,12 @@ class ResponseAnswer:
             ]  # fmt: skip
         return []
 
-    def _events(self, events: list[Event]) -> list[bytes]:
+    def _events(self, events: list[Piece]) -> list[bytes]:
         frames: list[bytes] = []
         for e in events:
-            if isinstance(e, TextPiece):
+            if isinstance(e, ReasoningPiece):
+                frames += self._thinking(e.text)
+            elif isinstance(e, TextPiece):
                 frames += self._text(e.text)
             elif isinstance(e, CallStart):
                 frames += self._close("completed")
@@ -398,39 +468,49 @@ class ResponseAnswer:
         return frames
 
     def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
-        if self.tools:
-            return self._events(self.reader.feed(delta.text))
+        if self.reader is not None:
+            return self._events(self.reader.feed(delta.text, len(delta.token_ids)))
         if not delta.text:
             return []
         return self._text(delta.text)
 
     def _output(
         self, outcome: Outcome, status: Literal["completed", "incomplete"]
-    ) -> list[OutputMessage | FunctionCallItem]:
-        """The output Items of a body (a stream's are those it sent)."""
-        if not self.tools:
+    ) -> tuple[list[ReasoningItem | OutputMessage | FunctionCallItem], int]:
+        """The output Items of a body (a stream's are those it sent), and how many
+        output tokens were reasoning."""
+        if self.reading.plain:
             text = [_output_text(outcome.text)]
-            return [OutputMessage(self.item_id, "message", "assistant", status, text)]
-        out = parse_output(outcome.text)
-        items: list[OutputMessage | FunctionCallItem] = []
+            return [OutputMessage(self.item_id, "message", "assistant", status, text)], 0
+        assert self.spell is not None
+        choice = outcome.choices[0]
+        out = self.reading.read(choice.text, choice.token_ids, self.spell)
+        items: list[ReasoningItem | OutputMessage | FunctionCallItem] = []
+        if out.reasoning:
+            part = ReasoningText("reasoning_text", out.reasoning)
+            items.append(ReasoningItem(_new_id("rs"), "reasoning", [], [part], status))
         if out.text or not out.calls:
             items.append(OutputMessage(self.item_id, "message", "assistant", status,
                                        [_output_text(out.text)]))  # fmt: skip
         items += [FunctionCallItem(_new_id("fc"), "function_call", call_id(), c.name,
                                    c.arguments, "completed") for c in out.calls]  # fmt: skip
-        return items
+        return items, out.reasoning_tokens
 
     def _finished(self, outcome: Outcome, streamed: bool = False) -> ResponseObject:
         f = outcome.finish
         u = outcome.usage
         complete = f.reason in ("eos", "stop")
         status: Literal["completed", "incomplete"] = "completed" if complete else "incomplete"
-        output = list(self.streamed) if streamed else self._output(outcome, status)
+        if streamed:
+            output = list(self.streamed)
+            reasoning = self.reader.reasoning_tokens if self.reader is not None else 0
+        else:
+            output, reasoning = self._output(outcome, status)
         usage = ResponseUsage(
             u.prompt_tokens,
             InputTokensDetails(u.cached_tokens),
             u.completion_tokens,
-            OutputTokensDetails(0),
+            OutputTokensDetails(reasoning),
             u.prompt_tokens + u.completion_tokens,
         )
         response = attrs.evolve(
@@ -449,9 +529,9 @@ class ResponseAnswer:
 
     def tail(self, outcome: Outcome) -> list[bytes]:
         complete = outcome.finish.reason in ("eos", "stop")
-        frames = self._events(self.reader.finish()) if self.tools else []
-        if not self.streamed:  # nothing was generated: the (empty) message still is one
-            frames += self._open_message()
+        frames = self._events(self.reader.finish()) if self.reader is not None else []
+        if not any(i.type != "reasoning" for i in self.streamed):  # no text, no call: the
+            frames += self._open_message()  # (empty) message still is one
         frames += self._close("completed" if complete else "incomplete")
         response = self._finished(outcome, streamed=True)
         end: Literal["response.completed", "response.incomplete"] = (
@@ -471,15 +551,16 @@ class ResponseAnswer:
         return [self._sse(ResponseLifecycleEvent("response.failed", self._next(), response))]
 
 
-def _reply(output: Sequence[OutputMessage | FunctionCallItem]) -> Turn:
+def _reply(output: Sequence[ReasoningItem | OutputMessage | FunctionCallItem]) -> Turn:
     """A Response's output as the assistant turn a continuation replays (a call the
     budget cut short, streamed as an incomplete Item, is left out: its arguments do not
-    parse)."""
+    parse), with its reasoning."""
     text = "".join(p.text for i in output if isinstance(i, OutputMessage) for p in i.content)
     calls = tuple(ToolCallTurn(i.call_id, i.name, replayed_arguments(i.arguments, ""))
                   for i in output
                   if isinstance(i, FunctionCallItem) and i.status == "completed")  # fmt: skip
-    return Turn("assistant", text, calls)
+    thoughts = ["".join(p.text for p in i.content) for i in output if isinstance(i, ReasoningItem)]
+    return Turn("assistant", text, calls, reasoning="\n\n".join(thoughts) if thoughts else None)
 
 
 class ResponsesFrontend(Frontend):
@@ -499,27 +580,31 @@ class ResponsesFrontend(Frontend):
             raise not_found("previous_response_id")
         return stored.history
 
-    async def _prompt_ids(
-        self, instructions: str | None, turns: Sequence[Turn], tools: Sequence[Tool]
-    ) -> list[int]:
+    async def _prompt(
+        self,
+        instructions: str | None,
+        turns: Sequence[Turn],
+        tools: Sequence[Tool],
+        thinking: ThinkingMode | None,
+    ) -> tuple[ChatText, list[int]]:
         conv: list[dict[str, Any]] = []
         if instructions is not None:
             conv.append({"role": "system", "content": instructions})
         conv.extend(t.message() for t in turns)
-        prompt = await self.render_chat(conv, param="input", tools=tools)
-        return await self.tokens(prompt, prompt_param="input")
+        prompt = await self.render_chat(conv, param="input", tools=tools, thinking=thinking)
+        return prompt, await self.tokens(prompt, prompt_param="input")
 
     async def _grammar(
-        self, req: ResponsesRequest, plan: ToolPlan | None
+        self, req: ResponsesRequest, plan: ToolPlan | None, thinking: ThinkingMode | None
     ) -> str | CompiledGrammar | None:
         """`text.format` (as chat's response_format) and the tools as a grammar (None:
         free text)."""
         fmt = req.text.format if req.text else None
         if fmt is None or fmt.type == "text":
-            return await self.output_grammar(plan, None, "text.format")
+            return await self.output_grammar(plan, None, "text.format", thinking)
         if fmt.type == "json_object" or fmt.schema is None:
-            return await self.output_grammar(plan, ANY_JSON_OBJECT, "text.format")
-        return await self.output_grammar(plan, fmt.schema, "text.format.schema")
+            return await self.output_grammar(plan, ANY_JSON_OBJECT, "text.format", thinking)
+        return await self.output_grammar(plan, fmt.schema, "text.format.schema", thinking)
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_create)
@@ -531,7 +616,8 @@ class ResponsesFrontend(Frontend):
         tools = _tools(req.tools)
         plan = ToolPlan.of(tools, req.tool_choice, req.parallel_tool_calls is not False) if (
             tools) else None  # fmt: skip
-        ids = await self._prompt_ids(req.instructions, history, tools)
+        thinking = self.thinking(_thinking_ask(req.reasoning))
+        prompt, ids = await self._prompt(req.instructions, history, tools, thinking)
         gen, grant, _warnings = self.request(
             request_id,
             ids,
@@ -539,7 +625,9 @@ class ResponsesFrontend(Frontend):
             param="max_output_tokens",
             prompt_param="input",
             sampling=SamplingRequest(
-                temperature=req.temperature, top_p=req.top_p, grammar=await self._grammar(req, plan)
+                temperature=req.temperature,
+                top_p=req.top_p,
+                grammar=await self._grammar(req, plan, thinking),
             ),
             stop=(),
             clamp=True,
@@ -554,11 +642,13 @@ class ResponsesFrontend(Frontend):
             template,
             items,
             history,
-            tools=plan is not None and plan.calls_allowed,
+            self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
+            self.ctx.model.tokenizer.token_bytes,
         )
         fields = {"protocol": self.protocol, "store": store,
                   "previous_response_id": req.previous_response_id,
-                  **(plan.log_fields() if plan is not None else {})}  # fmt: skip
+                  **(plan.log_fields() if plan is not None else {}),
+                  **(thinking.log_fields() if thinking is not None else {})}  # fmt: skip
         return Prepared((gen,), bool(req.stream), answer, fields, headers=clamp_headers(grant))
 
     def _check_room(
@@ -716,8 +806,15 @@ class ResponsesFrontend(Frontend):
                 param="input",
                 code="missing_required_parameter",
             )
-        ids = await self._prompt_ids(req.instructions, history, _tools(req.tools))
+        thinking = self.thinking(_thinking_ask(req.reasoning))
+        _prompt, ids = await self._prompt(req.instructions, history, _tools(req.tools), thinking)
         return self.dialect.encoder.json(InputTokensCount("response.input_tokens", len(ids)))
+
+
+def _thinking_ask(reasoning: ResponsesReasoning | None) -> ThinkingAsk:
+    """`reasoning.effort`: none turns thinking off, any other effort on."""
+    effort = reasoning.effort if reasoning is not None else None
+    return ThinkingAsk(None if effort is None else effort != "none", None, "reasoning.effort")
 
 
 def _tools(tools: Sequence[ResponsesTool] | None) -> tuple[Tool, ...]:

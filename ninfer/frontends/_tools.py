@@ -30,7 +30,7 @@ import attrs
 import llguidance
 import orjson
 
-from ninfer.frontends._structured import json_schema_grammar
+from ninfer.frontends._structured import json_schema_grammar, think_first
 from protocols import ApiError
 
 __all__ = [
@@ -167,11 +167,13 @@ def _call_schema(tool: Tool) -> dict[str, Any]:
     }
 
 
-def tool_grammar(plan: ToolPlan, text_schema: dict[str, Any] | None, text_param: str) -> str:
+def tool_grammar(
+    plan: ToolPlan, text_schema: dict[str, Any] | None, text_param: str, *, think: bool = False
+) -> str:
     """The llguidance grammar of an answer under `plan` (`text_schema`: a response
-    format's JSON Schema, at `text_param` in the request, which then replaces free text).
-    Each schema is checked alone first, so that a refusal names the one at fault. Run
-    off the event loop."""
+    format's JSON Schema, at `text_param` in the request, which then replaces free text;
+    `think`: after a reasoning block). Each schema is checked alone first, so that a
+    refusal names the one at fault. Run off the event loop."""
     for tool in plan.tools:
         json_schema_grammar(tool.parameters, param=tool.param)
     if text_schema is not None:
@@ -205,6 +207,8 @@ def tool_grammar(plan: ToolPlan, text_schema: dict[str, Any] | None, text_param:
     lines.append(text_rule)
     lines.append(_TEXT)
     grammar = "\n".join(lines)
+    if think:
+        grammar = think_first(grammar)
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
         raise ApiError(
