@@ -78,8 +78,11 @@ def reference(path: str, tokens: list[int]) -> tuple[list[int], list[float]]:
     return best, margin
 
 
-def ninfer_argmax(path: str, tokens: list[int], dtype: str, weights: str) -> list[int]:
-    """ninfer's argmax at each position (in this process), prefilled in chunks."""
+def ninfer_argmax(
+    path: str, tokens: list[int], dtype: str, weights: str, kv_dtype: str = "auto"
+) -> list[int]:
+    """ninfer's argmax at each position (in this process), prefilled in chunks, with the
+    KV cache stored as `kv_dtype` (--kv-dtype)."""
     import torch
 
     from ninfer.engine._kvpool import pages_for
@@ -91,7 +94,8 @@ def ninfer_argmax(path: str, tokens: list[int], dtype: str, weights: str) -> lis
     n_pages = pages_for(len(tokens), 16)
     out: list[int] = []
     with torch.inference_mode():
-        kv = KVPages.allocate(m.args, n_pages=n_pages, page_size=16, dtype=m.dtype, device="cpu")
+        kv = KVPages.allocate(m.args, n_pages=n_pages, page_size=16, dtype=m.dtype, device="cpu",
+                              kv_dtype=kv_dtype)  # fmt: skip
         kv.zero_pages(list(range(1, n_pages + 1)))
         for start in range(0, len(tokens), CHUNK):
             chunk = tokens[start : start + CHUNK]

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import attrs
 
 from ninfer._errors import ConfigError
-from ninfer.engine import DTYPE_NAMES, SPEC_BACKENDS, WEIGHT_MODES
+from ninfer.engine import DTYPE_NAMES, KV_DTYPES, SPEC_BACKENDS, WEIGHT_MODES
 
 __all__ = [
     "SETTINGS",
@@ -121,6 +121,16 @@ SETTINGS: tuple[Setting, ...] = (
         optional=True,
         words=("auto",),
         metavar="TOKENS|auto",
+    ),
+    Setting(
+        "kv_dtype",
+        str,
+        "auto",
+        "KV-cache storage: auto (the --dtype of the activations), or int8 (keys and values "
+        "as 8-bit integers with a float32 scale per position and head: about a quarter of "
+        "float32's memory, so --kv-capacity holds ~3.8x the tokens; not bit-exact with the "
+        "float cache, still batch-invariant; docs/engine.md)",
+        choices=KV_DTYPES,
     ),
     Setting("max_concurrency", int, 8, "requests decoding at once (one batch)", 1, 64),
     Setting(
@@ -426,6 +436,7 @@ class ServerConfig:
     weights: str = "int4"
     max_context: int | None = None
     kv_capacity: int | Literal["auto"] | None = None
+    kv_dtype: str = "auto"
     max_concurrency: int = 8
     max_pending_requests: int = 16
     pending_timeout_ms: int = 30000

@@ -119,6 +119,7 @@ class Lifespan:
                     chat_template=chat_template_source(config.chat_template),
                     spec=config.spec,
                     draft_tokens=config.draft_tokens,
+                    kv_dtype=config.kv_dtype,
                 ),
                 threads=config.threads,
                 log=self.diagnostics,
@@ -230,6 +231,7 @@ class Lifespan:
             self.log.console(
                 "kv_pool",
                 mode=sizing.mode,
+                kv_dtype=sizing.kv_dtype,
                 tokens=sizing.tokens,
                 bytes_per_token=sizing.bytes_per_token,
                 pool_mib=round(sizing.pool_bytes / 2**20, 1),

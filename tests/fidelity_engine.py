@@ -2,7 +2,7 @@
 prompt and output token ids as JSON. tests/test_fidelity.py runs it in a subprocess and
 compares with what came over HTTP from a server batching the same cases together.
 
-python tests/fidelity_engine.py MODEL.gguf CASES.json PREFILL_CHUNK
+python tests/fidelity_engine.py MODEL.gguf CASES.json PREFILL_CHUNK [THREADS [KV_DTYPE]]
 """
 
 from __future__ import annotations
@@ -59,7 +59,12 @@ def main() -> None:
     engine = Engine(
         lambda: load_model(model_path, dtype=torch.float32, device="cpu", max_positions=8192),
         EngineConfig(
-            max_batch=8, kv_capacity=8192, page_size=16, prefill_chunk=chunk, prefix_cache=False
+            max_batch=8,
+            kv_capacity=8192,
+            page_size=16,
+            prefill_chunk=chunk,
+            prefix_cache=False,
+            kv_dtype=sys.argv[5] if len(sys.argv) > 5 else "auto",
         ),
         sink,
     )

@@ -132,12 +132,14 @@ async def _over_http(srv: Any, cases: list[dict[str, Any]]) -> list[dict[str, An
     return results
 
 
-def _direct(model: Path, cases: list[dict[str, Any]], tmp_path: Path) -> list[dict[str, Any]]:
+def _direct(
+    model: Path, cases: list[dict[str, Any]], tmp_path: Path, kv_dtype: str = "auto"
+) -> list[dict[str, Any]]:
     cases_file = tmp_path / "cases.json"
     cases_file.write_bytes(orjson.dumps(cases))
     script = Path(__file__).parent / "fidelity_engine.py"
     done = subprocess.run(
-        [sys.executable, str(script), str(model), str(cases_file), "256", "2"],
+        [sys.executable, str(script), str(model), str(cases_file), "256", "2", kv_dtype],
         capture_output=True,
         timeout=600,
         check=True,
@@ -166,7 +168,8 @@ async def _check(
         log = srv.log_records()
     assert props["speculative"] == extra.get("spec", "none")
     assert "ninfer_spec_decode_num_accepted_tokens_total" in metrics
-    direct = await trio.to_thread.run_sync(_direct, model, cases, tmp_path)
+    kv_dtype = extra.get("kv_dtype", "auto")  # the engine alone stores its cache alike
+    direct = await trio.to_thread.run_sync(_direct, model, cases, tmp_path, kv_dtype)
     assert len(http) == len(direct) == len(cases)
     mismatches = [
         (case["prompt"], case.get("seed"), case.get("logprobs"))
@@ -225,6 +228,16 @@ async def test_http_equals_the_engine_with_speculation(tiny_gguf: Path, tmp_path
     assert all(c["backend"] == "ngram" and c["draft_window"] == 4 for c in counts)
     assert sum(c["accepted_tokens"] for c in counts) > 0
     assert sum(c["drafted_tokens"] for c in counts) >= sum(c["accepted_tokens"] for c in counts)
+
+
+async def test_http_equals_the_engine_with_an_int8_cache(tiny_gguf: Path, tmp_path: Path) -> None:
+    """--kv-dtype int8 quantizes each position's head row on its own: a row's keys are the
+    same in any batch, so batched answers over HTTP still equal the engine alone (with
+    the same cache), token for token and logprob for logprob."""
+    log = await _check(tiny_gguf, tmp_path, _cases(max_new_tokens=24, seeded=True, every=2),
+                       kv_dtype="int8")  # fmt: skip
+    (start,) = [r for r in log if r["event"] == "server_start"]
+    assert start["engine"]["kv_sizing"]["kv_dtype"] == "int8"
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3"])

@@ -119,7 +119,7 @@ async def test_a_server_shows_the_ledger(
     assert start["config"]["kv_capacity"] == "auto"
     assert start["engine"]["kv_pages"] == 598
     assert start["engine"]["kv_sizing"] == {
-        "mode": "auto", "tokens": 598 * PAGE, "bytes_per_token": PER_TOKEN,
+        "mode": "auto", "kv_dtype": "float32", "tokens": 598 * PAGE, "bytes_per_token": PER_TOKEN,
         "pool_bytes": 600 * PAGE * PER_TOKEN, "available_bytes": KV_HEADROOM_BYTES + 600 * PAGE
         * PER_TOKEN, "memory_source": "test", "headroom_bytes": KV_HEADROOM_BYTES,
     }  # fmt: skip

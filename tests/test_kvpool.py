@@ -51,3 +51,48 @@ def test_keys_go_on_from_the_known_ones() -> None:
     whole = page_keys(tokens, S, 9)
     assert page_keys(tokens, S, 9, known=whole[:4]) == whole
     assert page_keys(tokens, S, 2, known=whole[:4]) == whole[:2]
+
+
+def test_an_int8_cache_keeps_each_row_to_half_a_step_of_its_scale() -> None:
+    """--kv-dtype int8: each position's head row is stored as int8 with its own scale
+    (max |x| / 127) and read back as float32 within half a step of the scale; a row of
+    zeros stays zeros; copies and clears carry the scales with the values."""
+    import torch
+
+    from ninfer.engine._gguf import ModelArgs
+    from ninfer.engine._model import KVPages
+
+    args = ModelArgs(architecture="llama", n_layers=2, dim=32, n_heads=4, n_kv_heads=2,
+                     head_dim=16, ffn_dim=8, vocab_size=8, context_length=64, rope_base=1e4,
+                     norm_eps=1e-5)  # fmt: skip
+    kv = KVPages.allocate(args, n_pages=4, page_size=S, dtype=torch.float32, device="cpu",
+                          kv_dtype="int8")  # fmt: skip
+    assert kv.quantized
+    assert kv.k.dtype == torch.int8
+    assert KVPages.bytes_per_token(args, torch.float32, "int8") == 2 * 2 * 2 * (16 + 4)
+    assert KVPages.bytes_per_token(args, torch.float32) == 2 * 2 * 2 * 16 * 4
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 3, 2, 16, generator=gen) * torch.tensor([0.01, 100.0]).view(1, 1, 2, 1)
+    v = torch.randn(1, 3, 2, 16, generator=gen)
+    v[0, 1] = 0.0  # a row of zeros
+    kv.zero_pages([1, 2])
+    slots = kv.slots(torch.tensor([[1, 1, 2]]), torch.tensor([[0, 1, 0]]))
+    kv.write(0, slots, k, v)
+    page_table = torch.tensor([[1, 2]])
+    keys, values = kv.gather(0, kv.blocks(page_table), 1)  # (G, P*S, D)
+    got_k = keys.view(2, 2, S, 16)  # (head, page, offset, D)
+    got_v = values.view(2, 2, S, 16)
+    for t, (page, off) in enumerate(((0, 0), (0, 1), (1, 0))):
+        for head in range(2):
+            step = k[0, t, head].abs().max() / 127
+            assert (got_k[head, page, off] - k[0, t, head]).abs().max() <= step / 2 + 1e-6
+            vstep = v[0, t, head].abs().max() / 127
+            assert (got_v[head, page, off] - v[0, t, head]).abs().max() <= vstep / 2 + 1e-6
+    assert torch.equal(got_v[:, 0, 1], torch.zeros(2, 16))
+    kv.copy_rows(1, 3, 2)  # page 1's two rows into page 3
+    copied, _ = kv.gather(0, kv.blocks(torch.tensor([[3]])), 1)
+    assert torch.equal(copied.view(2, S, 16)[:, :2], got_k[:, 0, :2])
+    kv.clear_slots([1], [0])
+    cleared, _ = kv.gather(0, kv.blocks(page_table), 1)
+    assert torch.equal(cleared.view(2, 2, S, 16)[:, 0, 0], torch.zeros(2, 16))
+    assert torch.equal(cleared.view(2, 2, S, 16)[:, 0, 1], got_k[:, 0, 1])

@@ -13,6 +13,7 @@ from __future__ import annotations
 from ninfer.engine._contract import (
     DTYPE_NAMES,
     GRAMMAR_LIMIT,
+    KV_DTYPES,
     KV_HEADROOM_BYTES,
     PRESET_FIELDS,
     SPEC_BACKENDS,
@@ -46,6 +47,7 @@ from ninfer.engine._contract import (
 __all__ = [
     "DTYPE_NAMES",
     "GRAMMAR_LIMIT",
+    "KV_DTYPES",
     "KV_HEADROOM_BYTES",
     "PRESET_FIELDS",
     "SPEC_BACKENDS",

@@ -19,6 +19,7 @@ from ninfer.engine._kvpool import pages_for  # torch-free, like this module
 
 __all__ = [
     "DTYPE_NAMES",
+    "KV_DTYPES",
     "WEIGHT_MODES",
     "ChatTemplate",
     "ChatText",
@@ -47,6 +48,8 @@ __all__ = [
 
 # Activation dtypes and weight layouts by name; the engine maps them to torch types.
 DTYPE_NAMES = ("float32", "bfloat16")
+# The KV cache's storage (--kv-dtype): the activations' dtype, or int8 with scales.
+KV_DTYPES = ("auto", "int8")
 WEIGHT_MODES = ("int4", "dense")
 # Speculative decoding backends (--spec): none, or drafts from the row's own n-grams
 # (and, for a constrained row, the tokens its grammar forces).
@@ -150,6 +153,7 @@ class KVSizing:
     """How the KV pool was sized: the ledger server_start and the console show."""
 
     mode: Literal["auto", "explicit"]
+    kv_dtype: str  # what the pool stores (KV_DTYPES; auto resolved to the dtype's name)
     tokens: int  # the pool, in tokens (whole pages)
     bytes_per_token: int  # keys and values of every layer
     pool_bytes: int  # the pool's memory, padding and scratch pages included
@@ -303,6 +307,7 @@ class EngineConfig:
     device: str = "cpu"
     chat_template: str | None = None  # Jinja text over the file's own (--chat-template)
     spec: str = "none"  # speculative decoding: one of SPEC_BACKENDS
+    kv_dtype: str = "auto"  # one of KV_DTYPES
     draft_tokens: int = 8  # the most tokens a row drafts a step, with --spec
 
 

@@ -357,7 +357,8 @@ class Engine:
         where it cannot fit at all)."""
         cfg = self.config
         args, dtype = loaded.transformer.args, loaded.transformer.dtype
-        per_token = KVPages.bytes_per_token(args, dtype)
+        kv_dtype = cfg.kv_dtype
+        per_token = KVPages.bytes_per_token(args, dtype, kv_dtype)
         available, source = available_memory(cfg.device)
         free = f"{_gib(available)} are free after the weights ({source})"
         if cfg.kv_capacity == "auto":
@@ -373,7 +374,7 @@ class Engine:
             headroom = KV_HEADROOM_BYTES
         else:
             pages = pages_for(cfg.kv_capacity, cfg.page_size)
-            need = KVPages.pool_bytes(args, dtype, pages, cfg.page_size)
+            need = KVPages.pool_bytes(args, dtype, pages, cfg.page_size, kv_dtype)
             if need > available:
                 raise ConfigError(
                     f"--kv-capacity {cfg.kv_capacity} needs {_gib(need)} for its KV pool "
@@ -382,9 +383,10 @@ class Engine:
             headroom = 0
         return KVSizing(
             mode="auto" if cfg.kv_capacity == "auto" else "explicit",
+            kv_dtype="int8" if kv_dtype == "int8" else str(dtype).removeprefix("torch."),
             tokens=pages * cfg.page_size,
             bytes_per_token=per_token,
-            pool_bytes=KVPages.pool_bytes(args, dtype, pages, cfg.page_size),
+            pool_bytes=KVPages.pool_bytes(args, dtype, pages, cfg.page_size, kv_dtype),
             available_bytes=available,
             memory_source=source,
             headroom_bytes=headroom,
@@ -402,6 +404,7 @@ class Engine:
             page_size=cfg.page_size,
             dtype=loaded.transformer.dtype,
             device=cfg.device,
+            kv_dtype=cfg.kv_dtype,
         )
         self._pool = PagePool(n_pages=n_pages, page_size=cfg.page_size)
         self.model = loaded

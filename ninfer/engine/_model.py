@@ -170,6 +170,11 @@ class Layer:
     local: bool = False  # attends to a sliding window of keys (gemma3's local layers)
 
 
+# --kv-dtype int8: keys and values as 8-bit integers with one float32 scale per position
+# and head (llama.cpp's q8_0 cache, with a block of one head's row).
+_INT8_MAX = 127.0
+
+
 @attrs.define(eq=False)
 class KVPages:
     """The key/value page pool: (layers, pages, kv_heads, page_size, head_dim) each. A
@@ -179,14 +184,23 @@ class KVPages:
 
     Page 0 is an always-zero padding page; real pages are 1..n_pages; page
     n_pages + 1 is scratch, written by the padding rows of a decode batch.
+
+    Quantized (int8), each position's head row is stored as int8 with its scale
+    (max |x| / 127, a (layers, pages, kv_heads, page_size, 1) float32 tensor each for
+    keys and values), and gathered back to float32: row by row, so a row's keys do not
+    depend on what else is in the batch.
     """
 
     k: torch.Tensor
     v: torch.Tensor
     page_size: int
+    k_scale: torch.Tensor | None = None  # int8 only
+    v_scale: torch.Tensor | None = None
     # Each layer's keys and values as views made once: (pages, kv heads, page size,
-    # head dim) to write into, (pages * kv heads, page size, head dim) blocks to gather.
+    # head dim) to write into, (pages * kv heads, page size, head dim) blocks to gather
+    # (and, int8, the scales' likewise).
     _layers: list[tuple[torch.Tensor, ...]] = attrs.field(init=False)
+    _scales: list[tuple[torch.Tensor, ...]] = attrs.field(init=False)
     _heads: torch.Tensor = attrs.field(init=False)  # 0..kv heads - 1
 
     def __attrs_post_init__(self) -> None:
@@ -196,33 +210,61 @@ class KVPages:
             (k, v, k.view(pages * heads, size, dim), v.view(pages * heads, size, dim))
             for k, v in zip(self.k.unbind(0), self.v.unbind(0), strict=True)
         ]
+        self._scales = []
+        if self.k_scale is not None and self.v_scale is not None:
+            self._scales = [
+                (k, v, k.view(pages * heads, size, 1), v.view(pages * heads, size, 1))
+                for k, v in zip(self.k_scale.unbind(0), self.v_scale.unbind(0), strict=True)
+            ]
+
+    @property
+    def quantized(self) -> bool:
+        return self.k_scale is not None
 
     @classmethod
     def allocate(
-        cls, args: ModelArgs, *, n_pages: int, page_size: int, dtype: torch.dtype, device: str
+        cls,
+        args: ModelArgs,
+        *,
+        n_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: str,
+        kv_dtype: str = "auto",
     ) -> KVPages:
         shape = (args.n_layers, n_pages + 2, args.n_kv_heads, page_size, args.head_dim)
+        quantized = kv_dtype == "int8"
+        store = torch.int8 if quantized else dtype
         # empty, not zeros: pages are zeroed when handed out (`zero_pages`), so memory
         # for pages never used is never touched and does not count in RSS.
-        k = torch.empty(shape, dtype=dtype, device=device)
-        v = torch.empty(shape, dtype=dtype, device=device)
+        k = torch.empty(shape, dtype=store, device=device)
+        v = torch.empty(shape, dtype=store, device=device)
+        scales: tuple[torch.Tensor | None, ...] = (None, None)
+        if quantized:
+            scale_shape = (*shape[:-1], 1)
+            scales = tuple(torch.empty(scale_shape, device=device) for _ in range(2))
+        kv = cls(k=k, v=v, page_size=page_size, k_scale=scales[0], v_scale=scales[1])
         # The padding page and the scratch page are zeroed now: garbage there (a NaN
         # among it) must never reach a padding row's output, however masked.
-        for page in (0, n_pages + 1):
-            k[:, page].zero_()
-            v[:, page].zero_()
-        return cls(k=k, v=v, page_size=page_size)
+        kv.zero_pages([0, n_pages + 1])
+        return kv
 
     @staticmethod
-    def bytes_per_token(args: ModelArgs, dtype: torch.dtype) -> int:
-        """Memory one token's keys and values take, every layer."""
+    def bytes_per_token(args: ModelArgs, dtype: torch.dtype, kv_dtype: str = "auto") -> int:
+        """Memory one token's keys and values take, every layer (int8: a byte a number
+        and a float32 scale a head row)."""
+        rows = 2 * args.n_layers * args.n_kv_heads
+        if kv_dtype == "int8":
+            return rows * (args.head_dim + 4)
         itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * args.n_layers * args.n_kv_heads * args.head_dim * itemsize
+        return rows * args.head_dim * itemsize
 
     @staticmethod
-    def pool_bytes(args: ModelArgs, dtype: torch.dtype, n_pages: int, page_size: int) -> int:
+    def pool_bytes(
+        args: ModelArgs, dtype: torch.dtype, n_pages: int, page_size: int, kv_dtype: str = "auto"
+    ) -> int:
         """Memory a pool of `n_pages` takes (its padding and scratch pages too)."""
-        return (n_pages + 2) * page_size * KVPages.bytes_per_token(args, dtype)
+        return (n_pages + 2) * page_size * KVPages.bytes_per_token(args, dtype, kv_dtype)
 
     @property
     def n_pages(self) -> int:
@@ -242,8 +284,15 @@ class KVPages:
     ) -> None:
         """A layer's new keys and values (B, T, G, D) at `slots`."""
         keys, values, _, _ = self._layers[layer]
-        keys.index_put_(slots, k)
-        values.index_put_(slots, v)
+        if not self._scales:
+            keys.index_put_(slots, k)
+            values.index_put_(slots, v)
+            return
+        k_scales, v_scales, _, _ = self._scales[layer]
+        for rows, store, scales in ((k, keys, k_scales), (v, values, v_scales)):
+            q, scale = _quantize(rows)
+            store.index_put_(slots, q)
+            scales.index_put_(slots, scale)
 
     def blocks(self, page_table: torch.Tensor) -> torch.Tensor:
         """The blocks rows' keys are in, (B * G * P,) in (row, head, page) order:
@@ -254,12 +303,25 @@ class KVPages:
 
     def gather(self, layer: int, blocks: torch.Tensor, rows: int) -> tuple[torch.Tensor, ...]:
         """A layer's keys and values at `blocks` (from `blocks`, for `rows` rows): each
-        (rows * kv heads, pages * page size, head dim), attention's layout."""
+        (rows * kv heads, pages * page size, head dim), attention's layout (int8: as
+        float32)."""
         _, _, k_blocks, v_blocks = self._layers[layer]
         dim = k_blocks.shape[-1]
         groups = rows * self._heads.numel()
         k = k_blocks.index_select(0, blocks).view(groups, -1, dim)
-        return k, v_blocks.index_select(0, blocks).view(groups, -1, dim)
+        v = v_blocks.index_select(0, blocks).view(groups, -1, dim)
+        if not self._scales:
+            return k, v
+        _, _, k_scales, v_scales = self._scales[layer]
+        k_scale = k_scales.index_select(0, blocks).view(groups, -1, 1)
+        v_scale = v_scales.index_select(0, blocks).view(groups, -1, 1)
+        return k.float() * k_scale, v.float() * v_scale
+
+    def _tensors(self) -> list[torch.Tensor]:
+        out = [self.k, self.v]
+        if self.k_scale is not None and self.v_scale is not None:
+            out += [self.k_scale, self.v_scale]
+        return out
 
     def clear_slots(self, pages: Sequence[int], offsets: Sequence[int]) -> None:
         """Every layer's keys and values at (page, offset) slots back to zeros: the
@@ -268,19 +330,28 @@ class KVPages:
             return
         page = torch.tensor(pages, dtype=torch.long, device=self.k.device)
         offset = torch.tensor(offsets, dtype=torch.long, device=self.k.device)
-        self.k[:, page, :, offset] = 0.0
-        self.v[:, page, :, offset] = 0.0
+        for t in self._tensors():
+            t[:, page, :, offset] = 0
 
     def copy_rows(self, source: int, target: int, rows: int) -> None:
         """Every layer's keys and values of the first `rows` slots of page `source`
         into page `target`."""
-        self.k[:, target, :, :rows] = self.k[:, source, :, :rows]
-        self.v[:, target, :, :rows] = self.v[:, source, :, :rows]
+        for t in self._tensors():
+            t[:, target, :, :rows] = t[:, source, :, :rows]
 
     def zero_pages(self, pages: list[int]) -> None:
         idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
-        self.k.index_fill_(1, idx, 0.0)
-        self.v.index_fill_(1, idx, 0.0)
+        for t in self._tensors():
+            t.index_fill_(1, idx, 0)
+
+
+def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T, G, D) rows as int8 and their float32 scales (B, T, G, 1): each row on its
+    own, symmetric, max |x| / 127 (a row of zeros: scale 0)."""
+    x = rows.float()
+    scale = x.abs().amax(dim=-1, keepdim=True) / _INT8_MAX
+    q = torch.round(x / torch.where(scale > 0, scale, 1.0)).clamp_(-_INT8_MAX, _INT8_MAX)
+    return q.to(torch.int8), scale
 
 
 def reference_rows(kind: str, raw: torch.Tensor, dim: int) -> torch.Tensor:
