@@ -358,8 +358,9 @@ def _rows() -> Iterator[Probe]:
                 "logit_bias")  # fmt: skip
     yield Probe("chat: logit_bias past 100", "chat", _with("chat", logit_bias={"1": 101}), 422,
                 "invalid_request", "logit_bias")  # fmt: skip
-    yield Probe("chat: reasoning_effort", "chat", _with("chat", reasoning_effort="low"), 422,
-                "invalid_request", "reasoning_effort")  # fmt: skip
+    yield Probe("chat: reasoning_effort of no level", "chat",
+                _with("chat", reasoning_effort=CANARY), 422, "invalid_request",
+                "reasoning_effort")  # fmt: skip
     yield Probe("chat: metadata value a number", "chat", _with("chat", metadata={"k": 5}), 422,
                 "invalid_request", "metadata")  # fmt: skip
     yield Probe("chat: response format of no type", "chat",
@@ -436,10 +437,10 @@ def _rows() -> Iterator[Probe]:
     yield Probe("responses: Item of an unknown type", "responses",
                 _with("responses", input=[{"type": CANARY, "role": "user", "content": "hi"}]),
                 422, "invalid_request", "input[0].type")  # fmt: skip
-    yield Probe("responses: reasoning Item", "responses",
-                _with("responses", input=[{"type": "reasoning", "id": "rs_1",
-                                           "summary": [{"type": "summary_text", "text": CANARY}]}]),
-                422, "invalid_request", "input[0].type")  # fmt: skip
+    yield Probe("responses: reasoning Item, encrypted", "responses",
+                _with("responses", input=[{"type": "reasoning", "id": "rs_1", "summary": [],
+                                           "encrypted_content": CANARY}]),
+                422, "invalid_request", "input[0].encrypted_content")  # fmt: skip
     yield Probe("responses: image part", "responses",
                 _with("responses", input=[{"role": "user", "content": [
                     {"type": "input_image", "image_url": "http://x/" + CANARY}]}]),
