@@ -27,6 +27,7 @@ from ninfer.frontends._tools import (
     ParsedCall,
     TextPiece,
     ToolStream,
+    held_suffix,
 )
 from protocols import ApiError
 
@@ -74,7 +75,6 @@ class ThinkingMode:
     enabled: bool
     preserve: bool
     asked: bool  # the request chose (else the server's default)
-    opens: bool = False  # its prompt ends inside <think>: the reply begins as reasoning
 
     def variables(self) -> dict[str, Any]:
         """The template's names for it (preserve under both spellings templates use)."""
@@ -114,7 +114,6 @@ def resolve_thinking(
         enabled=enabled,
         preserve=preserve and support.preserve,
         asked=ask.enabled is not None,
-        opens=enabled and support.opens,
     )
 
 
@@ -135,14 +134,6 @@ def close_unwanted_thinking(prompt: ChatText, mode: ThinkingMode | None) -> Chat
 @attrs.frozen
 class ReasoningPiece:
     text: str
-
-
-def _held(text: str, marker: str) -> int:
-    """How many characters at the end of `text` could begin `marker`."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-k:]):
-            return k
-    return 0
 
 
 @attrs.define
@@ -211,7 +202,7 @@ class ThinkSplitter:
                     out.append(ReasoningPiece(piece))
                 self.buffer, self.state = buf[at + len(CLOSE) :], "after"
                 return True
-            keep = _held(buf, CLOSE)
+            keep = held_suffix(buf, CLOSE)
             body = buf[: len(buf) - keep]
             sent = body.rstrip("\n")  # newlines may be the ones before </think>
             keep += len(body) - len(sent)

@@ -47,6 +47,7 @@ __all__ = [
     "call_id",
     "ended_with_calls",
     "generic_section",
+    "held_suffix",
     "parse_output",
     "render_tool_turns",
     "tool_grammar",
@@ -339,7 +340,7 @@ _HEAD = re.compile(r'\{"name": "((?:[^"\\]|\\.)*)", "arguments": ')
 _HEAD_MAX = 4096  # a call's head is its name (a tool name) and fixed text
 
 
-def _held_suffix(text: str, marker: str) -> int:
+def held_suffix(text: str, marker: str) -> int:
     """How many characters at the end of `text` could begin `marker`."""
     for k in range(min(len(marker) - 1, len(text)), 0, -1):
         if marker.startswith(text[-k:]):
@@ -381,7 +382,7 @@ class ToolStream:
                     events.append(TextPiece(buf[:at].rstrip()))
                 self.buffer, self.state = buf[at + len(OPEN) :], "head"
                 return True
-            keep = _held_suffix(buf, OPEN)
+            keep = held_suffix(buf, OPEN)
             body = buf[: len(buf) - keep]
             sent = body.rstrip()
             keep += len(body) - len(sent)
