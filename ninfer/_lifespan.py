@@ -28,7 +28,6 @@ from ninfer._metrics import Metrics
 from ninfer._requestlog import RequestLog
 from ninfer.engine import (
     ChatText,
-    CompiledGrammar,
     EngineConfig,
     EngineStatistics,
     ServedModel,
@@ -38,6 +37,7 @@ from ninfer.frontends import (
     CompletionsFrontend,
     Frontend,
     FrontendContext,
+    GrammarCompiler,
     MessagesFrontend,
     NativeFrontend,
     ResponsesFrontend,
@@ -45,8 +45,6 @@ from ninfer.frontends import (
     TokenizeFrontend,
     sampling_record,
 )
-from ninfer.frontends._structured import UNENFORCEABLE
-from ninfer.frontends._tools import ToolPlan, tool_grammar
 from protocols import ApiError
 from scheduler import AdmissionController, SchedulerStatistics
 
@@ -78,10 +76,6 @@ class Serving:
     messages: MessagesFrontend
     responses: ResponsesFrontend
     tokenizing: TokenizeFrontend  # POST /tokenize, /detokenize
-
-
-# A grammar as the engine takes it: text, or compiled for it off its thread.
-Grammar = str | CompiledGrammar
 
 
 class Lifespan:
@@ -267,8 +261,7 @@ class Lifespan:
             names=self.served_names,
             tokenize=self.tokenize,
             created=self.created,
-            compile_schema=self.compile_schema,
-            compile_tools=self.compile_tools,
+            grammars=GrammarCompiler(model.compile_grammar, self._tokenize_limiter),
             offload=self.offload,
         )
         messages = MessagesFrontend(ctx)
@@ -362,47 +355,6 @@ class Lifespan:
         if self.log.failure is not None:
             health["error"] = redact_paths(self.log.failure)
         return health
-
-    async def compile_schema(
-        self, schema: dict[str, Any], param: str, think: bool = False
-    ) -> Grammar:
-        """A structured output's grammar, compiled on a worker thread (two at once, as
-        long texts are tokenized) down to the engine's matcher: a large schema takes
-        llguidance hundreds of ms, on the event loop or the engine's thread a stall."""
-        from ninfer.frontends._structured import json_schema_grammar
-
-        return await trio.to_thread.run_sync(
-            lambda: self._for_engine(json_schema_grammar(schema, param=param, think=think), param),
-            limiter=self._tokenize_limiter,
-        )
-
-    async def compile_tools(
-        self,
-        plan: ToolPlan,
-        text_schema: dict[str, Any] | None,
-        text_param: str,
-        think: bool = False,
-    ) -> Grammar:
-        """The grammar of an answer that may call tools, likewise."""
-        return await trio.to_thread.run_sync(
-            lambda: self._for_engine(
-                tool_grammar(plan, text_schema, text_param, think=think), "tools"
-            ),
-            limiter=self._tokenize_limiter,
-        )
-
-    def _for_engine(self, grammar: str, param: str) -> Grammar:
-        """`grammar` compiled for the engine, when it compiles (on this worker thread)."""
-        assert self.serving is not None
-        compile_grammar = self.serving.model.compile_grammar
-        if compile_grammar is None:
-            return grammar
-        try:
-            return attrs.evolve(compile_grammar(grammar), param=param)
-        except ValueError:
-            raise ApiError(
-                "invalid_request", UNENFORCEABLE, param=param, code="invalid_value"
-            ) from None
 
     async def offload(self, work: Callable[[], T]) -> T:
         """`work()` on a worker thread, with the threads that tokenize long texts."""

@@ -2,8 +2,9 @@
 
 protocols loads neither trio nor torch (nor ninfer, nor scheduler); scheduler loads no
 torch (nor ninfer, nor protocols); `ninfer.app` and the client tools load no torch;
-no module of `ninfer.engine` loads trio; and outside `ninfer/engine/` only the bridge
-names a module of the engine's torch side. The checker is run once on a copy of the
+no module of `ninfer.engine` loads trio; outside `ninfer/engine/` only the bridge
+names a module of the engine's torch side; and outside `ninfer/frontends/` no module
+names a frontend's private module. The checker is run once on a copy of the
 tree with violations planted in it, to show that it fails when it should.
 """
 
@@ -77,6 +78,22 @@ def _bridge_violations(root: Path) -> list[str]:
     return found
 
 
+def _frontend_violations(root: Path) -> list[str]:
+    """Server modules outside ninfer/frontends/ that name a frontend's private module:
+    the lifespan, the app and the flow take what the package exports."""
+    found = []
+    for path in sorted((root / "ninfer").rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[:2] == ("ninfer", "frontends"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "ninfer.frontends._"
+            ):
+                found.append(f"{rel}:{node.lineno} imports {node.module}")
+    return found
+
+
 def layer_violations(root: Path) -> list[str]:
     problems = []
     # One interpreter per group, started together (each spends most of its time
@@ -89,7 +106,7 @@ def layer_violations(root: Path) -> list[str]:
                 engine = modules == tuple(ENGINE_MODULES)
                 name = "ninfer.engine._*" if engine else ", ".join(modules)
                 problems.append(f"import {name} loads {bad}")
-    return problems + _bridge_violations(root)
+    return problems + _bridge_violations(root) + _frontend_violations(root)
 
 
 def test_the_packages_depend_in_one_direction() -> None:
@@ -108,8 +125,12 @@ def test_the_checker_fails_on_planted_violations(tmp_path: Path) -> None:
     json_mod.write_text(json_mod.read_text() + "\nimport trio  # planted\n")
     flow = tmp_path / "ninfer" / "_flow.py"
     flow.write_text(flow.read_text() + "\nfrom ninfer.engine._model import Transformer\n")
+    # What the lifespan did before frontends/_grammar.py: reach into a frontend's module.
+    lifespan = tmp_path / "ninfer" / "_lifespan.py"
+    lifespan.write_text(lifespan.read_text() + "\nfrom ninfer.frontends._tools import ToolPlan\n")
     problems = layer_violations(tmp_path)
     assert "import protocols loads trio" in problems
+    assert any(p.startswith("ninfer/_lifespan.py:") and "frontends._tools" in p for p in problems)
     assert "import ninfer.app loads torch" in problems
     assert "import ninfer.engine loads torch" in problems
     assert any(p.startswith("ninfer/_flow.py:") for p in problems)

@@ -243,16 +243,16 @@ async def test_schemas_compile_off_the_event_loop(
     import threading
 
     from ninfer.engine import _engine, _grammar
-    from ninfer.frontends import _structured
+    from ninfer.frontends import _grammar as grammars
 
     seen: list[str] = []
-    real = _structured.json_schema_grammar
+    real = grammars.json_schema_grammar
 
     def spy(schema: dict[str, object], *, param: str, think: bool = False) -> str:
         seen.append(threading.current_thread().name)
         return real(schema, param=param, think=think)
 
-    monkeypatch.setattr(_structured, "json_schema_grammar", spy)
+    monkeypatch.setattr(grammars, "json_schema_grammar", spy)
     compiled_on: list[int] = []
     engine_threads: set[int] = set()
     real_compile, real_admit = _grammar.Constraint.compile, _engine.Engine._admit

@@ -14,6 +14,7 @@ from ninfer.frontends._base import (
     Prepared,
 )
 from ninfer.frontends._budget import sampling_record
+from ninfer.frontends._grammar import GrammarCompiler
 from ninfer.frontends._native import NativeFrontend, TokenizeFrontend, server_props
 from ninfer.frontends._openai import ChatFrontend, CompletionsFrontend, model_card, model_list
 from ninfer.frontends._responses import ResponsesFrontend, ResponseStore
@@ -26,6 +27,7 @@ __all__ = [
     "FailingAnswer",
     "Frontend",
     "FrontendContext",
+    "GrammarCompiler",
     "MessagesFrontend",
     "NativeFrontend",
     "Outcome",

@@ -28,6 +28,7 @@ from ninfer.engine import (
     Usage,
 )
 from ninfer.frontends._budget import Budget, Grant, SamplingRequest, resolve_sampling
+from ninfer.frontends._grammar import GrammarCompiler
 from ninfer.frontends._reasoning import (
     Reading,
     ThinkingAsk,
@@ -63,14 +64,6 @@ def clamp_headers(grant: Grant) -> tuple[tuple[bytes, bytes], ...]:
 
 
 Tokenize = Callable[[str | ChatText], Awaitable[list[int]]]
-# Compiles a structured output's JSON schema (schema, param, after a reasoning block) to
-# its grammar, off the event loop: a large schema takes llguidance hundreds of ms.
-CompileSchema = Callable[[dict[str, Any], str, bool], Awaitable[str | CompiledGrammar]]
-# Compiles the grammar of an answer that may call tools (plan, the response format's
-# schema or None, where that schema is, after a reasoning block), likewise.
-CompileTools = Callable[
-    [ToolPlan, dict[str, Any] | None, str, bool], Awaitable[str | CompiledGrammar]
-]
 # Runs a function on a worker thread (bounded: the threads that tokenize long texts).
 Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
 
@@ -191,8 +184,7 @@ class FrontendContext:
     names: tuple[str, ...]  # every name a request may give as its `model`
     tokenize: Tokenize  # off the event loop for long texts
     created: int  # unix seconds, for OpenAI's `created`
-    compile_schema: CompileSchema  # on a worker thread
-    compile_tools: CompileTools  # likewise
+    grammars: GrammarCompiler  # schemas and tools to grammars, on worker threads
     offload: Offload  # large bodies' decoding and large conversations' rendering
 
     @property
@@ -344,9 +336,9 @@ class Frontend(abc.ABC):
         after a free reasoning block when the request thinks."""
         think = thinking is not None and thinking.enabled
         if plan is not None:
-            return await self.ctx.compile_tools(plan, schema, param, think)
+            return await self.ctx.grammars.tools(plan, schema, param, think)
         if schema is not None:
-            return await self.ctx.compile_schema(schema, param, think)
+            return await self.ctx.grammars.schema(schema, param, think)
         return None
 
     def reading(self, prompt: ChatText, thinking: ThinkingMode | None, *, tools: bool) -> Reading:

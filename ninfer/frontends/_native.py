@@ -102,7 +102,7 @@ class NativeFrontend(Frontend):
                 seed=req.seed,
                 grammar=None
                 if req.json_schema is None
-                else await self.ctx.compile_schema(req.json_schema, "json_schema", False),
+                else await self.ctx.grammars.schema(req.json_schema, "json_schema"),
             ),
             stop=tuple(req.stop or ()),
             ignore_eos=req.ignore_eos,
