@@ -1,15 +1,17 @@
-"""Errors raised by the ninfer package (not the wire: protocols owns envelopes).
-
-NinferError
-├── ArtifactError        a model file is missing, corrupt, or of a kind ninfer cannot run
-├── ConfigError          a configuration value is refused at start-up (names the flag)
-└── EngineError          the engine cannot serve a request or has stopped
-    ├── RequestInvalid   the request cannot run on this model (budget, empty prompt);
-    │                    the caller's fault, raised by `Engine.submit`
-    └── EngineStopped    the engine thread is not running (stopped or died)
-"""
+"""The errors ninfer raises on purpose, for the server's modules: defined with the
+engine (`ninfer/engine/_errors.py`, the hierarchy and what each means), which raises
+them too, and exported by its torch-free face."""
 
 from __future__ import annotations
+
+from ninfer.engine import (
+    ArtifactError,
+    ConfigError,
+    EngineError,
+    EngineStopped,
+    NinferError,
+    RequestInvalid,
+)
 
 __all__ = [
     "ArtifactError",
@@ -19,31 +21,3 @@ __all__ = [
     "NinferError",
     "RequestInvalid",
 ]
-
-
-class NinferError(Exception):
-    """Base of every error ninfer raises on purpose."""
-
-
-class ArtifactError(NinferError):
-    """A model artifact is missing, corrupt, fails its checksum, or is unsupported."""
-
-
-class ConfigError(NinferError):
-    """A configuration value was refused; the message names the flag."""
-
-
-class EngineError(NinferError):
-    """The engine could not serve a request."""
-
-
-class RequestInvalid(EngineError):
-    """The request cannot run on this model; `param` names the field at fault."""
-
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class EngineStopped(EngineError):
-    """The engine thread is not running."""

@@ -3,9 +3,10 @@
 protocols loads neither trio nor torch (nor ninfer, nor scheduler); scheduler loads no
 torch (nor ninfer, nor protocols); `ninfer.app` and the client tools load no torch;
 no module of `ninfer.engine` loads trio; outside `ninfer/engine/` only the bridge
-names a module of the engine's torch side; and outside `ninfer/frontends/` no module
-names a frontend's private module. The checker is run once on a copy of the
-tree with violations planted in it, to show that it fails when it should.
+names a module of the engine's torch side; no engine module imports a server module;
+and outside `ninfer/frontends/` no module names a frontend's private module. The
+checker is run once on a copy of the tree with violations planted in it, to show that
+it fails when it should.
 """
 
 from __future__ import annotations
@@ -78,6 +79,24 @@ def _bridge_violations(root: Path) -> list[str]:
     return found
 
 
+def _engine_violations(root: Path) -> list[str]:
+    """Engine modules that import a server module (anything of `ninfer.` outside
+    `ninfer.engine`): the engine's errors are its own, the server takes them from it."""
+    found = []
+    for path in sorted((root / "ninfer" / "engine").glob("*.py")):
+        rel = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                if name.startswith("ninfer.") and not name.startswith("ninfer.engine"):
+                    found.append(f"{rel}:{node.lineno} imports {name}")
+    return found
+
+
 def _frontend_violations(root: Path) -> list[str]:
     """Server modules outside ninfer/frontends/ that name a frontend's private module:
     the lifespan, the app and the flow take what the package exports."""
@@ -106,7 +125,9 @@ def layer_violations(root: Path) -> list[str]:
                 engine = modules == tuple(ENGINE_MODULES)
                 name = "ninfer.engine._*" if engine else ", ".join(modules)
                 problems.append(f"import {name} loads {bad}")
-    return problems + _bridge_violations(root) + _frontend_violations(root)
+    return (
+        problems + _bridge_violations(root) + _frontend_violations(root) + _engine_violations(root)
+    )
 
 
 def test_the_packages_depend_in_one_direction() -> None:
@@ -128,7 +149,11 @@ def test_the_checker_fails_on_planted_violations(tmp_path: Path) -> None:
     # What the lifespan did before frontends/_grammar.py: reach into a frontend's module.
     lifespan = tmp_path / "ninfer" / "_lifespan.py"
     lifespan.write_text(lifespan.read_text() + "\nfrom ninfer.frontends._tools import ToolPlan\n")
+    # What four engine modules did before: take their errors from the server's module.
+    gguf_mod = tmp_path / "ninfer" / "engine" / "_gguf.py"
+    gguf_mod.write_text(gguf_mod.read_text() + "\nfrom ninfer._config import SETTINGS\n")
     problems = layer_violations(tmp_path)
+    assert any(p.startswith("ninfer/engine/_gguf.py:") for p in problems)
     assert "import protocols loads trio" in problems
     assert any(p.startswith("ninfer/_lifespan.py:") and "frontends._tools" in p for p in problems)
     assert "import ninfer.app loads torch" in problems

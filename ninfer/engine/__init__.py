@@ -43,6 +43,14 @@ from ninfer.engine._contract import (
     TokenLogprob,
     Usage,
 )
+from ninfer.engine._errors import (
+    ArtifactError,
+    ConfigError,
+    EngineError,
+    EngineStopped,
+    NinferError,
+    RequestInvalid,
+)
 
 __all__ = [
     "DTYPE_NAMES",
@@ -52,11 +60,15 @@ __all__ = [
     "PRESET_FIELDS",
     "SPEC_BACKENDS",
     "WEIGHT_MODES",
+    "ArtifactError",
     "ChatTemplate",
     "ChatText",
     "CompiledGrammar",
+    "ConfigError",
     "EngineConfig",
+    "EngineError",
     "EngineStatistics",
+    "EngineStopped",
     "EngineTimings",
     "Event",
     "EventSink",
@@ -65,8 +77,10 @@ __all__ = [
     "GenerationRequest",
     "KVSizing",
     "ModelIdentity",
+    "NinferError",
     "PathCheck",
     "RequestHandle",
+    "RequestInvalid",
     "SamplingParams",
     "SamplingPreset",
     "ServedModel",

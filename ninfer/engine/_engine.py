@@ -25,7 +25,6 @@ import structlog
 import torch
 from structlog.typing import FilteringBoundLogger
 
-from ninfer._errors import ConfigError, EngineStopped, RequestInvalid
 from ninfer.engine._contract import (
     GRAMMAR_LIMIT,
     KV_HEADROOM_BYTES,
@@ -46,6 +45,7 @@ from ninfer.engine._contract import (
     TokenLogprob,
     Usage,
 )
+from ninfer.engine._errors import ConfigError, EngineStopped, RequestInvalid
 from ninfer.engine._gguf import ModelArgs
 from ninfer.engine._grammar import (
     Constraint,

@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 import torch
 
-from ninfer._errors import ArtifactError
+from ninfer.engine._errors import ArtifactError
 
 __all__ = ["GGUFFile", "ModelArgs", "decode_blocks", "dequantize", "file_sha256", "open_gguf"]
 

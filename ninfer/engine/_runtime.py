@@ -9,9 +9,9 @@ from collections.abc import Callable
 import torch
 from structlog.typing import FilteringBoundLogger
 
-from ninfer._errors import ConfigError
 from ninfer.engine._contract import EngineConfig, EventSink
 from ninfer.engine._engine import DTYPES, Engine
+from ninfer.engine._errors import ConfigError
 from ninfer.engine._loader import LoadedModel, load_model
 
 __all__ = ["SWITCH_INTERVAL_S", "configure_process", "create_engine"]

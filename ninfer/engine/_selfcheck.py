@@ -45,8 +45,8 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from ninfer._errors import EngineError
 from ninfer.engine._contract import PathCheck
+from ninfer.engine._errors import EngineError
 from ninfer.engine._gguf import GGUFFile, decode_blocks
 from ninfer.engine._kvpool import pages_for
 from ninfer.engine._model import (

@@ -33,9 +33,9 @@ from tokenizers import (
     pre_tokenizers,
 )
 
-from ninfer._errors import ArtifactError
 from ninfer.engine._contract import ChatText, ThinkingSupport
 from ninfer.engine._controltext import ControlText
+from ninfer.engine._errors import ArtifactError
 
 __all__ = [
     "THINK_CLOSE",
