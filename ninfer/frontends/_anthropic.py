@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import orjson
@@ -19,6 +19,7 @@ from ninfer.frontends._base import (
     clamp_headers,
 )
 from ninfer.frontends._budget import SamplingRequest
+from ninfer.frontends._finish import anthropic_stop
 from ninfer.frontends._reasoning import (
     OutputReader,
     Piece,
@@ -35,7 +36,6 @@ from ninfer.frontends._tools import (
     ToolCallTurn,
     ToolPlan,
     call_id,
-    ended_with_calls,
 )
 from protocols import (
     AnthropicCodec,
@@ -68,22 +68,9 @@ from protocols import (
 
 __all__ = ["MessagesFrontend"]
 
-StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
-STOP_REASON: dict[str, StopReason] = {
-    "eos": "end_turn",
-    "stop": "stop_sequence",
-    "length": "max_tokens",
-    "context": "max_tokens",
-    "capacity": "max_tokens",
-}
-
 
 def _usage(prompt_tokens: int, output_tokens: int, cached: int) -> AnthropicUsage:
     return AnthropicUsage(prompt_tokens - cached, output_tokens, 0, cached)
-
-
-def _stop_reason(reason: str, calls: int, cut: bool) -> StopReason:
-    return "tool_use" if ended_with_calls(reason, calls, cut) else STOP_REASON[reason]
 
 
 def _signature(thinking: str) -> str:
@@ -194,13 +181,13 @@ class MessageAnswer:
         f = outcome.finish
         u = f.usage
         frames = [] if self.started else self._start(u.cached_tokens)
-        reason = STOP_REASON[f.reason]
+        reason = anthropic_stop(f.reason)
         if self.reader is not None:
             frames += self._events(self.reader.finish())
             if not self.texted and not self.reader.calls:  # an empty answer: its text block
                 frames += self._open(TextBlock("text", ""))
             if self.reading.tools:
-                reason = _stop_reason(f.reason, self.reader.calls, self.reader.open_call)
+                reason = anthropic_stop(f.reason, self.reader.calls, self.reader.open_call)
         frames += self._close()
         sse = self.encoder.sse
         stop = StopDelta(reason, f.stop_string)
@@ -215,7 +202,7 @@ class MessageAnswer:
         f = outcome.finish
         u = f.usage
         content: list[ThinkingBlock | TextBlock | ToolUseBlock] = [TextBlock("text", outcome.text)]
-        reason = STOP_REASON[f.reason]
+        reason = anthropic_stop(f.reason)
         if not self.reading.plain:
             choice = outcome.choices[0]
             assert self.spell is not None
@@ -230,7 +217,7 @@ class MessageAnswer:
                 for c in out.calls
             ]
             if self.reading.tools:
-                reason = _stop_reason(f.reason, len(out.calls), out.truncated)
+                reason = anthropic_stop(f.reason, len(out.calls), out.truncated)
         return self.encoder.json(
             MessageResponse(
                 self.id,

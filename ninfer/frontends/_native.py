@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
 from ninfer.engine import TokenDelta
 from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
 from ninfer.frontends._budget import SamplingRequest, sampling_defaults
+from ninfer.frontends._finish import FINISH
 from protocols import (
     ApiError,
     DetokenizeResponse,
@@ -26,15 +27,6 @@ from protocols import (
 )
 
 __all__ = ["NativeFrontend", "TokenizeFrontend", "server_props"]
-
-NativeFinish = Literal["eos", "stop", "length", "context"]
-FINISH_REASONS: dict[str, NativeFinish] = {
-    "eos": "eos",
-    "stop": "stop",
-    "length": "length",
-    "context": "length",
-    "capacity": "length",  # never here: the native budget is reserved whole
-}
 
 
 @attrs.frozen
@@ -57,7 +49,7 @@ class NativeAnswer:
         return {
             "id": outcome.request_id,
             "model": self.model,
-            "finish_reason": FINISH_REASONS[f.reason],
+            "finish_reason": FINISH[f.reason].native,
             "stop_sequence": f.stop_string,
             "seed": f.seed,
             "usage": Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens),

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
 from ninfer.engine import (
     CompiledGrammar,
-    Finish,
     GenerationRequest,
     TokenDelta,
     Tokenizer,
@@ -26,6 +25,7 @@ from ninfer.frontends._base import (
     clamp_headers,
 )
 from ninfer.frontends._budget import Grant, SamplingRequest
+from ninfer.frontends._finish import FINISH, chat_finish
 from ninfer.frontends._reasoning import (
     OutputReader,
     Piece,
@@ -43,7 +43,6 @@ from ninfer.frontends._tools import (
     ToolCallTurn,
     ToolPlan,
     call_id,
-    ended_with_calls,
 )
 from protocols import (
     ApiError,
@@ -53,6 +52,7 @@ from protocols import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
+    ChatFinish,
     ChatLogprobs,
     ChatMessage,
     ChatRequest,
@@ -82,15 +82,6 @@ from protocols import (
 
 __all__ = ["ChatFrontend", "CompletionsFrontend", "model_card", "model_list"]
 
-FinishReason = Literal["stop", "length"]
-ChatFinishReason = Literal["stop", "length", "tool_calls"]
-FINISH: dict[str, FinishReason] = {
-    "eos": "stop",
-    "stop": "stop",
-    "length": "length",
-    "context": "length",
-    "capacity": "length",
-}
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -158,10 +149,6 @@ class Spelling:
             offsets.append(offset)
             offset += len(text)
         return CompletionLogprobs(tokens, values, tops, offsets)
-
-
-def _chat_finish(finish: Finish, calls: int, cut: bool) -> ChatFinishReason:
-    return "tool_calls" if ended_with_calls(finish.reason, calls, cut) else FINISH[finish.reason]
 
 
 @attrs.define
@@ -243,13 +230,13 @@ class ChatAnswer:
         frames = []
         reasoning = 0
         for c in outcome.choices:
-            reason: ChatFinishReason = FINISH[c.finish.reason]
+            reason = chat_finish(c.finish.reason)
             if not self.reading.plain:
                 reader = self._reader(c.index)
                 frames += self._frames(c.index, reader.finish())
                 reasoning += reader.reasoning_tokens
                 if self.reading.tools:
-                    reason = _chat_finish(c.finish, reader.calls, reader.open_call)
+                    reason = chat_finish(c.finish.reason, reader.calls, reader.open_call)
             frames.append(self._chunk(ChatChunkChoice(c.index, ChatDelta(), None, reason)))
         if self.include_usage:
             frames.append(self._chunk(None, self._usage(outcome, reasoning)))
@@ -263,9 +250,9 @@ class ChatAnswer:
             )
         return usage
 
-    def _message(self, c: Choice) -> tuple[AssistantMessage, ChatFinishReason, int]:
+    def _message(self, c: Choice) -> tuple[AssistantMessage, ChatFinish, int]:
         if self.reading.plain:
-            return AssistantMessage("assistant", c.text, None), FINISH[c.finish.reason], 0
+            return AssistantMessage("assistant", c.text, None), chat_finish(c.finish.reason), 0
         assert self.spell is not None
         out = self.reading.read(c.text, c.token_ids, self.spell)
         calls = [
@@ -279,9 +266,9 @@ class ChatAnswer:
             calls or None,
             out.reasoning or None,
         )
-        reason: ChatFinishReason = FINISH[c.finish.reason]
+        reason = chat_finish(c.finish.reason)
         if self.reading.tools:
-            reason = _chat_finish(c.finish, len(calls), out.truncated)
+            reason = chat_finish(c.finish.reason, len(calls), out.truncated)
         return message, reason, out.reasoning_tokens
 
     def body(self, outcome: Outcome) -> bytes:
@@ -369,7 +356,7 @@ class CompletionAnswer:
 
     def tail(self, outcome: Outcome) -> list[bytes]:
         frames = [
-            self._chunk(CompletionChunkChoice(c.index, "", None, FINISH[c.finish.reason]))
+            self._chunk(CompletionChunkChoice(c.index, "", None, FINISH[c.finish.reason].openai))
             for c in outcome.choices
         ]
         if self.include_usage:
@@ -391,7 +378,7 @@ class CompletionAnswer:
                     prefix_lps.top_logprobs + lps.top_logprobs,
                     prefix_lps.text_offset + lps.text_offset,
                 )
-        return CompletionChoice(c.index, prefix + text, lps, FINISH[c.finish.reason])
+        return CompletionChoice(c.index, prefix + text, lps, FINISH[c.finish.reason].openai)
 
     def body(self, outcome: Outcome) -> bytes:
         return self.encoder.json(

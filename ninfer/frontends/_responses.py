@@ -29,6 +29,7 @@ from ninfer.frontends._base import (
     clamp_headers,
 )
 from ninfer.frontends._budget import SamplingRequest
+from ninfer.frontends._finish import FINISH
 from ninfer.frontends._reasoning import (
     OutputReader,
     Piece,
@@ -499,7 +500,7 @@ class ResponseAnswer:
     def _finished(self, outcome: Outcome, streamed: bool = False) -> ResponseObject:
         f = outcome.finish
         u = outcome.usage
-        complete = f.reason in ("eos", "stop")
+        complete = FINISH[f.reason].complete
         status: Literal["completed", "incomplete"] = "completed" if complete else "incomplete"
         if streamed:
             output = list(self.streamed)
@@ -528,7 +529,7 @@ class ResponseAnswer:
         return response
 
     def tail(self, outcome: Outcome) -> list[bytes]:
-        complete = outcome.finish.reason in ("eos", "stop")
+        complete = FINISH[outcome.finish.reason].complete
         frames = self._events(self.reader.finish()) if self.reader is not None else []
         if not any(i.type != "reasoning" for i in self.streamed):  # no text, no call: the
             frames += self._open_message()  # (empty) message still is one

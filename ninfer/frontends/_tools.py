@@ -45,7 +45,6 @@ __all__ = [
     "ToolPlan",
     "ToolStream",
     "call_id",
-    "ended_with_calls",
     "generic_section",
     "held_suffix",
     "parse_output",
@@ -121,12 +120,6 @@ class ToolPlan:
     def log_fields(self) -> dict[str, Any]:
         """request_start's fields for a request that offers tools."""
         return {"tools": len(self.tools), "tool_choice": self.choice}
-
-
-def ended_with_calls(reason: str, calls: int, cut: bool) -> bool:
-    """Whether an answer ended by itself (end of sequence, or its grammar complete)
-    having made calls: OpenAI's `tool_calls`, Anthropic's `tool_use`."""
-    return bool(calls) and not cut and reason in ("eos", "stop")
 
 
 def check_parameters(schema: Any, param: str) -> dict[str, Any]:
