@@ -17,7 +17,8 @@ from ninfer.frontends._budget import sampling_record
 from ninfer.frontends._grammar import GrammarCompiler
 from ninfer.frontends._native import NativeFrontend, TokenizeFrontend, server_props
 from ninfer.frontends._openai import ChatFrontend, CompletionsFrontend, model_card, model_list
-from ninfer.frontends._responses import ResponsesFrontend, ResponseStore
+from ninfer.frontends._response_store import ResponseStore
+from ninfer.frontends._responses import ResponsesFrontend
 
 __all__ = [
     "Answer",
