@@ -8,7 +8,7 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from ninfer import __version__
 
@@ -32,88 +32,18 @@ def _fetch_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _address_taken(host: str, port: int) -> str | None:
-    """Why `host:port` cannot be listened on (in use, not an address here), or None.
-    Port 0 (any free port) is never taken."""
-    import socket
-
-    if port == 0:
-        return None
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except OSError as exc:
-        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
-    family, kind, proto, _name, address = infos[0]
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Hypercorn binds
-        try:
-            s.bind(address)
-        except OSError as exc:
-            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
-    return None
-
-
-def _hypercorn_console(console: Any) -> type[Any]:
-    """Hypercorn's logger class, its lines ("Running on ...", errors it catches) written
-    in the console's one format by `console` (a structlog logger), never interleaved
-    with the server's own."""
-    import traceback
-
-    import hypercorn.logging
-
-    class ConsoleLogger(hypercorn.logging.Logger):
-        async def log(self, level: int, message: str, *args: Any, **kwargs: Any) -> None:
-            name = {10: "debug", 20: "info", 30: "warning", 40: "error"}.get(level, "critical")
-            if level < 20:
-                return
-            text = message % args if args else message
-            if text.startswith("Running on ") and text.endswith(" (CTRL + C to quit)"):
-                # Said before the model is loaded (or found to be bad): say so. `ready`
-                # follows when requests are served.
-                where = text.removeprefix("Running on ").removesuffix(" (CTRL + C to quit)")
-                text = f"listening on {where}; the model is loading (CTRL + C to quit)"
-            if kwargs.get("exc_info"):
-                text += "\n" + traceback.format_exc().rstrip()
-            getattr(console, name)(text)
-
-        async def critical(self, message: str, *args: Any, **kwargs: Any) -> None:
-            await self.log(50, message, *args, **kwargs)
-
-        async def error(self, message: str, *args: Any, **kwargs: Any) -> None:
-            await self.log(40, message, *args, **kwargs)
-
-        async def warning(self, message: str, *args: Any, **kwargs: Any) -> None:
-            await self.log(30, message, *args, **kwargs)
-
-        async def info(self, message: str, *args: Any, **kwargs: Any) -> None:
-            await self.log(20, message, *args, **kwargs)
-
-        async def debug(self, message: str, *args: Any, **kwargs: Any) -> None:
-            await self.log(10, message, *args, **kwargs)
-
-        async def exception(self, message: str, *args: Any, **kwargs: Any) -> None:
-            await self.log(40, message, *args, exc_info=True, **kwargs)
-
-    return ConsoleLogger
-
-
 def _serve(args: argparse.Namespace) -> int:
-    import signal
-
-    import hypercorn.config
-    import hypercorn.trio
-    import trio
-
     from ninfer._app import App
     from ninfer._artifacts import cache_dir, resolve_model
     from ninfer._config import config_from_namespace
     from ninfer._errors import NinferError
     from ninfer._requestlog import console_logger
+    from ninfer._server import address_taken, serve
 
     console = console_logger()
     try:
         config = config_from_namespace(args, os.environ)
-        taken = _address_taken(config.host, config.port)
+        taken = address_taken(config.host, config.port)
         if taken is not None:  # said before the model is fetched and loaded
             print(f"ninfer serve: error: {taken}", file=sys.stderr)
             return 1
@@ -123,64 +53,10 @@ def _serve(args: argparse.Namespace) -> int:
             progress=console.info,
         )
         app = App(config, model_path=str(model_path), argv=sys.argv)
+        return serve(app, config, console)
     except NinferError as exc:
         print(f"ninfer serve: error: {exc}", file=sys.stderr)
         return 2
-    hconfig = hypercorn.config.Config()
-    hconfig.bind = [
-        f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"
-    ]
-    hconfig.graceful_timeout = config.graceful_timeout_s
-    hconfig.accesslog = None
-    hconfig.errorlog = None  # no stdlib logger of Hypercorn's own: the class below prints
-    hconfig.logger_class = _hypercorn_console(console)
-    exit_code = 0
-    # Past the graceful timeout, a request whose write is stuck on a client that stopped
-    # reading is cancelled once its own write timeout has passed; a few seconds more,
-    # and the process ends whatever clients do.
-    hard_deadline_s = config.graceful_timeout_s + config.write_timeout_s + 5.0
-
-    async def force_exit_later() -> None:
-        await trio.sleep(hard_deadline_s)
-        console.warning("clients held the shutdown up; stopping now")
-        app.force_stop()
-        os._exit(0)
-
-    async def shutdown_trigger() -> None:
-        nonlocal exit_code
-        stop = trio.Event()
-
-        async def signals() -> None:
-            # SIGTERM and SIGINT alike, for the whole shutdown: a second one does not
-            # cut the streams being finished (no KeyboardInterrupt).
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
-                async for _ in received:
-                    if stop.is_set():
-                        console.info("already draining")
-                        continue
-                    app.begin_drain()
-                    trio.lowlevel.spawn_system_task(force_exit_later)
-                    stop.set()
-
-        async def on_engine_failure() -> None:
-            nonlocal exit_code
-            await app.service.failed.wait()  # failed to load, or died later
-            exit_code = 1
-            stop.set()
-
-        trio.lowlevel.spawn_system_task(signals)
-        trio.lowlevel.spawn_system_task(on_engine_failure)
-        await stop.wait()
-
-    async def main() -> None:
-        await hypercorn.trio.serve(app, hconfig, shutdown_trigger=shutdown_trigger)
-
-    try:
-        trio.run(main)
-    except NinferError as exc:
-        print(f"ninfer serve: error: {exc}", file=sys.stderr)
-        return 2
-    return exit_code
 
 
 def _logs_summarize(args: argparse.Namespace) -> int:
