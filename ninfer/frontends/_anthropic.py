@@ -210,7 +210,7 @@ class MessageAnswer:
             content = []
             if out.reasoning:  # as the stream: a thinking block where there is reasoning
                 content.append(ThinkingBlock("thinking", out.reasoning, _signature(out.reasoning)))
-            if out.text or not out.calls:
+            if out.has_text:
                 content.append(TextBlock("text", out.text))
             content += [
                 ToolUseBlock("tool_use", call_id("toolu"), c.name, orjson.loads(c.arguments))
@@ -283,11 +283,7 @@ class MessagesFrontend(Frontend):
             self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
             spell=self.ctx.model.tokenizer.token_bytes,
         )
-        fields: dict[str, Any] = {"protocol": self.protocol}
-        if plan is not None:
-            fields.update(plan.log_fields())
-        if thinking is not None:
-            fields.update(thinking.log_fields())
+        fields = self.log_fields(plan, thinking)
         return Prepared((gen,), bool(req.stream), answer, fields, headers=clamp_headers(grant))
 
     async def count_tokens(self, body: bytes) -> bytes:

@@ -341,6 +341,18 @@ class Frontend(abc.ABC):
             return await self.ctx.grammars.schema(schema, param, think)
         return None
 
+    def log_fields(
+        self, plan: ToolPlan | None = None, thinking: ThinkingMode | None = None, **more: Any
+    ) -> dict[str, Any]:
+        """request_start's fields beyond the engine request's: the protocol, the tools
+        offered and the choice, the thinking mode, and the route's own (`more`)."""
+        fields: dict[str, Any] = {"protocol": self.protocol, **more}
+        if plan is not None:
+            fields.update(plan.log_fields())
+        if thinking is not None:
+            fields.update(thinking.log_fields())
+        return fields
+
     def reading(self, prompt: ChatText, thinking: ThinkingMode | None, *, tools: bool) -> Reading:
         """How the answer to `prompt` is read: apart from its reasoning when it thinks
         (from the start, when the prompt opened the block), and for calls."""

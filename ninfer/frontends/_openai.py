@@ -261,7 +261,7 @@ class ChatAnswer:
         ]
         message = AssistantMessage(
             "assistant",
-            out.text if out.text or not calls else None,
+            out.text if out.has_text else None,
             None,
             calls or None,
             out.reasoning or None,
@@ -503,16 +503,11 @@ class _OpenAIFrontend(Frontend):
         plan: ToolPlan | None = None,
         thinking: ThinkingMode | None = None,
     ) -> Prepared:
-        fields: dict[str, Any] = {"protocol": self.protocol}
-        if plan is not None:
-            fields.update(plan.log_fields())
-        if thinking is not None:
-            fields.update(thinking.log_fields())
         return Prepared(
             requests,
             bool(req.stream),
             answer,
-            fields,
+            self.log_fields(plan, thinking),
             prompt_of=groups,
             headers=headers,
         )

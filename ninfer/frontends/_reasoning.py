@@ -324,6 +324,13 @@ class ReadOutput:
     truncated: bool  # a call was cut short (and is left out)
     reasoning_tokens: int
 
+    @property
+    def has_text(self) -> bool:
+        """Whether the answer has a text part (a message, a text block): the rule every
+        protocol shares, text when there is any, or when there is no call (an empty
+        answer is still one)."""
+        return bool(self.text) or not self.calls
+
 
 def read_output(
     text: str,

@@ -373,7 +373,7 @@ class ResponseAnswer:
         if out.reasoning:
             part = ReasoningText("reasoning_text", out.reasoning)
             items.append(ReasoningItem(_new_id("rs"), "reasoning", [], [part], status))
-        if out.text or not out.calls:
+        if out.has_text:
             items.append(OutputMessage(self.item_id, "message", "assistant", status,
                                        [_output_text(out.text)]))  # fmt: skip
         items += [FunctionCallItem(_new_id("fc"), "function_call", call_id(), c.name,
@@ -529,10 +529,9 @@ class ResponsesFrontend(Frontend):
             self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
             self.ctx.model.tokenizer.token_bytes,
         )
-        fields = {"protocol": self.protocol, "store": store,
-                  "previous_response_id": req.previous_response_id,
-                  **(plan.log_fields() if plan is not None else {}),
-                  **(thinking.log_fields() if thinking is not None else {})}  # fmt: skip
+        fields = self.log_fields(
+            plan, thinking, store=store, previous_response_id=req.previous_response_id
+        )
         return Prepared((gen,), bool(req.stream), answer, fields, headers=clamp_headers(grant))
 
     def _check_room(
