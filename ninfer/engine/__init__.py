@@ -30,6 +30,7 @@ from ninfer.engine._contract import (
     FinishReason,
     GenerationRequest,
     KVSizing,
+    Misfit,
     ModelIdentity,
     PathCheck,
     RequestHandle,
@@ -42,6 +43,8 @@ from ninfer.engine._contract import (
     Tokenizer,
     TokenLogprob,
     Usage,
+    misfit,
+    reserved_pages,
 )
 from ninfer.engine._errors import (
     ArtifactError,
@@ -76,6 +79,7 @@ __all__ = [
     "FinishReason",
     "GenerationRequest",
     "KVSizing",
+    "Misfit",
     "ModelIdentity",
     "NinferError",
     "PathCheck",
@@ -90,4 +94,6 @@ __all__ = [
     "TokenLogprob",
     "Tokenizer",
     "Usage",
+    "misfit",
+    "reserved_pages",
 ]

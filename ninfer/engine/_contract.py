@@ -33,6 +33,7 @@ __all__ = [
     "FinishReason",
     "GenerationRequest",
     "KVSizing",
+    "Misfit",
     "ModelIdentity",
     "PathCheck",
     "RequestHandle",
@@ -44,6 +45,8 @@ __all__ = [
     "TokenLogprob",
     "Tokenizer",
     "Usage",
+    "misfit",
+    "reserved_pages",
 ]
 
 # Activation dtypes and weight layouts by name; the engine maps them to torch types.
@@ -163,6 +166,36 @@ class KVSizing:
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
+
+
+def reserved_pages(prompt_tokens: int, reserved_tokens: int, page_size: int) -> int:
+    """KV pages a request holds from the start of its prefill: its whole prompt plus the
+    output reserved for it (the one count the scheduler admits by and the engine takes)."""
+    return pages_for(prompt_tokens + reserved_tokens, page_size)
+
+
+@attrs.frozen
+class Misfit:
+    """Why a prompt and its output can never run: past the context window (`context`),
+    or more KV pages than the whole pool (`pool`)."""
+
+    limit: Literal["context", "pool"]
+    tokens: int  # prompt plus output
+    pages: int  # the pages they need
+
+
+def misfit(
+    prompt_tokens: int, output_tokens: int, *, max_context: int, kv_pages: int, page_size: int
+) -> Misfit | None:
+    """The one rule of whether a prompt and its output fit, for the frontends' budget
+    and the engine's own check alike."""
+    tokens = prompt_tokens + output_tokens
+    pages = pages_for(tokens, page_size)
+    if tokens > max_context:
+        return Misfit("context", tokens, pages)
+    if pages > kv_pages:
+        return Misfit("pool", tokens, pages)
+    return None
 
 
 @attrs.frozen
@@ -498,4 +531,14 @@ class ServedModel:
 
     def pages_needed(self, prompt_tokens: int, reserved_tokens: int) -> int:
         """KV pages a request reserves: its whole prompt plus its reserved output."""
-        return pages_for(prompt_tokens + reserved_tokens, self.page_size)
+        return reserved_pages(prompt_tokens, reserved_tokens, self.page_size)
+
+    def misfit(self, prompt_tokens: int, output_tokens: int) -> Misfit | None:
+        """Why a prompt and that much output can never run here (None: they can)."""
+        return misfit(
+            prompt_tokens,
+            output_tokens,
+            max_context=self.max_context,
+            kv_pages=self.kv_pages,
+            page_size=self.page_size,
+        )

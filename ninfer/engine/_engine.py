@@ -44,6 +44,8 @@ from ninfer.engine._contract import (
     TokenDelta,
     TokenLogprob,
     Usage,
+    misfit,
+    reserved_pages,
 )
 from ninfer.engine._errors import ConfigError, EngineStopped, RequestInvalid
 from ninfer.engine._gguf import ModelArgs
@@ -226,20 +228,21 @@ class Engine:
         vocab = self.model.identity.vocab_size
         if any(t < 0 or t >= vocab for t in request.prompt_ids):
             raise RequestInvalid("a prompt token id is outside the vocabulary", param="prompt")
-        if n + request.max_new_tokens > self.max_context:
+        assert self._pool is not None
+        wrong = misfit(n, request.max_new_tokens, max_context=self.max_context,
+                       kv_pages=self._pool.n_pages, page_size=self.config.page_size)  # fmt: skip
+        if wrong is not None and wrong.limit == "context":
             raise RequestInvalid(
                 f"prompt ({n} tokens) plus max_new_tokens ({request.max_new_tokens}) "
                 f"exceeds the context window of {self.max_context} tokens",
                 param="max_new_tokens",
             )
-        assert self._pool is not None
-        need = pages_for(n + request.max_new_tokens, self.config.page_size)
         reserve = request.reserve_tokens
         if reserve is not None and not 1 <= reserve <= request.max_new_tokens:
             raise RequestInvalid("reserve_tokens must be 1..max_new_tokens", param="max_new_tokens")
-        if need > self._pool.n_pages:
+        if wrong is not None:
             raise RequestInvalid(
-                f"prompt plus max_new_tokens needs {need} KV pages; the pool has "
+                f"prompt plus max_new_tokens needs {wrong.pages} KV pages; the pool has "
                 f"{self._pool.n_pages}",
                 param="max_new_tokens",
             )
@@ -1156,8 +1159,8 @@ def _page_row(a: _Active, width: int) -> list[int]:
 
 
 def _reserved_pages(request: GenerationRequest, page_size: int) -> int:
-    """The pages a request holds from the start of its prefill: prompt and reserved output."""
-    return pages_for(len(request.prompt_ids) + request.reserved_tokens, page_size)
+    """The pages a request holds from the start of its prefill (`reserved_pages`)."""
+    return reserved_pages(len(request.prompt_ids), request.reserved_tokens, page_size)
 
 
 def _ema(previous: float, sample: float, weight: float = 0.2) -> float:

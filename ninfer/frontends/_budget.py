@@ -161,16 +161,17 @@ class Budget:
         room = self._room(prompt_tokens, prompt_param)
         if requested is None:
             return min(self._default, room)
-        ctx = self._model.max_context
-        if prompt_tokens + requested > ctx:
+        wrong = self._model.misfit(prompt_tokens, requested)
+        if wrong is not None and wrong.limit == "context":
+            ctx = self._model.max_context
             raise ApiError(
                 "context_length_exceeded",
                 f"the prompt has {_tokens(prompt_tokens)} and {param} asks for {requested}: "
-                f"{prompt_tokens + requested} exceeds the context window of {_tokens(ctx)}",
+                f"{wrong.tokens} exceeds the context window of {_tokens(ctx)}",
                 param=param,
                 code="context_length_exceeded",
             )
-        if self._model.pages_needed(prompt_tokens, requested) > self._model.kv_pages:
+        if wrong is not None:
             raise self._too_big_for_pool(prompt_tokens, requested, param)
         return requested
 
