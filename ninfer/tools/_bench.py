@@ -295,10 +295,10 @@ async def _open(client: _Client, rate: float, cfg: BenchConfig, shown: _Progress
     deadline = start + cfg.duration_s
 
     async def fire() -> None:
-        sample = Sample(status=0)
-        result.samples.append(sample)
-        shown.started()
-        async with limiter:
+        async with limiter:  # past --max-in-flight an arrival waits here, unsent
+            sample = Sample(status=0)
+            result.samples.append(sample)
+            shown.started()
             await client.one(sample)
         shown.ended()
 
