@@ -96,3 +96,28 @@ def test_an_int8_cache_keeps_each_row_to_half_a_step_of_its_scale() -> None:
     cleared, _ = kv.gather(0, kv.blocks(page_table), 1)
     assert torch.equal(cleared.view(2, 2, S, 16)[:, 0, 0], torch.zeros(2, 16))
     assert torch.equal(cleared.view(2, 2, S, 16)[:, 0, 1], got_k[:, 0, 1])
+
+
+def test_a_cached_prefix_never_lends_the_page_of_the_prompts_last_token() -> None:
+    """The prefix cache's policy, in the pool: whole cached pages of the prompt, never
+    the one holding its last token (its logits are the first output), then the cached
+    page that goes on as the prompt does, with how many of its rows."""
+    pool = PagePool(n_pages=8, page_size=S)
+    cached = _cache(pool, [1, 2, 3, 4, 5, 6, 7, 8])
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]  # ends on a page: its second page holds the last token
+    shared, part = pool.cached_prefix(prompt, page_keys(prompt, S, 2))
+    assert shared == [cached[0]]
+    assert part == (cached[1], 3)  # 5, 6, 7: all but the last token
+    pool.release([*shared, part[0]])
+    longer = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    shared, part = pool.cached_prefix(longer, page_keys(longer, S, 2))
+    assert (shared, part) == (cached, None)
+    pool.release(shared)
+    other = [9, 9, 9, 9, 9]
+    assert pool.cached_prefix(other, page_keys(other, S, 1)) == ([], None)
+    fresh = pool.allocate(2)
+    assert fresh is not None
+    pool.index(fresh, [9, 9, 9, 9, 8, 8, 8, 8], page_keys([9, 9, 9, 9, 8, 8, 8, 8], S, 2))
+    pool.release(fresh)
+    shared, _part = pool.cached_prefix(other, page_keys(other, S, 1))
+    assert shared == [fresh[0]]

@@ -730,15 +730,9 @@ class Engine:
         part = None
         if a.request.prompt_logprobs is not None:
             a.prompt_lps = [None]  # the first token has no context to score it
-        if a.request.prompt_logprobs is not None or not self.config.prefix_cache:
-            shared = []  # every prompt position's logits are wanted, or none reused
-        else:
-            shared = self._pool.share(a.page_keys[: (len(prompt) - 1) // S])
-            # Then the first tokens of the next page, from a cached page that goes on
-            # as this prompt does (a common system prompt rarely ends on a page).
-            start = len(shared) * S
-            before = a.page_keys[len(shared) - 1] if shared else b""
-            part = self._pool.share_part(before, prompt[start : min(start + S, len(prompt) - 1)])
+        shared: list[int] = []  # none where every prompt position's logits are wanted
+        if a.request.prompt_logprobs is None and self.config.prefix_cache:
+            shared, part = self._pool.cached_prefix(prompt, a.page_keys)
         held = shared + ([part[0]] if part else [])
         fresh = self._pool.allocate(_reserved_pages(a.request, S) - len(shared))
         if fresh is None:
@@ -818,11 +812,8 @@ class Engine:
         """Put `a`'s full pages of `tokens` (whose keys and values are final) in the
         prefix cache, `keys` their chained digests."""
         assert self._pool is not None
-        if not self.config.prefix_cache:
-            return
-        S = self.config.page_size
-        for i, (page, key) in enumerate(zip(a.pages, keys, strict=False)):
-            self._pool.register(page, key, keys[i - 1] if i else b"", tokens[i * S : (i + 1) * S])
+        if self.config.prefix_cache:
+            self._pool.index(a.pages, tokens, keys)
 
     def _score_prompt(self, a: _Active, start: int, logits: torch.Tensor) -> None:
         """Log probabilities of the prompt tokens a chunk's (T, V) logits predict."""

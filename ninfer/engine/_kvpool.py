@@ -142,6 +142,29 @@ class PagePool:
         self._tokens_of[page] = (before, tuple(tokens))
         self._next.setdefault((before, tokens[0]), []).append(page)
 
+    def index(self, pages: Sequence[int], tokens: Sequence[int], keys: Sequence[bytes]) -> None:
+        """Put held `pages` of `tokens` (whole pages whose keys and values are final) in
+        the prefix cache, `keys` their chained digests (`page_keys`)."""
+        S = self.page_size
+        for i, (page, key) in enumerate(zip(pages, keys, strict=False)):
+            self.register(page, key, keys[i - 1] if i else b"", tokens[i * S : (i + 1) * S])
+
+    def cached_prefix(
+        self, prompt: Sequence[int], keys: Sequence[bytes]
+    ) -> tuple[list[int], tuple[int, int] | None]:
+        """What the cache holds of `prompt` (`keys`: its whole pages' digests), each page
+        now held once more: the pages of its longest cached prefix, whole pages only and
+        never the one holding its last token (whose logits are the first output); then
+        the cached page that goes on as the prompt does (a common system prompt rarely
+        ends on a page) with how many of its rows do, or None. Release that page once
+        its rows are copied into the prompt's own."""
+        S = self.page_size
+        shared = self.share(keys[: (len(prompt) - 1) // S])
+        start = len(shared) * S
+        before = keys[len(shared) - 1] if shared else b""
+        part = self.share_part(before, prompt[start : min(start + S, len(prompt) - 1)])
+        return shared, part
+
     def _unindex(self, page: int) -> None:
         del self._index[self._key_of.pop(page)]
         before, tokens = self._tokens_of.pop(page)
