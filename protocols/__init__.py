@@ -7,56 +7,7 @@ Imports neither trio nor torch: pure data and translation.
 
 from __future__ import annotations
 
-from protocols._anthropic import (
-    AnthropicCodec,
-    AnthropicMessage,
-    AnthropicThinking,
-    AnthropicTool,
-    AnthropicToolChoice,
-    CountTokensRequest,
-    MessagesRequest,
-)
-from protocols._compat import (
-    Break,
-    classify,
-)
-from protocols._dialect import (
-    AnthropicDialect,
-    Dialect,
-    Encoder,
-    NativeDialect,
-    OpenAIDialect,
-)
-from protocols._errors import (
-    KINDS,
-    ApiError,
-    ErrorKind,
-    ProtocolError,
-)
-from protocols._json import (
-    dumps,
-    loads,
-)
-from protocols._native import (
-    DetokenizeRequest,
-    DetokenizeResponse,
-    GenerateRequest,
-    NativeCodec,
-    TokenizeRequest,
-    TokenizeResponse,
-    TokenPiece,
-)
-from protocols._openai import (
-    ChatMessage,
-    ChatRequest,
-    CompletionRequest,
-    OpenAICodec,
-    logit_bias_pairs,
-)
-from protocols._openapi import (
-    openapi_document,
-)
-from protocols._responses import (
+from protocols._answers import (
     ANTHROPIC_STREAM_EVENTS,
     NATIVE_STREAM_EVENTS,
     RESPONSES_STREAM_EVENTS,
@@ -146,6 +97,55 @@ from protocols._responses import (
     ToolUseBlock,
     TopLogprob,
     Usage,
+)
+from protocols._anthropic import (
+    AnthropicCodec,
+    AnthropicMessage,
+    AnthropicThinking,
+    AnthropicTool,
+    AnthropicToolChoice,
+    CountTokensRequest,
+    MessagesRequest,
+)
+from protocols._compat import (
+    Break,
+    classify,
+)
+from protocols._dialect import (
+    AnthropicDialect,
+    Dialect,
+    Encoder,
+    NativeDialect,
+    OpenAIDialect,
+)
+from protocols._errors import (
+    KINDS,
+    ApiError,
+    ErrorKind,
+    ProtocolError,
+)
+from protocols._json import (
+    dumps,
+    loads,
+)
+from protocols._native import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    GenerateRequest,
+    NativeCodec,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenPiece,
+)
+from protocols._openai import (
+    ChatMessage,
+    ChatRequest,
+    CompletionRequest,
+    OpenAICodec,
+    logit_bias_pairs,
+)
+from protocols._openapi import (
+    openapi_document,
 )
 from protocols._responses_api import (
     InputTokensRequest,

@@ -1,5 +1,5 @@
 """How each protocol answers: its answers encoded from the attrs classes of
-`protocols._responses`, and its refusals (status, envelope, request-id header,
+`protocols._answers`, and its refusals (status, envelope, request-id header,
 the error frame of a stream that has already begun).
 
     Dialect                 one per protocol, built once per app
@@ -17,9 +17,7 @@ from typing import Any, ClassVar
 import attrs
 import cattrs
 
-from protocols._errors import ApiError
-from protocols._json import dumps
-from protocols._responses import (
+from protocols._answers import (
     AnthropicError,
     AnthropicErrorBody,
     NativeError,
@@ -27,12 +25,14 @@ from protocols._responses import (
     OpenAIError,
     OpenAIErrorBody,
 )
+from protocols._errors import ApiError
+from protocols._json import dumps
 
 __all__ = ["AnthropicDialect", "Dialect", "Encoder", "NativeDialect", "OpenAIDialect"]
 
 
 class Encoder:
-    """Answer objects (attrs classes of `protocols._responses`) to compact JSON and SSE
+    """Answer objects (attrs classes of `protocols._answers`) to compact JSON and SSE
     frames. A field left at its default of None is omitted (a chunk's `usage`, a
     delta's `role`); a field without a default is always written, null or not."""
 

@@ -10,16 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocols._anthropic import CountTokensRequest, MessagesRequest
-from protocols._native import (
-    DetokenizeRequest,
-    DetokenizeResponse,
-    GenerateRequest,
-    TokenizeRequest,
-    TokenizeResponse,
-)
-from protocols._openai import ChatRequest, CompletionRequest
-from protocols._responses import (
+from protocols._answers import (
     ANTHROPIC_STREAM_EVENTS,
     NATIVE_STREAM_EVENTS,
     RESPONSES_STREAM_EVENTS,
@@ -40,6 +31,15 @@ from protocols._responses import (
     ResponseDeleted,
     ResponseObject,
 )
+from protocols._anthropic import CountTokensRequest, MessagesRequest
+from protocols._native import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    GenerateRequest,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from protocols._openai import ChatRequest, CompletionRequest
 from protocols._responses_api import InputTokensRequest, ResponsesRequest
 from protocols._schema import Schemas
 
