@@ -17,6 +17,8 @@ from ninfer.engine._contract import (
     KV_HEADROOM_BYTES,
     PRESET_FIELDS,
     SPEC_BACKENDS,
+    THINK_CLOSE,
+    THINK_OPEN,
     WEIGHT_MODES,
     ChatTemplate,
     ChatText,
@@ -44,6 +46,7 @@ from ninfer.engine._contract import (
     TokenLogprob,
     Usage,
     misfit,
+    opens_thinking,
     reserved_pages,
 )
 from ninfer.engine._errors import (
@@ -62,6 +65,8 @@ __all__ = [
     "KV_HEADROOM_BYTES",
     "PRESET_FIELDS",
     "SPEC_BACKENDS",
+    "THINK_CLOSE",
+    "THINK_OPEN",
     "WEIGHT_MODES",
     "ArtifactError",
     "ChatTemplate",
@@ -95,5 +100,6 @@ __all__ = [
     "Tokenizer",
     "Usage",
     "misfit",
+    "opens_thinking",
     "reserved_pages",
 ]

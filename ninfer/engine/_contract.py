@@ -20,6 +20,8 @@ from ninfer.engine._kvpool import pages_for  # torch-free, like this module
 __all__ = [
     "DTYPE_NAMES",
     "KV_DTYPES",
+    "THINK_CLOSE",
+    "THINK_OPEN",
     "WEIGHT_MODES",
     "ChatTemplate",
     "ChatText",
@@ -46,6 +48,7 @@ __all__ = [
     "Tokenizer",
     "Usage",
     "misfit",
+    "opens_thinking",
     "reserved_pages",
 ]
 
@@ -397,6 +400,16 @@ class ChatText:
     `Tokenizer.encode_chat`. Not for display: the escapes are private-use characters."""
 
     text: str
+
+
+# A thinking model's reasoning block, as chat templates write it and models answer it.
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def opens_thinking(prompt: str) -> bool:
+    """Whether a rendered prompt ends inside an open `<think>` block (the reply it asks
+    for begins as reasoning)."""
+    return prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)
 
 
 @attrs.frozen

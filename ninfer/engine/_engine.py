@@ -362,10 +362,10 @@ class Engine:
         args, dtype = loaded.transformer.args, loaded.transformer.dtype
         kv_dtype = cfg.kv_dtype
         per_token = KVPages.bytes_per_token(args, dtype, kv_dtype)
+        page_bytes = per_token * cfg.page_size
         available, source = available_memory(cfg.device)
         free = f"{_gib(available)} are free after the weights ({source})"
-        if cfg.kv_capacity == "auto":
-            page_bytes = per_token * cfg.page_size
+        if cfg.kv_capacity == "auto":  # the padding and scratch pages fit too
             pages = max(0, (available - KV_HEADROOM_BYTES) // page_bytes - 2)
             if pages * cfg.page_size < self.max_context:
                 raise ConfigError(
@@ -377,19 +377,19 @@ class Engine:
             headroom = KV_HEADROOM_BYTES
         else:
             pages = pages_for(cfg.kv_capacity, cfg.page_size)
-            need = KVPages.pool_bytes(args, dtype, pages, cfg.page_size, kv_dtype)
-            if need > available:
-                raise ConfigError(
-                    f"--kv-capacity {cfg.kv_capacity} needs {_gib(need)} for its KV pool "
-                    f"({per_token} bytes a token); {free}: lower it, or give auto"
-                )
             headroom = 0
+        pool_bytes = (pages + 2) * page_bytes  # with the padding and scratch pages
+        if pool_bytes > available:  # an explicit capacity (auto's fits by construction)
+            raise ConfigError(
+                f"--kv-capacity {cfg.kv_capacity} needs {_gib(pool_bytes)} for its KV pool "
+                f"({per_token} bytes a token); {free}: lower it, or give auto"
+            )
         return KVSizing(
             mode="auto" if cfg.kv_capacity == "auto" else "explicit",
             kv_dtype="int8" if kv_dtype == "int8" else str(dtype).removeprefix("torch."),
             tokens=pages * cfg.page_size,
             bytes_per_token=per_token,
-            pool_bytes=KVPages.pool_bytes(args, dtype, pages, cfg.page_size, kv_dtype),
+            pool_bytes=pool_bytes,
             available_bytes=available,
             memory_source=source,
             headroom_bytes=headroom,

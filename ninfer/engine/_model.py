@@ -259,13 +259,6 @@ class KVPages:
         itemsize = torch.empty((), dtype=dtype).element_size()
         return rows * args.head_dim * itemsize
 
-    @staticmethod
-    def pool_bytes(
-        args: ModelArgs, dtype: torch.dtype, n_pages: int, page_size: int, kv_dtype: str = "auto"
-    ) -> int:
-        """Memory a pool of `n_pages` takes (its padding and scratch pages too)."""
-        return (n_pages + 2) * page_size * KVPages.bytes_per_token(args, dtype, kv_dtype)
-
     @property
     def n_pages(self) -> int:
         return int(self.k.shape[1]) - 2

@@ -33,16 +33,18 @@ from tokenizers import (
     pre_tokenizers,
 )
 
-from ninfer.engine._contract import ChatText, ThinkingSupport
+from ninfer.engine._contract import (
+    THINK_CLOSE,
+    ChatText,
+    ThinkingSupport,
+    opens_thinking,
+)
 from ninfer.engine._controltext import ControlText
 from ninfer.engine._errors import ArtifactError
 
 __all__ = [
-    "THINK_CLOSE",
-    "THINK_OPEN",
     "ChatTemplate",
     "TextTokenizer",
-    "opens_thinking",
     "thinking_support",
     "tokenizer_from_metadata",
 ]
@@ -200,15 +202,6 @@ class ChatTemplate:
         """How the template handles reasoning, found by rendering it (once): see
         `thinking_support`."""
         return thinking_support(self)
-
-
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-def opens_thinking(prompt: str) -> bool:
-    """Whether a rendered prompt ends inside an open `<think>` block (the reply it asks
-    for begins as reasoning)."""
-    return prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)
 
 
 def thinking_support(template: ChatTemplate) -> ThinkingSupport | None:

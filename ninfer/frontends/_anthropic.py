@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -100,7 +99,6 @@ class MessageAnswer:
     open_kind: str | None = None  # the kind of the block open now
     thought: list[str] = attrs.field(factory=list)  # the open thinking block's text
     texted: bool = False  # a text block was opened
-    spell: Callable[[int], bytes] | None = None  # each token's bytes (reasoning tokens)
 
     def head(self) -> list[bytes]:
         return []
@@ -205,8 +203,7 @@ class MessageAnswer:
         reason = anthropic_stop(f.reason)
         if not self.reading.plain:
             choice = outcome.choices[0]
-            assert self.spell is not None
-            out = self.reading.read(choice.text, choice.token_ids, self.spell)
+            out = self.reading.read(choice.text, choice.token_ids)
             content = []
             if out.reasoning:  # as the stream: a thinking block where there is reasoning
                 content.append(ThinkingBlock("thinking", out.reasoning, _signature(out.reasoning)))
@@ -281,7 +278,6 @@ class MessagesFrontend(Frontend):
             req.model,
             len(ids),
             self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
-            spell=self.ctx.model.tokenizer.token_bytes,
         )
         fields = self.log_fields(plan, thinking)
         return Prepared((gen,), bool(req.stream), answer, fields, headers=clamp_headers(grant))

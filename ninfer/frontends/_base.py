@@ -26,6 +26,7 @@ from ninfer.engine import (
     TokenDelta,
     TokenLogprob,
     Usage,
+    opens_thinking,
 )
 from ninfer.frontends._budget import Budget, Grant, SamplingRequest, resolve_sampling
 from ninfer.frontends._grammar import GrammarCompiler
@@ -34,7 +35,6 @@ from ninfer.frontends._reasoning import (
     ThinkingAsk,
     ThinkingMode,
     close_unwanted_thinking,
-    opens_thinking,
     resolve_thinking,
 )
 from ninfer.frontends._tools import Tool, ToolPlan, render_tool_turns
@@ -357,7 +357,12 @@ class Frontend(abc.ABC):
         """How the answer to `prompt` is read: apart from its reasoning when it thinks
         (from the start, when the prompt opened the block), and for calls."""
         think = thinking is not None and thinking.enabled
-        return Reading(thinking=think, opens=think and opens_thinking(prompt.text), tools=tools)
+        return Reading(
+            thinking=think,
+            opens=think and opens_thinking(prompt.text),
+            tools=tools,
+            spell=self.ctx.model.tokenizer.token_bytes,
+        )
 
     @abc.abstractmethod
     async def prepare(self, body: bytes, request_id: str) -> Prepared:

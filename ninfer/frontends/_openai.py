@@ -4,7 +4,7 @@ model cards of /v1/models."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -161,10 +161,8 @@ class ChatAnswer:
     choices: int
     service_tier: str | None
     spelling: Spelling | None  # when logprobs are asked for
-    # How the output is read (apart from its reasoning, for calls), with each token's
-    # bytes (to count reasoning tokens in a whole answer).
+    # How the output is read (apart from its reasoning, for calls).
     reading: Reading = attrs.field(factory=Reading)
-    spell: Callable[[int], bytes] | None = None
     # Usage says how many tokens were reasoning (a model that can think, thinking or not).
     reasoning_usage: bool = False
     readers: dict[int, OutputReader] = attrs.field(factory=dict)  # per choice, streaming
@@ -253,8 +251,7 @@ class ChatAnswer:
     def _message(self, c: Choice) -> tuple[AssistantMessage, ChatFinish, int]:
         if self.reading.plain:
             return AssistantMessage("assistant", c.text, None), chat_finish(c.finish.reason), 0
-        assert self.spell is not None
-        out = self.reading.read(c.text, c.token_ids, self.spell)
+        out = self.reading.read(c.text, c.token_ids)
         calls = [
             ToolCall(call_id(), "function", FunctionCall(call.name, call.arguments))
             for call in out.calls
@@ -626,7 +623,6 @@ class ChatFrontend(_OpenAIFrontend):
             _tier(req.service_tier),
             self._spelling if logprobs is not None else None,
             self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
-            self._spelling.bytes,
             reasoning_usage=thinking is not None,
         )
         return self._prepared(req, requests, groups, headers, answer, plan, thinking)

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from ninfer._config import ServerConfig
-from ninfer.engine import ChatText, ThinkingSupport
+from ninfer.engine import THINK_CLOSE, THINK_OPEN, ChatText, ThinkingSupport, opens_thinking
 from ninfer.frontends._tools import (
     CallArgs,
     CallEnd,
@@ -40,12 +40,11 @@ __all__ = [
     "ThinkingAsk",
     "ThinkingMode",
     "close_unwanted_thinking",
-    "opens_thinking",
     "read_output",
     "resolve_thinking",
 ]
 
-OPEN, CLOSE = "<think>", "</think>"
+OPEN, CLOSE = THINK_OPEN, THINK_CLOSE
 NO_THINKING = (
     "this model's chat template has no thinking support (no reasoning block), so "
     "thinking cannot be turned on"
@@ -115,12 +114,6 @@ def resolve_thinking(
         preserve=preserve and support.preserve,
         asked=ask.enabled is not None,
     )
-
-
-def opens_thinking(prompt: str) -> bool:
-    """Whether a rendered prompt ends inside an open `<think>` block (the reply it asks
-    for begins as reasoning)."""
-    return prompt.rfind(OPEN) > prompt.rfind(CLOSE)
 
 
 def close_unwanted_thinking(prompt: ChatText, mode: ThinkingMode | None) -> ChatText:
@@ -293,11 +286,13 @@ class OutputReader:
 @attrs.frozen
 class Reading:
     """How a request's output is read: apart from its reasoning (`thinking`; `opens`:
-    the prompt opened the block), and for calls (`tools`). Plain when neither."""
+    the prompt opened the block), and for calls (`tools`). Plain when neither. `spell`
+    gives each token's bytes (a whole answer's reasoning tokens are counted from them)."""
 
     thinking: bool = False
     opens: bool = False
     tools: bool = False
+    spell: Callable[[int], bytes] = attrs.field(default=lambda _t: b"", eq=False)
 
     @property
     def plain(self) -> bool:
@@ -306,12 +301,11 @@ class Reading:
     def reader(self) -> OutputReader:
         return OutputReader.of(self.thinking, self.opens, self.tools)
 
-    def read(
-        self, text: str, token_ids: Sequence[int], spell: Callable[[int], bytes]
-    ) -> ReadOutput:
+    def read(self, text: str, token_ids: Sequence[int]) -> ReadOutput:
         return read_output(
-            text, token_ids, spell, thinking=self.thinking, opens=self.opens, tools=self.tools
-        )
+            text, token_ids, self.spell, thinking=self.thinking, opens=self.opens,
+            tools=self.tools,
+        )  # fmt: skip
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
@@ -206,10 +206,8 @@ class ResponseAnswer:
     template: ResponseObject  # the in-progress Response: every field but the outcome's
     input_items: tuple[Item, ...]
     history: tuple[Turn, ...]  # what this request continued (its chain's), then its input
-    # How the output is read (apart from its reasoning, for calls), with each token's
-    # bytes (to count reasoning tokens in a whole answer).
+    # How the output is read (apart from its reasoning, for calls).
     reading: Reading = attrs.Factory(Reading)
-    spell: Callable[[int], bytes] | None = None
     item_id: str = attrs.Factory(lambda: _new_id("msg"))
     sequence: int = 0
     reader: OutputReader | None = None  # streaming, unless plain
@@ -366,9 +364,8 @@ class ResponseAnswer:
         if self.reading.plain:
             text = [_output_text(outcome.text)]
             return [OutputMessage(self.item_id, "message", "assistant", status, text)], 0
-        assert self.spell is not None
         choice = outcome.choices[0]
-        out = self.reading.read(choice.text, choice.token_ids, self.spell)
+        out = self.reading.read(choice.text, choice.token_ids)
         items: list[ReasoningItem | OutputMessage | FunctionCallItem] = []
         if out.reasoning:
             part = ReasoningText("reasoning_text", out.reasoning)
@@ -527,7 +524,6 @@ class ResponsesFrontend(Frontend):
             items,
             history,
             self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
-            self.ctx.model.tokenizer.token_bytes,
         )
         fields = self.log_fields(
             plan, thinking, store=store, previous_response_id=req.previous_response_id
