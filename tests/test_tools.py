@@ -23,6 +23,7 @@ from test_fuzz import _check_answer
 from tinymodel import write_tiny_gguf
 
 from ninfer.engine._tokenizer import ChatTemplate
+from ninfer.frontends._reasoning import Reading
 from ninfer.frontends._tools import (
     CallArgs,
     CallStart,
@@ -31,7 +32,6 @@ from ninfer.frontends._tools import (
     ToolCallTurn,
     ToolStream,
     generic_section,
-    parse_output,
     render_tool_turns,
 )
 
@@ -95,7 +95,7 @@ def test_stream_reader_reads_any_split_as_the_whole(text: str) -> None:
     """Fed in pieces of any size, the reader gives the text and calls that reading the
     whole gives: text without the blanks before a call, each call's arguments exactly as
     generated, and a call cut short is reported, not given."""
-    whole = parse_output(text)
+    whole = Reading(tools=True).read(text, ())  # the whole output, as answers read it
     rng = random.Random(0)
     for _ in range(50):
         reader, events, at = ToolStream(), [], 0

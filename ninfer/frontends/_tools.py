@@ -38,7 +38,6 @@ __all__ = [
     "CallEnd",
     "CallStart",
     "Event",
-    "ParsedOutput",
     "TextPiece",
     "Tool",
     "ToolCallTurn",
@@ -47,7 +46,6 @@ __all__ = [
     "call_id",
     "generic_section",
     "held_suffix",
-    "parse_output",
     "render_tool_turns",
     "tool_grammar",
 ]
@@ -459,32 +457,3 @@ def _could_be_head(text: str) -> bool:
 class ParsedCall:
     name: str
     arguments: str  # the JSON text, as generated
-
-
-@attrs.frozen
-class ParsedOutput:
-    text: str
-    calls: tuple[ParsedCall, ...]  # complete calls only
-    truncated: bool  # a call was cut short (and is left out)
-
-
-def parse_output(text: str) -> ParsedOutput:
-    """A whole output read as the stream reads it."""
-    stream = ToolStream()
-    events = stream.feed(text) + stream.finish()
-    pieces: list[str] = []
-    names: dict[int, str] = {}
-    args: dict[int, list[str]] = {}
-    done: list[int] = []
-    for e in events:
-        if isinstance(e, TextPiece):
-            pieces.append(e.text)
-        elif isinstance(e, CallStart):
-            names[e.index] = e.name
-            args[e.index] = []
-        elif isinstance(e, CallArgs):
-            args[e.index].append(e.text)
-        else:
-            done.append(e.index)
-    calls = tuple(ParsedCall(names[i], "".join(args[i])) for i in done)
-    return ParsedOutput("".join(pieces), calls, stream.open_call)
