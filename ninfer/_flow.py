@@ -427,6 +427,9 @@ class _Run:
             outcome.timing,
             stream=prepared.stream,
         )
+        # The engine has finished with it: its place and pages are free before the last
+        # bytes are written, so the answer's reader can be admitted again at once.
+        ticket.release()
         if prepared.stream:
             await self.writer.frames(answer.tail(outcome))
             await self.writer.send({"type": "http.response.body", "body": b"", "more_body": False})
