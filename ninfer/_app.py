@@ -1,7 +1,9 @@
 """The ASGI application: the route table and each request's dispatch (CORS, the API key,
-the route's dialect for refusals, one request-log record). What can be served, and
-when, is the lifespan's (`ninfer._lifespan`); generation routes hand their frontend to
-the request flow (`ninfer._flow`).
+the route's dialect for refusals, one request-log record). The table is the server's
+own routes (probes, metrics, the contract, /props) and every frontend's
+(`ninfer.frontends.FRONTENDS`, each declaring its paths and its dialect). What can be
+served, and when, is the lifespan's (`ninfer._lifespan`); generation routes hand their
+frontend to the request flow (`ninfer._flow`).
 
 `create_app()` is the factory Hypercorn's trio worker calls
 (`hypercorn --worker-class trio 'ninfer.app:create_app()'`); `ninfer serve` builds
@@ -52,8 +54,17 @@ from ninfer._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ninfer._metrics import Metrics
 from ninfer._requestlog import RequestLog
 from ninfer.engine import ServedModel
-from ninfer.frontends import model_card, model_list, server_props
-from protocols import AnthropicDialect, ApiError, Dialect, NativeDialect, OpenAIDialect, dumps
+from ninfer.frontends import (
+    FRONTENDS,
+    Count,
+    Frontend,
+    FrontendRoute,
+    Generate,
+    PathArgs,
+    Routed,
+    server_props,
+)
+from protocols import ApiError, Dialect, NativeDialect, dumps
 from scheduler import AdmissionController
 
 __all__ = ["App", "create_app"]
@@ -61,7 +72,7 @@ __all__ = ["App", "create_app"]
 # Token counts served at once (/v1/messages/count_tokens).
 COUNT_TOKENS_CONCURRENCY = 2
 
-Handler = Callable[[HTTPScope, Exchange, Lifecycle], Awaitable[None]]
+Handler = Callable[[HTTPScope, Exchange, Lifecycle, PathArgs], Awaitable[None]]
 
 
 @attrs.frozen
@@ -75,13 +86,69 @@ class Route:
     logged: bool = True
 
 
-# Clients given a base URL without `/v1` post to these; they are the /v1 routes.
-_UNVERSIONED = ("/chat/", "/completions", "/models", "/messages", "/responses")
+def _segments(path: str) -> tuple[str, ...]:
+    return tuple(path.split("/")[1:])
 
 
-def _versioned(path: str) -> str:
-    """The /v1 route a path without `/v1` is an alias of (others unchanged)."""
-    return "/v1" + path if path.startswith(_UNVERSIONED) else path
+def _topic(segments: tuple[str, ...]) -> str:
+    """What a path is about: its first segment after `v1`."""
+    rest = segments[1:] if segments[:1] == ("v1",) else segments
+    return rest[0] if rest else ""
+
+
+@attrs.define
+class RouteTable:
+    """Paths to routes. A path is labelled by its route's template (the label metrics and
+    the request log use: raw paths are unbounded); `{name}` in a template matches one
+    segment (all the rest, for a route declared `rest`). An unversioned protocol's /v1
+    routes are also served without `/v1`, labelled as the /v1 route. An unmatched path
+    speaks the dialect of the routes about the same thing (`/v1/messages/x`:
+    Anthropic's), else the native one."""
+
+    fallback: Dialect
+    routes: dict[str, Route] = attrs.Factory(dict)  # by template
+    _patterns: list[tuple[tuple[str, ...], bool, str]] = attrs.Factory(list)
+    _topics: dict[str, Dialect] = attrs.Factory(dict)
+
+    def add(
+        self, path: str, route: Route, *, rest: bool = False, unversioned: bool = False
+    ) -> None:
+        if path in self.routes:
+            raise ValueError(f"two routes for {path}")
+        self.routes[path] = route
+        segments = _segments(path)
+        self._patterns.append((segments, rest, path))
+        if unversioned and segments[0] == "v1":
+            self._patterns.append((segments[1:], rest, path))
+        # A literal segment wins over a parameter: /v1/responses/input_tokens is not a
+        # stored Response's id.
+        self._patterns.sort(key=lambda p: (sum(s.startswith("{") for s in p[0]), p[1]))
+        self._topics.setdefault(_topic(segments), route.dialect)
+
+    def resolve(self, path: str) -> tuple[str, Route | None, Dialect, dict[str, str]]:
+        """The path's label (`unmatched` when no route has it), its route, the dialect
+        its refusals speak and the template's parameters."""
+        parts = _segments(path)
+        for template, rest, label in self._patterns:
+            params = _match(template, rest, parts)
+            if params is not None:
+                route = self.routes[label]
+                return label, route, route.dialect, params
+        return "unmatched", None, self._topics.get(_topic(parts), self.fallback), {}
+
+
+def _match(template: tuple[str, ...], rest: bool, parts: tuple[str, ...]) -> dict[str, str] | None:
+    if len(parts) != len(template) and not (rest and len(parts) > len(template)):
+        return None
+    params: dict[str, str] = {}
+    for i, (want, got) in enumerate(zip(template, parts, strict=False)):
+        if want.startswith("{"):
+            if not got:
+                return None
+            params[want[1:-1]] = "/".join(parts[i:]) if rest and i == len(template) - 1 else got
+        elif want != got:
+            return None
+    return params
 
 
 def _silent(*_args: Any, **_fields: Any) -> None:
@@ -126,35 +193,24 @@ class App:
         # count_tokens takes no place in the scheduler (it never reaches the engine), so
         # it has a limit of its own: past it, 429 at once.
         self.counting = trio.CapacityLimiter(COUNT_TOKENS_CONCURRENCY)
-        native, openai, anthropic = NativeDialect(), OpenAIDialect(), AnthropicDialect()
-        self._dialects = {"native": native, "openai": openai, "anthropic": anthropic}
-        self._routes: dict[str, Route] = {
+        native = NativeDialect()
+        self.routes = RouteTable(native)
+        own = {
             "/health": Route({"GET": self._health}, native, open=True, logged=False),
             "/ready": Route({"GET": self._ready}, native, open=True, logged=False),
             "/metrics": Route({"GET": self._metrics}, native, open=config.metrics_public),
             "/version": Route({"GET": self._version}, native, logged=False),
             "/openapi.json": Route({"GET": self._openapi}, native, logged=False),
             "/props": Route({"GET": self._props}, native, logged=False),
-            "/tokenize": Route({"POST": self._tokenize}, native),
-            "/detokenize": Route({"POST": self._detokenize}, native),
-            "/v1/generate": Route({"POST": self._generate}, native),
-            "/v1/models": Route({"GET": self._models}, openai),
-            "/v1/models/{model}": Route({"GET": self._model_one}, openai),
-            "/v1/chat/completions": Route({"POST": self._generate}, openai),
-            "/v1/completions": Route({"POST": self._generate}, openai),
-            "/v1/messages": Route({"POST": self._generate}, anthropic),
-            "/v1/messages/count_tokens": Route({"POST": self._count_tokens}, anthropic),
-            "/v1/responses": Route({"POST": self._generate}, openai),
-            "/v1/responses/input_tokens": Route({"POST": self._input_tokens}, openai),
-            "/v1/responses/compact": Route({"POST": self._compact}, openai),
-            "/v1/responses/{response_id}": Route(
-                {"GET": self._response_get, "DELETE": self._response_delete}, openai
-            ),
-            "/v1/responses/{response_id}/input_items": Route(
-                {"GET": self._response_input_items}, openai
-            ),
-            "/v1/responses/{response_id}/cancel": Route({"POST": self._response_cancel}, openai),
         }
+        for path, route in own.items():
+            self.routes.add(path, route)
+        for cls in FRONTENDS:
+            for declared in cls.routes():
+                route = Route(self._handlers(cls, declared), cls.dialect)
+                self.routes.add(
+                    declared.path, route, rest=declared.rest, unversioned=cls.unversioned
+                )
 
     # What the lifespan owns, by the names tests and the CLI use.
 
@@ -227,38 +283,6 @@ class App:
 
     # ---- HTTP -----------------------------------------------------------------------------
 
-    def _route_label(self, path: str) -> str:
-        """The route template, for metric labels and log records: raw paths are unbounded.
-        A path without `/v1` is labelled as the route it is an alias of."""
-        path = _versioned(path)
-        if path in self._routes:
-            return path
-        if path.startswith("/v1/models/"):
-            return "/v1/models/{model}"
-        if path.startswith("/v1/responses/"):
-            parts = path.split("/")  # "", v1, responses, {response_id}, [input_items|cancel]
-            if len(parts) == 4 and parts[3]:
-                return "/v1/responses/{response_id}"
-            if len(parts) == 5 and parts[3] and parts[4] in ("input_items", "cancel"):
-                return "/v1/responses/{response_id}/" + parts[4]
-        return "unmatched"
-
-    def _resolve(self, path: str) -> tuple[str, Route | None, Dialect]:
-        """The path's route template, its route (None: no such route) and the dialect
-        its refusals speak (the route's, else the protocol its prefix belongs to)."""
-        label = self._route_label(path)
-        route = self._routes.get(label)
-        return label, route, route.dialect if route else self._dialect_for(path)
-
-    def _dialect_for(self, path: str) -> Dialect:
-        """The dialect of an unmatched path: the protocol its prefix belongs to."""
-        path = _versioned(path)
-        if path.startswith(("/v1/chat/", "/v1/completions", "/v1/models", "/v1/responses")):
-            return self._dialects["openai"]
-        if path.startswith("/v1/messages"):
-            return self._dialects["anthropic"]
-        return self._dialects["native"]
-
     async def _http(
         self, scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
@@ -268,7 +292,7 @@ class App:
             send = with_cors(send, origin)
         exchange = Exchange(receive, send)
         path, method = scope["path"], scope["method"]
-        label, route, dialect = self._resolve(path)
+        label, route, dialect, params = self.routes.resolve(path)
         emit = self.log.emit if route is None or route.logged else _silent
         life = Lifecycle(request_id, label, trio.current_time(), emit)
         self._lives.add(life)
@@ -294,7 +318,7 @@ class App:
                 )
             if not route.open:
                 authorize(scope, self.config.api_key)
-            await handler(scope, exchange, life)
+            await handler(scope, exchange, life, PathArgs(params, scope["query_string"]))
         except ApiError as err:  # refused before the request flow began: at the route
             if not life.decided:
                 life.refused(
@@ -343,7 +367,7 @@ class App:
         if message["type"] != "websocket.connect":
             return
         request_id = request_id_from(scope)
-        label, _route, dialect = self._resolve(scope["path"])
+        label, _route, dialect, _params = self.routes.resolve(scope["path"])
         err = ApiError("bad_request", "WebSocket is not served here; streams use HTTP and SSE")
         status = dialect.status(err)
         life = Lifecycle(request_id, label, trio.current_time(), self.log.emit)
@@ -373,90 +397,37 @@ class App:
             raise ApiError("unsupported_media_type", "the request body must be application/json")
 
     async def _ok(self, exchange: Exchange, life: Lifecycle, body: bytes, **kw: Any) -> None:
-        dialect = self._routes[life.endpoint].dialect
+        dialect = self.routes.routes[life.endpoint].dialect
         rid = [(dialect.request_id_header, life.request_id.encode())]
         await send_bytes(exchange.send, 200, body, rid, **kw)
 
-    # ---- handlers ---------------------------------------------------------------------------
+    # ---- the frontends' routes ------------------------------------------------------------
 
-    async def _health(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        """Liveness: 200 while the engine loads or runs; 503 once it has died (or failed
-        to load), so that a supervisor restarts the process."""
-        self.lifespan.alive()
-        await self._ok(exchange, life, b'{"status":"ok"}')
+    def _handlers(self, cls: type[Routed], declared: FrontendRoute) -> dict[str, Handler]:
+        """What serves each method of a frontend's route: the frontend the lifespan built
+        (or the readiness refusal), by the route's action."""
 
-    async def _version(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        """ninfer's version (as vLLM's GET /version), with torch's and the request log's
-        schema version."""
-        await self._ok(exchange, life, dumps(version_info()))
+        def handler(method: str) -> Handler:
+            action = declared.methods[method]
 
-    async def _props(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        """llama.cpp's GET /props: the model, its context, template and capabilities."""
-        await self._ok(exchange, life, dumps(server_props(self.lifespan.ready().frontends)))
+            async def serve(
+                scope: HTTPScope, ex: Exchange, life: Lifecycle, args: PathArgs
+            ) -> None:
+                serving = self.lifespan.ready()
+                frontend = serving.by_class[cls]
+                if isinstance(action, Generate):
+                    assert isinstance(frontend, Frontend)
+                    self._require_json(scope)
+                    await serve_generation(serving.flow, frontend, scope, ex, life)
+                elif isinstance(action, Count):
+                    count = action.answer
+                    await self._counted(scope, ex, life, lambda body: count(frontend, body))
+                else:
+                    await self._ok(ex, life, action.answer(frontend, args))
 
-    async def _openapi(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        """The contract this server keeps (what `ninfer openapi` writes, and
-        docs/openapi.json ships), built once."""
-        if self._openapi_body is None:
-            from ninfer import __version__
-            from protocols import openapi_document
+            return serve
 
-            self._openapi_body = await trio.to_thread.run_sync(
-                lambda: dumps(openapi_document(__version__))
-            )
-        await self._ok(exchange, life, self._openapi_body)
-
-    async def _ready(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        model = self.lifespan.ready().model
-        summary = {"id": self.public_id, "architecture": model.identity.architecture}
-        summary["sha256"] = model.identity.sha256
-        log = self.lifespan.log_health()
-        # The fast paths the self-check refused at start-up, and what runs instead.
-        refused = [{"path": r.path, "instead": r.instead} for r in model.self_check if not r.ok]
-        body = {"status": "ready", "model": summary, "request_log": log, "self_check": {
-            "passed": [r.path for r in model.self_check if r.ok], "refused": refused
-        }}  # fmt: skip
-        await self._ok(exchange, life, dumps(body))
-
-    async def _metrics(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        """Prometheus text format; served while loading too (levels read as zero)."""
-        body = self.metrics.render()
-        await self._ok(exchange, life, body, content_type=METRICS_CONTENT_TYPE)
-
-    async def _models(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        ctx = self.lifespan.ready().frontends
-        await self._ok(exchange, life, self._dialects["openai"].encoder.json(model_list(ctx)))
-
-    async def _model_one(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        ctx = self.lifespan.ready().frontends
-        name = ctx.check_model(_versioned(scope["path"]).removeprefix("/v1/models/"))
-        await self._ok(exchange, life, self._dialects["openai"].encoder.json(model_card(ctx, name)))
-
-    async def _generate(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        serving = self.lifespan.ready()
-        self._require_json(scope)
-        frontend = serving.by_path[life.endpoint]
-        await serve_generation(serving.flow, frontend, scope, exchange, life)
-
-    async def _count_tokens(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        """Counts with the same template as /v1/messages, without generating (and without
-        taking a place in the scheduler: it never reaches the engine)."""
-        serving = self.lifespan.ready()
-        await self._counted(scope, exchange, life, serving.messages.count_tokens)
-
-    async def _tokenize(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        """llama.cpp's and vLLM's POST /tokenize; a token count's limit and no place."""
-        serving = self.lifespan.ready()
-        await self._counted(scope, exchange, life, serving.tokenizing.tokenize)
-
-    async def _detokenize(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        serving = self.lifespan.ready()
-        await self._counted(scope, exchange, life, serving.tokenizing.detokenize)
-
-    async def _input_tokens(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        """POST /v1/responses/input_tokens: as /v1/responses would build the prompt."""
-        serving = self.lifespan.ready()
-        await self._counted(scope, exchange, life, serving.responses.input_tokens)
+        return {method: handler(method) for method in declared.methods}
 
     async def _counted(
         self,
@@ -484,32 +455,51 @@ class App:
         finally:
             self.counting.release()
 
-    # ---- stored Responses (the local store: docs/api.md) -------------------------------
+    # ---- the server's own routes ------------------------------------------------------------
 
-    @staticmethod
-    def _response_id(scope: HTTPScope) -> str:
-        return _versioned(scope["path"]).split("/")[3]
+    async def _health(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs) -> None:
+        """Liveness: 200 while the engine loads or runs; 503 once it has died (or failed
+        to load), so that a supervisor restarts the process."""
+        self.lifespan.alive()
+        await self._ok(ex, life, b'{"status":"ok"}')
 
-    async def _response_get(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        responses = self.lifespan.ready().responses
-        await self._ok(exchange, life, responses.retrieve(self._response_id(scope)))
+    async def _version(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs) -> None:
+        """ninfer's version (as vLLM's GET /version), with torch's and the request log's
+        schema version."""
+        await self._ok(ex, life, dumps(version_info()))
 
-    async def _response_delete(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        responses = self.lifespan.ready().responses
-        await self._ok(exchange, life, responses.delete(self._response_id(scope)))
+    async def _props(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs) -> None:
+        """llama.cpp's GET /props: the model, its context, template and capabilities."""
+        await self._ok(ex, life, dumps(server_props(self.lifespan.ready().frontends)))
 
-    async def _response_input_items(
-        self, scope: HTTPScope, exchange: Exchange, life: Lifecycle
-    ) -> None:
-        responses = self.lifespan.ready().responses
-        listing = responses.input_items(self._response_id(scope), scope["query_string"])
-        await self._ok(exchange, life, listing)
+    async def _openapi(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs) -> None:
+        """The contract this server keeps (what `ninfer openapi` writes, and
+        docs/openapi.json ships), built once."""
+        if self._openapi_body is None:
+            from ninfer import __version__
+            from protocols import openapi_document
 
-    async def _response_cancel(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        self.lifespan.ready().responses.cancel()
+            self._openapi_body = await trio.to_thread.run_sync(
+                lambda: dumps(openapi_document(__version__))
+            )
+        await self._ok(ex, life, self._openapi_body)
 
-    async def _compact(self, scope: HTTPScope, exchange: Exchange, life: Lifecycle) -> None:
-        self.lifespan.ready().responses.compact()
+    async def _ready(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs) -> None:
+        model = self.lifespan.ready().model
+        summary = {"id": self.public_id, "architecture": model.identity.architecture}
+        summary["sha256"] = model.identity.sha256
+        log = self.lifespan.log_health()
+        # The fast paths the self-check refused at start-up, and what runs instead.
+        refused = [{"path": r.path, "instead": r.instead} for r in model.self_check if not r.ok]
+        body = {"status": "ready", "model": summary, "request_log": log, "self_check": {
+            "passed": [r.path for r in model.self_check if r.ok], "refused": refused
+        }}  # fmt: skip
+        await self._ok(ex, life, dumps(body))
+
+    async def _metrics(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs) -> None:
+        """Prometheus text format; served while loading too (levels read as zero)."""
+        body = self.metrics.render()
+        await self._ok(ex, life, body, content_type=METRICS_CONTENT_TYPE)
 
 
 def create_app(config: ServerConfig | None = None, **kwargs: Any) -> App:

@@ -32,19 +32,7 @@ from ninfer.engine import (
     EngineStatistics,
     ServedModel,
 )
-from ninfer.frontends import (
-    ChatFrontend,
-    CompletionsFrontend,
-    Frontend,
-    FrontendContext,
-    GrammarCompiler,
-    MessagesFrontend,
-    NativeFrontend,
-    ResponsesFrontend,
-    ResponseStore,
-    TokenizeFrontend,
-    sampling_record,
-)
+from ninfer.frontends import FRONTENDS, FrontendContext, GrammarCompiler, Routed, sampling_record
 from protocols import ApiError
 from scheduler import AdmissionController, SchedulerStatistics
 
@@ -72,10 +60,7 @@ class Serving:
     scheduler: AdmissionController
     flow: FlowContext
     frontends: FrontendContext
-    by_path: dict[str, Frontend]
-    messages: MessagesFrontend
-    responses: ResponsesFrontend
-    tokenizing: TokenizeFrontend  # POST /tokenize, /detokenize
+    by_class: dict[type[Routed], Routed]  # one of each of FRONTENDS
 
 
 class Lifespan:
@@ -264,19 +249,6 @@ class Lifespan:
             grammars=GrammarCompiler(model.compile_grammar, self._tokenize_limiter),
             offload=self.offload,
         )
-        messages = MessagesFrontend(ctx)
-        store = ResponseStore(
-            cfg.response_store_max_records, int(cfg.response_store_max_mib * 1024 * 1024)
-        )
-        responses = ResponsesFrontend(ctx, store)
-        native = NativeFrontend(ctx)
-        frontends: list[Frontend] = [
-            native,
-            ChatFrontend(ctx),
-            CompletionsFrontend(ctx),
-            messages,
-            responses,
-        ]
         flow = FlowContext(
             scheduler=scheduler,
             engine=self.service,
@@ -295,10 +267,7 @@ class Lifespan:
             scheduler=scheduler,
             flow=flow,
             frontends=ctx,
-            by_path={f.endpoint: f for f in frontends},
-            messages=messages,
-            responses=responses,
-            tokenizing=TokenizeFrontend(native),
+            by_class={cls: cls(ctx) for cls in FRONTENDS},
         )
 
     def begin_drain(self) -> None:

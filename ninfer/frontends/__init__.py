@@ -1,5 +1,7 @@
-"""One frontend per protocol, built once when the model is ready; the route table maps
-(method, path) to them. A new protocol plugs in as one more `Frontend`."""
+"""One frontend per protocol, built once when the model is ready. Each declares its
+routes (`Routed.routes()`); the app's route table is made of `FRONTENDS`' routes and
+its own (probes, metrics, the contract). A new protocol plugs in as one more class
+and one more line in `FRONTENDS`."""
 
 from __future__ import annotations
 
@@ -7,37 +9,59 @@ from ninfer.frontends._anthropic import MessagesFrontend
 from ninfer.frontends._base import (
     Answer,
     Choice,
+    Count,
     FailingAnswer,
     Frontend,
     FrontendContext,
+    FrontendRoute,
+    Generate,
+    Look,
     Outcome,
+    PathArgs,
     Prepared,
+    Routed,
 )
 from ninfer.frontends._budget import sampling_record
 from ninfer.frontends._grammar import GrammarCompiler
 from ninfer.frontends._native import NativeFrontend, TokenizeFrontend, server_props
-from ninfer.frontends._openai import ChatFrontend, CompletionsFrontend, model_card, model_list
-from ninfer.frontends._response_store import ResponseStore
+from ninfer.frontends._openai import ChatFrontend, CompletionsFrontend, ModelsFrontend
 from ninfer.frontends._responses import ResponsesFrontend
 
 __all__ = [
+    "FRONTENDS",
     "Answer",
     "ChatFrontend",
     "Choice",
     "CompletionsFrontend",
+    "Count",
     "FailingAnswer",
     "Frontend",
     "FrontendContext",
+    "FrontendRoute",
+    "Generate",
     "GrammarCompiler",
+    "Look",
     "MessagesFrontend",
+    "ModelsFrontend",
     "NativeFrontend",
     "Outcome",
+    "PathArgs",
     "Prepared",
-    "ResponseStore",
     "ResponsesFrontend",
+    "Routed",
     "TokenizeFrontend",
-    "model_card",
-    "model_list",
     "sampling_record",
     "server_props",
 ]
+
+# Every protocol's routes: the route table is built from these classes, and the
+# lifespan builds one of each, from the FrontendContext, once the model is loaded.
+FRONTENDS: tuple[type[Routed], ...] = (
+    NativeFrontend,
+    TokenizeFrontend,
+    ModelsFrontend,
+    ChatFrontend,
+    CompletionsFrontend,
+    MessagesFrontend,
+    ResponsesFrontend,
+)

@@ -11,8 +11,10 @@ import orjson
 
 from ninfer.engine import ChatText, TokenDelta
 from ninfer.frontends._base import (
+    Count,
     Frontend,
     FrontendContext,
+    FrontendRoute,
     Outcome,
     Prepared,
     clamp_headers,
@@ -232,10 +234,17 @@ class MessageAnswer:
 class MessagesFrontend(Frontend):
     endpoint = "/v1/messages"
     protocol = "anthropic"
+    dialect = AnthropicDialect()
+    unversioned = True
 
     def __init__(self, ctx: FrontendContext) -> None:
-        super().__init__(ctx, AnthropicDialect())
+        super().__init__(ctx)
         self._codec = AnthropicCodec()
+
+    @classmethod
+    def routes(cls) -> tuple[FrontendRoute, ...]:
+        count = FrontendRoute("/v1/messages/count_tokens", {"POST": Count(cls.count_tokens)})
+        return (*super().routes(), count)
 
     async def _render(
         self,

@@ -1,18 +1,22 @@
 """What every frontend is and shares.
 
-A frontend is one protocol's generation route, built once when the model is ready.
-It owns its codec, its chat template and limits, and the shape of its answers:
-`prepare(body, request_id)` parses and checks the body, renders and tokenizes the
-prompt, resolves the budget and sampling, and returns a `Prepared` whose `answer`
-writes this request's body or stream frames. Its `dialect` writes its refusals.
-The request flow (`ninfer._flow`) drives any frontend the same way.
+A frontend is one protocol's routes (`Routed`): declared by its class, so the app's
+route table exists before the model loads, and served by the instance built once the
+model is ready. A route is answered by the request flow (`Generate`), as a token count
+(`Count`) or from what the frontend holds (`Look`).
+
+A generation frontend (`Frontend`) owns its codec, its chat template and limits, and
+the shape of its answers: `prepare(body, request_id)` parses and checks the body,
+renders and tokenizes the prompt, resolves the budget and sampling, and returns a
+`Prepared` whose `answer` writes this request's body or stream frames. Its `dialect`
+writes its refusals. The request flow (`ninfer._flow`) drives any frontend the same way.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
@@ -44,11 +48,17 @@ __all__ = [
     "CLAMPED_HEADER",
     "Answer",
     "Choice",
+    "Count",
     "FailingAnswer",
     "Frontend",
     "FrontendContext",
+    "FrontendRoute",
+    "Generate",
+    "Look",
     "Outcome",
+    "PathArgs",
     "Prepared",
+    "Routed",
     "clamp_headers",
 ]
 
@@ -206,16 +216,85 @@ class FrontendContext:
         return name
 
 
-class Frontend(abc.ABC):
-    """One protocol's generation route."""
+@attrs.frozen
+class PathArgs:
+    """What a `Look` route reads of its request: the path's parameters, by the names
+    its template gives them, and the query string."""
 
-    endpoint: str  # the route, as the request log and metrics name it
-    protocol: str  # request_start's `protocol`
+    params: Mapping[str, str]
+    query: bytes
 
-    def __init__(self, ctx: FrontendContext, dialect: Dialect) -> None:
+
+@attrs.frozen
+class Generate:
+    """A route served by the request flow: the frontend `prepare`s the JSON body, the
+    scheduler admits it, the engine decodes it, the answer is written."""
+
+
+@attrs.frozen
+class Count:
+    """A route answered from its JSON body without the engine (a token count): no place
+    in the scheduler, a limit of its own. `answer` is the frontend's method."""
+
+    answer: Callable[[Any, bytes], Awaitable[bytes]]
+
+
+@attrs.frozen
+class Look:
+    """A route answered from what the frontend holds, by the path's parameters and the
+    query (no body is read). `answer` is the frontend's method."""
+
+    answer: Callable[[Any, PathArgs], bytes]
+
+
+Action = Generate | Count | Look
+
+
+@attrs.frozen
+class FrontendRoute:
+    """One path a frontend serves: its template (`{name}` stands for one segment, read
+    into `PathArgs.params`) and what each method does there."""
+
+    path: str
+    methods: Mapping[str, Action]
+    # The template's last parameter takes the rest of the path, slashes and all (a
+    # model's name may hold one: `org/model`).
+    rest: bool = False
+
+
+class Routed:
+    """A protocol's routes: declared by the class (`routes()`, `dialect`), so that the
+    route table exists before the model loads; served by the instance the lifespan
+    builds from the `FrontendContext` once it has."""
+
+    dialect: ClassVar[Dialect]  # the protocol's refusals, on each of its routes
+    # Its /v1 routes are served without `/v1` as well (clients given a base URL without
+    # it post to `/chat/completions`): the OpenAI and Anthropic protocols.
+    unversioned: ClassVar[bool] = False
+
+    def __init__(self, ctx: FrontendContext) -> None:
         self.ctx = ctx
-        self.dialect = dialect
+
+    @classmethod
+    @abc.abstractmethod
+    def routes(cls) -> tuple[FrontendRoute, ...]:
+        """The paths this frontend serves and what each method does there."""
+
+
+class Frontend(Routed, abc.ABC):
+    """One protocol's generation route (its `endpoint`, served by the request flow),
+    and any routes of its own beside it (`routes()`)."""
+
+    endpoint: ClassVar[str]  # the generation route, as the request log and metrics name it
+    protocol: ClassVar[str]  # request_start's `protocol`
+
+    def __init__(self, ctx: FrontendContext) -> None:
+        super().__init__(ctx)
         self.budget = Budget(ctx.model, ctx.config.default_max_tokens)
+
+    @classmethod
+    def routes(cls) -> tuple[FrontendRoute, ...]:
+        return (FrontendRoute(cls.endpoint, {"POST": Generate()}),)
 
     async def tokens(self, prompt: str | ChatText, *, prompt_param: str) -> list[int]:
         """The prompt's tokens (a rendered chat's client text never spells a control

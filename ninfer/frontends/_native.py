@@ -7,7 +7,15 @@ from typing import Any
 import attrs
 
 from ninfer.engine import TokenDelta
-from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
+from ninfer.frontends._base import (
+    Count,
+    Frontend,
+    FrontendContext,
+    FrontendRoute,
+    Outcome,
+    Prepared,
+    Routed,
+)
 from ninfer.frontends._budget import SamplingRequest, sampling_defaults
 from ninfer.frontends._finish import FINISH
 from protocols import (
@@ -70,9 +78,10 @@ class NativeAnswer:
 class NativeFrontend(Frontend):
     endpoint = "/v1/generate"
     protocol = "native"
+    dialect = NativeDialect()
 
     def __init__(self, ctx: FrontendContext) -> None:
-        super().__init__(ctx, NativeDialect())
+        super().__init__(ctx)
         self._codec = NativeCodec()
         ident = ctx.model.identity
         self.model = NativeModel(ctx.public_id, ident.architecture, ident.sha256)
@@ -103,13 +112,23 @@ class NativeFrontend(Frontend):
         return Prepared((gen,), req.stream, answer, {"protocol": self.protocol})
 
 
-class TokenizeFrontend:
+class TokenizeFrontend(Routed):
     """POST /tokenize and /detokenize, in the shapes llama.cpp's server and vLLM answer
     (docs/api.md): the served model's tokenizer, no place in the scheduler."""
 
-    def __init__(self, native: NativeFrontend) -> None:
-        self.native = native
+    dialect = NativeDialect()
+
+    def __init__(self, ctx: FrontendContext) -> None:
+        super().__init__(ctx)
+        self.native = NativeFrontend(ctx)  # its prompt checks and body decoding
         self._codec = NativeCodec()
+
+    @classmethod
+    def routes(cls) -> tuple[FrontendRoute, ...]:
+        return (
+            FrontendRoute("/tokenize", {"POST": Count(cls.tokenize)}),
+            FrontendRoute("/detokenize", {"POST": Count(cls.detokenize)}),
+        )
 
     async def tokenize(self, body: bytes) -> bytes:
         frontend = self.native

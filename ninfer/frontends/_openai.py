@@ -20,8 +20,12 @@ from ninfer.frontends._base import (
     Choice,
     Frontend,
     FrontendContext,
+    FrontendRoute,
+    Look,
     Outcome,
+    PathArgs,
     Prepared,
+    Routed,
     clamp_headers,
 )
 from ninfer.frontends._budget import Grant, SamplingRequest
@@ -80,18 +84,35 @@ from protocols import (
     replayed_arguments,
 )
 
-__all__ = ["ChatFrontend", "CompletionsFrontend", "model_card", "model_list"]
+__all__ = ["ChatFrontend", "CompletionsFrontend", "ModelsFrontend"]
 
 _DONE = b"data: [DONE]\n\n"
 
 
-def model_card(ctx: FrontendContext, name: str) -> ModelCard:
-    return ModelCard(name, "model", ctx.created, "ninfer")
+class ModelsFrontend(Routed):
+    """GET /v1/models and /v1/models/{model}: every served name, the public id first
+    (aliases are cards of the same model)."""
 
+    dialect = OpenAIDialect()
+    unversioned = True
 
-def model_list(ctx: FrontendContext) -> ModelList:
-    """Every served name, the public id first (aliases are cards of the same model)."""
-    return ModelList("list", [model_card(ctx, name) for name in ctx.names])
+    @classmethod
+    def routes(cls) -> tuple[FrontendRoute, ...]:
+        return (
+            FrontendRoute("/v1/models", {"GET": Look(cls.listing)}),
+            FrontendRoute("/v1/models/{model}", {"GET": Look(cls.card)}, rest=True),
+        )
+
+    def _card(self, name: str) -> ModelCard:
+        return ModelCard(name, "model", self.ctx.created, "ninfer")
+
+    def listing(self, call: PathArgs) -> bytes:
+        cards = ModelList("list", [self._card(name) for name in self.ctx.names])
+        return self.dialect.encoder.json(cards)
+
+    def card(self, call: PathArgs) -> bytes:
+        name = self.ctx.check_model(call.params["model"])
+        return self.dialect.encoder.json(self._card(name))
 
 
 def _usage(outcome: Outcome) -> OpenAIUsage:
@@ -417,9 +438,11 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
 
 class _OpenAIFrontend(Frontend):
     protocol = "openai"
+    dialect = OpenAIDialect()
+    unversioned = True
 
     def __init__(self, ctx: FrontendContext) -> None:
-        super().__init__(ctx, OpenAIDialect())
+        super().__init__(ctx)
         self._codec = OpenAICodec()
         self._spelling = Spelling(ctx.model.tokenizer)
 

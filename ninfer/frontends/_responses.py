@@ -19,9 +19,13 @@ import attrs
 
 from ninfer.engine import ChatText, CompiledGrammar, TokenDelta
 from ninfer.frontends._base import (
+    Count,
     Frontend,
     FrontendContext,
+    FrontendRoute,
+    Look,
     Outcome,
+    PathArgs,
     Prepared,
     clamp_headers,
 )
@@ -447,11 +451,28 @@ def _reply(output: Sequence[ReasoningItem | OutputMessage | FunctionCallItem]) -
 class ResponsesFrontend(Frontend):
     endpoint = "/v1/responses"
     protocol = "openai"
+    dialect = OpenAIDialect()
+    unversioned = True
 
-    def __init__(self, ctx: FrontendContext, store: ResponseStore) -> None:
-        super().__init__(ctx, OpenAIDialect())
+    def __init__(self, ctx: FrontendContext) -> None:
+        super().__init__(ctx)
         self._codec = ResponsesCodec()
-        self.store = store
+        cfg = ctx.config
+        self.store = ResponseStore(
+            cfg.response_store_max_records, int(cfg.response_store_max_mib * 1024 * 1024)
+        )
+
+    @classmethod
+    def routes(cls) -> tuple[FrontendRoute, ...]:
+        one = "/v1/responses/{response_id}"
+        return (
+            *super().routes(),
+            FrontendRoute("/v1/responses/input_tokens", {"POST": Count(cls.input_tokens)}),
+            FrontendRoute("/v1/responses/compact", {"POST": Look(cls.compact)}),
+            FrontendRoute(one, {"GET": Look(cls.retrieve), "DELETE": Look(cls.delete)}),
+            FrontendRoute(one + "/input_items", {"GET": Look(cls.input_items)}),
+            FrontendRoute(one + "/cancel", {"POST": Look(cls.cancel)}),
+        )
 
     def _history(self, previous_id: str | None) -> tuple[Turn, ...]:
         if previous_id is None:
@@ -595,25 +616,26 @@ class ResponsesFrontend(Frontend):
 
     # ---- the other routes of /v1/responses -----------------------------------------------
 
-    def retrieve(self, response_id: str) -> bytes:
-        stored = self.store.get(response_id)
+    def retrieve(self, call: PathArgs) -> bytes:
+        stored = self.store.get(call.params["response_id"])
         if stored is None:
             raise not_found()
         return self.dialect.encoder.json(stored.response)
 
-    def delete(self, response_id: str) -> bytes:
+    def delete(self, call: PathArgs) -> bytes:
+        response_id = call.params["response_id"]
         if not self.store.delete(response_id):
             raise not_found()
         return self.dialect.encoder.json(ResponseDeleted(response_id, "response.deleted", True))
 
-    def input_items(self, response_id: str, query_string: bytes) -> bytes:
+    def input_items(self, call: PathArgs) -> bytes:
         """GET /v1/responses/{id}/input_items (`input_item_page`)."""
-        stored = self.store.get(response_id)
+        stored = self.store.get(call.params["response_id"])
         if stored is None:
             raise not_found()
-        return self.dialect.encoder.json(input_item_page(stored, query_string))
+        return self.dialect.encoder.json(input_item_page(stored, call.query))
 
-    def cancel(self) -> None:
+    def cancel(self, call: PathArgs) -> bytes:
         """POST /v1/responses/{id}/cancel: always refused."""
         raise ApiError(
             "bad_request",
@@ -622,7 +644,7 @@ class ResponsesFrontend(Frontend):
             code="background_not_supported",
         )
 
-    def compact(self) -> None:
+    def compact(self, call: PathArgs) -> bytes:
         """POST /v1/responses/compact: always refused."""
         raise ApiError(
             "bad_request",
