@@ -100,6 +100,14 @@ __all__ = [
     "Usage",
 ]
 
+
+def tag(value: str) -> Any:
+    """A field the class fixes (`type`, `object`, a role or status that can only be
+    one word): set without being passed, and always written (the encoder omits other
+    fields left at their default). Every answer class is built with keywords."""
+    return attrs.field(default=value, metadata={"tag": True})
+
+
 NativeFinish = Literal["eos", "stop", "length", "context"]
 OpenAIFinish = Literal["stop", "length"]
 ChatFinish = Literal["stop", "length", "tool_calls"]
@@ -109,21 +117,21 @@ AnthropicStop = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 # ---- native ---------------------------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class NativeModel:
     id: str
     architecture: str
     sha256: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Timing:
     """Seconds: reading/parsing/tokenizing, waiting, arrival to first token, engine
     prefill and decode time, arrival to last token."""
@@ -136,7 +144,7 @@ class Timing:
     total: float
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class GenerateResponse:
     """The answer to POST /v1/generate without streaming."""
 
@@ -152,7 +160,7 @@ class GenerateResponse:
     timing: Timing
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class NativeTokenEvent:
     """`event: token`: the tokens of one engine step and the text they complete."""
 
@@ -160,7 +168,7 @@ class NativeTokenEvent:
     text: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class NativeDoneEvent:
     """`event: done`: the last event of a native stream."""
 
@@ -174,7 +182,7 @@ class NativeDoneEvent:
     timing: Timing
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class NativeError:
     type: str
     message: str
@@ -182,7 +190,7 @@ class NativeError:
     request_id: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class NativeErrorBody:
     """Every native error, and `event: error` in a native stream."""
 
@@ -199,17 +207,17 @@ NATIVE_STREAM_EVENTS: dict[str, type] = {
 # ---- OpenAI ---------------------------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PromptTokensDetails:
     cached_tokens: int
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class CompletionTokensDetails:
     reasoning_tokens: int  # of completion_tokens, those of the reasoning block
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class OpenAIUsage:
     prompt_tokens: int
     completion_tokens: int
@@ -219,22 +227,22 @@ class OpenAIUsage:
     completion_tokens_details: CompletionTokensDetails | None = None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class FunctionCall:
     name: str
     arguments: str  # JSON text of an object that matches the function's parameters
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ToolCall:
     id: str
-    type: Literal["function"]
+    type: Literal["function"] = tag("function")
     function: FunctionCall
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class AssistantMessage:
-    role: Literal["assistant"]
+    role: Literal["assistant"] = tag("assistant")
     content: str | None  # null when the message is tool calls only
     refusal: None
     tool_calls: list[ToolCall] | None = None
@@ -243,13 +251,13 @@ class AssistantMessage:
     reasoning_content: str | None = None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class FunctionCallDelta:
     name: str | None = None  # in a call's first delta
     arguments: str | None = None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ToolCallDelta:
     """A piece of a streamed tool call: its first carries id, type and name."""
 
@@ -259,14 +267,14 @@ class ToolCallDelta:
     function: FunctionCallDelta | None = None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class TopLogprob:
     token: str
     logprob: float
     bytes: list[int]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class TokenLogprobEntry:
     token: str
     logprob: float
@@ -274,7 +282,7 @@ class TokenLogprobEntry:
     top_logprobs: list[TopLogprob]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ChatLogprobs:
     """Chat log probabilities: one entry per output token (the end-of-sequence token
     excluded); `bytes` rebuild a token that holds part of a UTF-8 character."""
@@ -283,7 +291,7 @@ class ChatLogprobs:
     refusal: None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ChatChoice:
     index: int
     message: AssistantMessage
@@ -291,12 +299,12 @@ class ChatChoice:
     finish_reason: ChatFinish
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ChatCompletion:
     """The answer to POST /v1/chat/completions without streaming."""
 
     id: str
-    object: Literal["chat.completion"]
+    object: Literal["chat.completion"] = tag("chat.completion")
     created: int
     model: str
     choices: list[ChatChoice]
@@ -305,7 +313,7 @@ class ChatCompletion:
     service_tier: str | None = None  # as the request named it ("auto" answers "default")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ChatDelta:
     role: Literal["assistant"] | None = None
     content: str | None = None
@@ -313,7 +321,7 @@ class ChatDelta:
     reasoning_content: str | None = None  # a piece of the reasoning, as it is written
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ChatChunkChoice:
     index: int
     delta: ChatDelta
@@ -321,12 +329,12 @@ class ChatChunkChoice:
     finish_reason: ChatFinish | None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ChatCompletionChunk:
     """One `data:` line of a chat completion stream (the last one is `data: [DONE]`)."""
 
     id: str
-    object: Literal["chat.completion.chunk"]
+    object: Literal["chat.completion.chunk"] = tag("chat.completion.chunk")
     created: int
     model: str
     choices: list[ChatChunkChoice]
@@ -334,7 +342,7 @@ class ChatCompletionChunk:
     service_tier: str | None = None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class CompletionLogprobs:
     """The legacy completions shape: parallel lists, one item per token (the prompt's
     first, when echoed, has null for its logprob and its alternatives)."""
@@ -345,7 +353,7 @@ class CompletionLogprobs:
     text_offset: list[int]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class CompletionChoice:
     index: int
     text: str
@@ -353,12 +361,12 @@ class CompletionChoice:
     finish_reason: OpenAIFinish
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Completion:
     """The answer to POST /v1/completions without streaming."""
 
     id: str
-    object: Literal["text_completion"]
+    object: Literal["text_completion"] = tag("text_completion")
     created: int
     model: str
     choices: list[CompletionChoice]
@@ -366,7 +374,7 @@ class Completion:
     system_fingerprint: None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class CompletionChunkChoice:
     index: int
     text: str
@@ -374,33 +382,33 @@ class CompletionChunkChoice:
     finish_reason: OpenAIFinish | None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class CompletionChunk:
     """One `data:` line of a text completion stream (the last one is `data: [DONE]`)."""
 
     id: str
-    object: Literal["text_completion"]
+    object: Literal["text_completion"] = tag("text_completion")
     created: int
     model: str
     choices: list[CompletionChunkChoice]
     usage: OpenAIUsage | None = None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ModelCard:
     id: str
-    object: Literal["model"]
+    object: Literal["model"] = tag("model")
     created: int
     owned_by: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ModelList:
-    object: Literal["list"]
+    object: Literal["list"] = tag("list")
     data: list[ModelCard]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class OpenAIError:
     message: str
     type: str
@@ -408,7 +416,7 @@ class OpenAIError:
     code: str | None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class OpenAIErrorBody:
     """Every error on the OpenAI routes, and an error `data:` line in their streams."""
 
@@ -418,33 +426,33 @@ class OpenAIErrorBody:
 # ---- Anthropic ------------------------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class TextBlock:
-    type: Literal["text"]
+    type: Literal["text"] = tag("text")
     text: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ThinkingBlock:
     """The reasoning a thinking model wrote before its answer. `signature` is a digest
     of the text (hex SHA-256), not an attestation: a replayed block is taken as sent."""
 
-    type: Literal["thinking"]
+    type: Literal["thinking"] = tag("thinking")
     thinking: str
     signature: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ToolUseBlock:
     """A tool call of an Anthropic answer (`input` is {} in a stream's block start)."""
 
-    type: Literal["tool_use"]
+    type: Literal["tool_use"] = tag("tool_use")
     id: str
     name: str
     input: dict[str, Any]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class AnthropicUsage:
     """Anthropic's accounting: `input_tokens` excludes the prompt tokens read from the
     prefix cache (`cache_read_input_tokens`); nothing is billed for writing it."""
@@ -455,13 +463,13 @@ class AnthropicUsage:
     cache_read_input_tokens: int
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class MessageResponse:
     """The answer to POST /v1/messages without streaming."""
 
     id: str
-    type: Literal["message"]
-    role: Literal["assistant"]
+    type: Literal["message"] = tag("message")
+    role: Literal["assistant"] = tag("assistant")
     content: list[ThinkingBlock | TextBlock | ToolUseBlock]
     model: str
     stop_reason: AnthropicStop
@@ -469,11 +477,11 @@ class MessageResponse:
     usage: AnthropicUsage
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class StreamMessage:
     id: str
-    type: Literal["message"]
-    role: Literal["assistant"]
+    type: Literal["message"] = tag("message")
+    role: Literal["assistant"] = tag("assistant")
     content: list[ThinkingBlock | TextBlock | ToolUseBlock]
     model: str
     stop_reason: AnthropicStop | None
@@ -481,99 +489,99 @@ class StreamMessage:
     usage: AnthropicUsage
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class MessageStart:
-    type: Literal["message_start"]
+    type: Literal["message_start"] = tag("message_start")
     message: StreamMessage
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ContentBlockStart:
-    type: Literal["content_block_start"]
+    type: Literal["content_block_start"] = tag("content_block_start")
     index: int
     content_block: ThinkingBlock | TextBlock | ToolUseBlock
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Ping:
-    type: Literal["ping"]
+    type: Literal["ping"] = tag("ping")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class TextDelta:
-    type: Literal["text_delta"]
+    type: Literal["text_delta"] = tag("text_delta")
     text: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ThinkingDelta:
-    type: Literal["thinking_delta"]
+    type: Literal["thinking_delta"] = tag("thinking_delta")
     thinking: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SignatureDelta:
     """A thinking block's signature, sent just before the block stops."""
 
-    type: Literal["signature_delta"]
+    type: Literal["signature_delta"] = tag("signature_delta")
     signature: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class InputJsonDelta:
-    type: Literal["input_json_delta"]
+    type: Literal["input_json_delta"] = tag("input_json_delta")
     partial_json: str  # the next piece of a tool_use block's input, as JSON text
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ContentBlockDelta:
-    type: Literal["content_block_delta"]
+    type: Literal["content_block_delta"] = tag("content_block_delta")
     index: int
     delta: TextDelta | ThinkingDelta | SignatureDelta | InputJsonDelta
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ContentBlockStop:
-    type: Literal["content_block_stop"]
+    type: Literal["content_block_stop"] = tag("content_block_stop")
     index: int
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class StopDelta:
     stop_reason: AnthropicStop
     stop_sequence: str | None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class MessageDelta:
-    type: Literal["message_delta"]
+    type: Literal["message_delta"] = tag("message_delta")
     delta: StopDelta
     usage: AnthropicUsage  # cumulative, as Anthropic sends it
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class MessageStop:
-    type: Literal["message_stop"]
+    type: Literal["message_stop"] = tag("message_stop")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class CountTokensResponse:
     """The answer to POST /v1/messages/count_tokens."""
 
     input_tokens: int
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class AnthropicError:
     type: str
     message: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class AnthropicErrorBody:
     """Every error on the Anthropic routes, and `event: error` in their streams."""
 
-    type: Literal["error"]
+    type: Literal["error"] = tag("error")
     error: AnthropicError
     request_id: str
 
@@ -593,95 +601,95 @@ ANTHROPIC_STREAM_EVENTS: dict[str, type] = {
 # ---- OpenAI Responses -----------------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class OutputText:
-    type: Literal["output_text"]
+    type: Literal["output_text"] = tag("output_text")
     text: str
     annotations: list[Any]  # always empty here
     logprobs: list[Any]  # always empty here (top_logprobs is not served yet)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class InputText:
-    type: Literal["input_text"]
+    type: Literal["input_text"] = tag("input_text")
     text: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class OutputMessage:
     """An assistant message Item of a Response's output."""
 
     id: str
-    type: Literal["message"]
-    role: Literal["assistant"]
+    type: Literal["message"] = tag("message")
+    role: Literal["assistant"] = tag("assistant")
     status: Literal["in_progress", "completed", "incomplete"]
     content: list[OutputText]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ReasoningText:
-    type: Literal["reasoning_text"]
+    type: Literal["reasoning_text"] = tag("reasoning_text")
     text: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ReasoningItem:
     """The reasoning a thinking model wrote before its answer, as an output Item (as
     open-weight models' servers give it: the text in `content`, no summary)."""
 
     id: str
-    type: Literal["reasoning"]
+    type: Literal["reasoning"] = tag("reasoning")
     summary: list[Any]  # always empty here: the reasoning is given whole
     content: list[ReasoningText]
     status: Literal["in_progress", "completed", "incomplete"]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class FunctionCallItem:
     """A function call Item of a Response's output (or replayed in its input): `id` is
     the Item's (fc_...), `call_id` the call's (call_...), which its output answers."""
 
     id: str
-    type: Literal["function_call"]
+    type: Literal["function_call"] = tag("function_call")
     call_id: str
     name: str
     arguments: str  # JSON text of an object that matches the function's parameters
     status: Literal["in_progress", "completed", "incomplete"]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class FunctionCallOutputItem:
     """A function call's result, as an input Item."""
 
     id: str
-    type: Literal["function_call_output"]
+    type: Literal["function_call_output"] = tag("function_call_output")
     call_id: str
     output: str
     status: Literal["in_progress", "completed", "incomplete"]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class InputMessage:
     """An input Item as a stored Response keeps it (GET /v1/responses/{id}/input_items)."""
 
     id: str
-    type: Literal["message"]
+    type: Literal["message"] = tag("message")
     role: Literal["user", "assistant", "system", "developer"]
-    status: Literal["completed"]
+    status: Literal["completed"] = tag("completed")
     content: list[InputText | OutputText]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class InputTokensDetails:
     cached_tokens: int  # served from the prefix cache
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class OutputTokensDetails:
     reasoning_tokens: int  # of output_tokens, those of the reasoning (0: none)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ResponseUsage:
     input_tokens: int
     input_tokens_details: InputTokensDetails
@@ -690,18 +698,18 @@ class ResponseUsage:
     total_tokens: int
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class IncompleteDetails:
-    reason: Literal["max_output_tokens"]
+    reason: Literal["max_output_tokens"] = tag("max_output_tokens")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ResponseError:
     code: str
     message: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ResponseTextFormat:
     """The format the Response was asked for, echoed (json_schema: with its fields)."""
 
@@ -712,7 +720,7 @@ class ResponseTextFormat:
     description: str | None = None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ResponseTextConfig:
     format: ResponseTextFormat
 
@@ -720,13 +728,13 @@ class ResponseTextConfig:
 ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ResponseObject:
     """A Response (POST /v1/responses, GET /v1/responses/{id}, and in stream events).
     `output_text` is the SDKs' convenience, never a wire field."""
 
     id: str
-    object: Literal["response"]
+    object: Literal["response"] = tag("response")
     created_at: int
     status: ResponseStatus
     completed_at: int | None
@@ -747,12 +755,12 @@ class ResponseObject:
     text: ResponseTextConfig
     tool_choice: str | dict[str, Any]  # as the request gave it (default auto)
     tools: list[dict[str, Any]]  # the request's function tools
-    truncation: Literal["disabled"]
+    truncation: Literal["disabled"] = tag("disabled")
     service_tier: str
     background: bool
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ResponseLifecycleEvent:
     """response.created / in_progress / completed / incomplete / failed."""
 
@@ -767,7 +775,7 @@ class ResponseLifecycleEvent:
     response: ResponseObject
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class OutputItemEvent:
     type: Literal["response.output_item.added", "response.output_item.done"]
     sequence_number: int
@@ -775,7 +783,7 @@ class OutputItemEvent:
     item: ReasoningItem | OutputMessage | FunctionCallItem
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ContentPartEvent:
     type: Literal["response.content_part.added", "response.content_part.done"]
     sequence_number: int
@@ -785,9 +793,9 @@ class ContentPartEvent:
     part: OutputText | ReasoningText
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class OutputTextDeltaEvent:
-    type: Literal["response.output_text.delta"]
+    type: Literal["response.output_text.delta"] = tag("response.output_text.delta")
     sequence_number: int
     item_id: str
     output_index: int
@@ -796,9 +804,9 @@ class OutputTextDeltaEvent:
     logprobs: list[Any]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class OutputTextDoneEvent:
-    type: Literal["response.output_text.done"]
+    type: Literal["response.output_text.done"] = tag("response.output_text.done")
     sequence_number: int
     item_id: str
     output_index: int
@@ -807,9 +815,9 @@ class OutputTextDoneEvent:
     logprobs: list[Any]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ReasoningTextDeltaEvent:
-    type: Literal["response.reasoning_text.delta"]
+    type: Literal["response.reasoning_text.delta"] = tag("response.reasoning_text.delta")
     sequence_number: int
     item_id: str
     output_index: int
@@ -817,9 +825,9 @@ class ReasoningTextDeltaEvent:
     delta: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ReasoningTextDoneEvent:
-    type: Literal["response.reasoning_text.done"]
+    type: Literal["response.reasoning_text.done"] = tag("response.reasoning_text.done")
     sequence_number: int
     item_id: str
     output_index: int
@@ -827,18 +835,22 @@ class ReasoningTextDoneEvent:
     text: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class FunctionCallArgumentsDeltaEvent:
-    type: Literal["response.function_call_arguments.delta"]
+    type: Literal["response.function_call_arguments.delta"] = tag(
+        "response.function_call_arguments.delta"
+    )
     sequence_number: int
     item_id: str
     output_index: int
     delta: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class FunctionCallArgumentsDoneEvent:
-    type: Literal["response.function_call_arguments.done"]
+    type: Literal["response.function_call_arguments.done"] = tag(
+        "response.function_call_arguments.done"
+    )
     sequence_number: int
     item_id: str
     output_index: int
@@ -846,25 +858,25 @@ class FunctionCallArgumentsDoneEvent:
     arguments: str
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ResponseDeleted:
     id: str
-    object: Literal["response.deleted"]
+    object: Literal["response.deleted"] = tag("response.deleted")
     deleted: bool
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class InputItemList:
-    object: Literal["list"]
+    object: Literal["list"] = tag("list")
     data: list[InputMessage | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]
     first_id: str | None
     last_id: str | None
     has_more: bool
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class InputTokensCount:
-    object: Literal["response.input_tokens"]
+    object: Literal["response.input_tokens"] = tag("response.input_tokens")
     input_tokens: int
 
 

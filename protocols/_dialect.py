@@ -2,7 +2,7 @@
 `protocols._answers`, and its refusals (status, envelope, request-id header,
 the error frame of a stream that has already begun).
 
-    Dialect                 one per protocol, built once per app
+    Dialect                 one per protocol (a frontend class's)
     ├── NativeDialect       /v1/generate: the native statuses, `{"error": {...}}`
     ├── OpenAIDialect       400 for anything invalid, OpenAI's envelope and types
     └── AnthropicDialect    400 for anything invalid, Anthropic's envelope and types
@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import attrs
 import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from protocols._answers import (
     AnthropicError,
@@ -34,10 +35,18 @@ __all__ = ["AnthropicDialect", "Dialect", "Encoder", "NativeDialect", "OpenAIDia
 class Encoder:
     """Answer objects (attrs classes of `protocols._answers`) to compact JSON and SSE
     frames. A field left at its default of None is omitted (a chunk's `usage`, a
-    delta's `role`); a field without a default is always written, null or not."""
+    delta's `role`); a field without a default, or a tag the class fixes (`type`,
+    `object`), is always written, null or not."""
 
     def __init__(self) -> None:
         self._conv = cattrs.Converter(omit_if_default=True)
+        self._conv.register_unstructure_hook_factory(attrs.has, self._writes_tags)
+
+    def _writes_tags(self, cls: type) -> Any:
+        keep = override(omit_if_default=False)
+        tags = {f.name: keep for f in attrs.fields(cls) if f.metadata.get("tag")}
+        make: Any = make_dict_unstructure_fn  # its overrides are keywords typed apart
+        return make(cls, self._conv, _cattrs_omit_if_default=True, **tags)
 
     def json(self, answer: Any) -> bytes:
         assert attrs.has(type(answer)), "answers are built from the protocol classes"
@@ -92,7 +101,11 @@ class NativeDialect(Dialect):
     name = "native"
 
     def envelope(self, err: ApiError, request_id: str) -> NativeErrorBody:
-        return NativeErrorBody(NativeError(err.kind, err.message, err.param, request_id))
+        return NativeErrorBody(
+            error=NativeError(
+                type=err.kind, message=err.message, param=err.param, request_id=request_id
+            )
+        )
 
 
 _INVALID = frozenset({"invalid_request", "context_length_exceeded", "malformed_json"})
@@ -120,7 +133,9 @@ class OpenAIDialect(Dialect):
     def envelope(self, err: ApiError, request_id: str) -> OpenAIErrorBody:
         code = "invalid_api_key" if err.kind == "unauthorized" else err.code or err.kind
         kind = _OPENAI_TYPES.get(err.kind, "invalid_request_error")
-        return OpenAIErrorBody(OpenAIError(err.message, kind, err.param, code))
+        return OpenAIErrorBody(
+            error=OpenAIError(message=err.message, type=kind, param=err.param, code=code)
+        )
 
     def stream_error(self, err: ApiError, request_id: str) -> list[bytes]:
         # OpenAI streams are data-only lines, ended by [DONE] whatever happened.
@@ -162,4 +177,6 @@ class AnthropicDialect(Dialect):
         if err.param is not None:
             message = f"{err.param}: {message.removeprefix(err.param + ' ')}"
         kind = _ANTHROPIC_TYPES.get(err.kind, "api_error")
-        return AnthropicErrorBody("error", AnthropicError(kind, message), request_id)
+        return AnthropicErrorBody(
+            error=AnthropicError(type=kind, message=message), request_id=request_id
+        )

@@ -52,7 +52,8 @@ class Schemas:
             extra = dict(field.metadata.get("schema", {}))
             if extra.pop("refused", False):
                 continue  # parsed only to be refused by name: not part of the contract
-            optional = field.default is not attrs.NOTHING
+            # A tag the class fixes (`type`, `object`) is always written: required.
+            optional = field.default is not attrs.NOTHING and not field.metadata.get("tag")
             schema = self.of(hints[field.name], request=request, nullable=nullable)
             if optional and field.default is not None and "default" not in extra:
                 extra["default"] = field.default

@@ -23,16 +23,15 @@ from ninfer.frontends._budget import SamplingRequest
 from ninfer.frontends._finish import anthropic_stop
 from ninfer.frontends._reasoning import (
     OutputReader,
-    Piece,
+    PieceWriter,
     Reading,
-    ReasoningPiece,
     ThinkingAsk,
     ThinkingMode,
 )
 from ninfer.frontends._tools import (
     CallArgs,
+    CallEnd,
     CallStart,
-    TextPiece,
     Tool,
     ToolCallTurn,
     ToolPlan,
@@ -71,7 +70,12 @@ __all__ = ["MessagesFrontend"]
 
 
 def _usage(prompt_tokens: int, output_tokens: int, cached: int) -> AnthropicUsage:
-    return AnthropicUsage(prompt_tokens - cached, output_tokens, 0, cached)
+    return AnthropicUsage(
+        input_tokens=prompt_tokens - cached,
+        output_tokens=output_tokens,
+        cache_creation_input_tokens=0,
+        cache_read_input_tokens=cached,
+    )
 
 
 def _signature(thinking: str) -> str:
@@ -80,7 +84,7 @@ def _signature(thinking: str) -> str:
 
 
 @attrs.define
-class MessageAnswer:
+class MessageAnswer(PieceWriter):
     """A stream's `message_start` waits for the engine's first delta, which says how much
     of the prompt the prefix cache served (its usage reports it); the frames before it
     are the HTTP headers only.
@@ -108,29 +112,27 @@ class MessageAnswer:
     def _start(self, cached: int) -> list[bytes]:
         self.started = True
         message = StreamMessage(
-            self.id,
-            "message",
-            "assistant",
-            [],
-            self.label,
-            None,
-            None,
-            _usage(self.input_tokens, 0, cached),
+            id=self.id,
+            content=[],
+            model=self.label,
+            stop_reason=None,
+            stop_sequence=None,
+            usage=_usage(self.input_tokens, 0, cached),
         )
         sse = self.encoder.sse
-        frames = [sse(MessageStart("message_start", message), "message_start")]
+        frames = [sse(MessageStart(message=message), "message_start")]
         if self.reading.plain:
-            frames += self._open(TextBlock("text", ""))
+            frames += self._open(TextBlock(text=""))
         else:
             self.reader = self.reading.reader()
-        return [*frames, sse(Ping("ping"), "ping")]
+        return [*frames, sse(Ping(), "ping")]
 
     def _open(self, block: ThinkingBlock | TextBlock | ToolUseBlock) -> list[bytes]:
         frames = self._close()
         self.open_kind = block.type
         self.texted = self.texted or block.type == "text"
         self.blocks += 1
-        start = ContentBlockStart("content_block_start", self.blocks - 1, block)
+        start = ContentBlockStart(index=self.blocks - 1, content_block=block)
         return [*frames, self.encoder.sse(start, "content_block_start")]
 
     def _close(self) -> list[bytes]:
@@ -138,43 +140,43 @@ class MessageAnswer:
             return []
         frames = []
         if self.open_kind == "thinking":
-            signed = SignatureDelta("signature_delta", _signature("".join(self.thought)))
+            signed = SignatureDelta(signature=_signature("".join(self.thought)))
             frames.append(self._piece(signed))
             self.thought = []
         self.open_kind = None
-        stop = ContentBlockStop("content_block_stop", self.blocks - 1)
+        stop = ContentBlockStop(index=self.blocks - 1)
         return [*frames, self.encoder.sse(stop, "content_block_stop")]
 
     def _piece(self, delta: TextDelta | ThinkingDelta | SignatureDelta | InputJsonDelta) -> bytes:
-        block = ContentBlockDelta("content_block_delta", self.blocks - 1, delta)
+        block = ContentBlockDelta(index=self.blocks - 1, delta=delta)
         return self.encoder.sse(block, "content_block_delta")
 
-    def _events(self, pieces: list[Piece]) -> list[bytes]:
-        frames: list[bytes] = []
-        for e in pieces:
-            if isinstance(e, ReasoningPiece):
-                if self.open_kind != "thinking":
-                    frames += self._open(ThinkingBlock("thinking", "", ""))
-                self.thought.append(e.text)
-                frames.append(self._piece(ThinkingDelta("thinking_delta", e.text)))
-            elif isinstance(e, TextPiece):
-                if self.open_kind != "text":
-                    frames += self._open(TextBlock("text", ""))
-                frames.append(self._piece(TextDelta("text_delta", e.text)))
-            elif isinstance(e, CallStart):
-                frames += self._open(ToolUseBlock("tool_use", call_id("toolu"), e.name, {}))
-            elif isinstance(e, CallArgs):
-                frames.append(self._piece(InputJsonDelta("input_json_delta", e.text)))
-            else:
-                frames += self._close()
-        return frames
+    def on_reasoning(self, choice: int, text: str) -> list[bytes]:
+        frames = []
+        if self.open_kind != "thinking":
+            frames = self._open(ThinkingBlock(thinking="", signature=""))
+        self.thought.append(text)
+        return [*frames, self._piece(ThinkingDelta(thinking=text))]
+
+    def on_text(self, choice: int, text: str) -> list[bytes]:
+        frames = [] if self.open_kind == "text" else self._open(TextBlock(text=""))
+        return [*frames, self._piece(TextDelta(text=text))]
+
+    def on_call_start(self, choice: int, call: CallStart) -> list[bytes]:
+        return self._open(ToolUseBlock(id=call_id("toolu"), name=call.name, input={}))
+
+    def on_call_args(self, choice: int, args: CallArgs) -> list[bytes]:
+        return [self._piece(InputJsonDelta(partial_json=args.text))]
+
+    def on_call_end(self, choice: int, end: CallEnd) -> list[bytes]:
+        return self._close()
 
     def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
         frames = [] if self.started else self._start(delta.cached_tokens or 0)
         if self.reader is not None:
-            return frames + self._events(self.reader.feed(delta.text, len(delta.token_ids)))
+            return frames + self.write(0, self.reader.feed(delta.text, len(delta.token_ids)))
         if delta.text:
-            frames.append(self._piece(TextDelta("text_delta", delta.text)))
+            frames.append(self._piece(TextDelta(text=delta.text)))
         return frames
 
     def tail(self, outcome: Outcome) -> list[bytes]:
@@ -183,50 +185,50 @@ class MessageAnswer:
         frames = [] if self.started else self._start(u.cached_tokens)
         reason = anthropic_stop(f.reason)
         if self.reader is not None:
-            frames += self._events(self.reader.finish())
+            frames += self.write(0, self.reader.finish())
             if not self.texted and not self.reader.calls:  # an empty answer: its text block
-                frames += self._open(TextBlock("text", ""))
+                frames += self._open(TextBlock(text=""))
             if self.reading.tools:
                 reason = anthropic_stop(f.reason, self.reader.calls, self.reader.open_call)
         frames += self._close()
         sse = self.encoder.sse
-        stop = StopDelta(reason, f.stop_string)
+        stop = StopDelta(stop_reason=reason, stop_sequence=f.stop_string)
         usage = _usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
         return [
             *frames,
-            sse(MessageDelta("message_delta", stop, usage), "message_delta"),
-            sse(MessageStop("message_stop"), "message_stop"),
+            sse(MessageDelta(delta=stop, usage=usage), "message_delta"),
+            sse(MessageStop(), "message_stop"),
         ]
 
     def body(self, outcome: Outcome) -> bytes:
         f = outcome.finish
         u = f.usage
-        content: list[ThinkingBlock | TextBlock | ToolUseBlock] = [TextBlock("text", outcome.text)]
+        content: list[ThinkingBlock | TextBlock | ToolUseBlock] = [TextBlock(text=outcome.text)]
         reason = anthropic_stop(f.reason)
         if not self.reading.plain:
             choice = outcome.choices[0]
             out = self.reading.read(choice.text, choice.token_ids)
             content = []
             if out.reasoning:  # as the stream: a thinking block where there is reasoning
-                content.append(ThinkingBlock("thinking", out.reasoning, _signature(out.reasoning)))
+                content.append(
+                    ThinkingBlock(thinking=out.reasoning, signature=_signature(out.reasoning))
+                )
             if out.has_text:
-                content.append(TextBlock("text", out.text))
+                content.append(TextBlock(text=out.text))
             content += [
-                ToolUseBlock("tool_use", call_id("toolu"), c.name, orjson.loads(c.arguments))
+                ToolUseBlock(id=call_id("toolu"), name=c.name, input=orjson.loads(c.arguments))
                 for c in out.calls
             ]
             if self.reading.tools:
                 reason = anthropic_stop(f.reason, len(out.calls), out.truncated)
         return self.encoder.json(
             MessageResponse(
-                self.id,
-                "message",
-                "assistant",
-                content,
-                self.label,
-                reason,
-                f.stop_string,
-                _usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
+                id=self.id,
+                content=content,
+                model=self.label,
+                stop_reason=reason,
+                stop_sequence=f.stop_string,
+                usage=_usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
             )
         )
 
@@ -289,7 +291,13 @@ class MessagesFrontend(Frontend):
             self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
         )
         fields = self.log_fields(plan, thinking)
-        return Prepared((gen,), bool(req.stream), answer, fields, headers=clamp_headers(grant))
+        return Prepared(
+            requests=(gen,),
+            stream=bool(req.stream),
+            answer=answer,
+            log_fields=fields,
+            headers=clamp_headers(grant),
+        )
 
     async def count_tokens(self, body: bytes) -> bytes:
         """POST /v1/messages/count_tokens: the prompt /v1/messages would build, counted."""
@@ -300,7 +308,7 @@ class MessagesFrontend(Frontend):
             await self._render(req.system_text(), req.messages, _tools(req.tools), thinking),
             prompt_param="messages",
         )
-        return self.dialect.encoder.json(CountTokensResponse(len(ids)))
+        return self.dialect.encoder.json(CountTokensResponse(input_tokens=len(ids)))
 
 
 def _thinking_ask(thinking: AnthropicThinking | None) -> ThinkingAsk:

@@ -152,7 +152,7 @@ class FailingAnswer(Protocol):
     def failed(self, err: ApiError) -> list[bytes]: ...
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Prepared:
     """What a frontend's preparation produces: the engine requests (one per choice,
     decoded together) and the answer."""

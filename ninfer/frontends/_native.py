@@ -48,7 +48,7 @@ class NativeAnswer:
         return []
 
     def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
-        event = NativeTokenEvent(list(delta.token_ids), delta.text)
+        event = NativeTokenEvent(token_ids=list(delta.token_ids), text=delta.text)
         return [self.encoder.sse(event, "token")]
 
     def _summary(self, outcome: Outcome) -> dict[str, Any]:
@@ -60,7 +60,11 @@ class NativeAnswer:
             "finish_reason": FINISH[f.reason].native,
             "stop_sequence": f.stop_string,
             "seed": f.seed,
-            "usage": Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens),
+            "usage": Usage(
+                prompt_tokens=u.prompt_tokens,
+                completion_tokens=u.completion_tokens,
+                total_tokens=u.total_tokens,
+            ),
             "warnings": list(self.warnings),
             "timing": Timing(**outcome.timing),
         }
@@ -84,7 +88,9 @@ class NativeFrontend(Frontend):
         super().__init__(ctx)
         self._codec = NativeCodec()
         ident = ctx.model.identity
-        self.model = NativeModel(ctx.public_id, ident.architecture, ident.sha256)
+        self.model = NativeModel(
+            id=ctx.public_id, architecture=ident.architecture, sha256=ident.sha256
+        )
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_generate)
@@ -109,7 +115,9 @@ class NativeFrontend(Frontend):
             ignore_eos=req.ignore_eos,
         )
         answer = NativeAnswer(self.dialect.encoder, self.model, request_id, warnings)
-        return Prepared((gen,), req.stream, answer, {"protocol": self.protocol})
+        return Prepared(
+            requests=(gen,), stream=req.stream, answer=answer, log_fields=self.log_fields()
+        )
 
 
 class TokenizeFrontend(Routed):

@@ -32,17 +32,16 @@ from ninfer.frontends._budget import Grant, SamplingRequest
 from ninfer.frontends._finish import FINISH, chat_finish
 from ninfer.frontends._reasoning import (
     OutputReader,
-    Piece,
+    PieceWriter,
     Reading,
-    ReasoningPiece,
     ThinkingAsk,
     ThinkingMode,
 )
 from ninfer.frontends._structured import ANY_JSON_OBJECT
 from ninfer.frontends._tools import (
     CallArgs,
+    CallEnd,
     CallStart,
-    TextPiece,
     Tool,
     ToolCallTurn,
     ToolPlan,
@@ -104,10 +103,10 @@ class ModelsFrontend(Routed):
         )
 
     def _card(self, name: str) -> ModelCard:
-        return ModelCard(name, "model", self.ctx.created, "ninfer")
+        return ModelCard(id=name, created=self.ctx.created, owned_by="ninfer")
 
     def listing(self, call: PathArgs) -> bytes:
-        cards = ModelList("list", [self._card(name) for name in self.ctx.names])
+        cards = ModelList(data=[self._card(name) for name in self.ctx.names])
         return self.dialect.encoder.json(cards)
 
     def card(self, call: PathArgs) -> bytes:
@@ -118,7 +117,10 @@ class ModelsFrontend(Routed):
 def _usage(outcome: Outcome) -> OpenAIUsage:
     u = outcome.usage
     return OpenAIUsage(
-        u.prompt_tokens, u.completion_tokens, u.total_tokens, PromptTokensDetails(u.cached_tokens)
+        prompt_tokens=u.prompt_tokens,
+        completion_tokens=u.completion_tokens,
+        total_tokens=u.total_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=u.cached_tokens),
     )
 
 
@@ -141,19 +143,19 @@ class Spelling:
 
     def chat(self, lps: Sequence[TokenLogprob]) -> ChatLogprobs:
         def top(tid: int, lp: float) -> TopLogprob:
-            return TopLogprob(self.text(tid), lp, list(self.bytes(tid)))
+            return TopLogprob(token=self.text(tid), logprob=lp, bytes=list(self.bytes(tid)))
 
         return ChatLogprobs(
-            [
+            content=[
                 TokenLogprobEntry(
-                    self.text(t.token_id),
-                    t.logprob,
-                    list(self.bytes(t.token_id)),
-                    [top(tid, lp) for tid, lp in t.top],
+                    token=self.text(t.token_id),
+                    logprob=t.logprob,
+                    bytes=list(self.bytes(t.token_id)),
+                    top_logprobs=[top(tid, lp) for tid, lp in t.top],
                 )
                 for t in lps
             ],
-            None,
+            refusal=None,
         )
 
     def legacy(
@@ -169,11 +171,13 @@ class Spelling:
             tops.append(None if lp is None else {self.text(i): v for i, v in lp.top})
             offsets.append(offset)
             offset += len(text)
-        return CompletionLogprobs(tokens, values, tops, offsets)
+        return CompletionLogprobs(
+            tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets
+        )
 
 
 @attrs.define
-class ChatAnswer:
+class ChatAnswer(PieceWriter):
     encoder: Encoder
     id: str
     model: str
@@ -190,19 +194,25 @@ class ChatAnswer:
 
     def _chunk(self, choice: ChatChunkChoice | None, usage: OpenAIUsage | None = None) -> bytes:
         chunk = ChatCompletionChunk(
-            self.id,
-            "chat.completion.chunk",
-            self.created,
-            self.model,
-            [choice] if choice is not None else [],
-            usage,
-            self.service_tier,
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[choice] if choice is not None else [],
+            usage=usage,
+            service_tier=self.service_tier,
         )
         return self.encoder.sse(chunk)
 
     def head(self) -> list[bytes]:
         return [
-            self._chunk(ChatChunkChoice(i, ChatDelta("assistant", ""), None, None))
+            self._chunk(
+                ChatChunkChoice(
+                    index=i,
+                    delta=ChatDelta(role="assistant", content=""),
+                    logprobs=None,
+                    finish_reason=None,
+                )
+            )
             for i in range(self.choices)
         ]
 
@@ -212,38 +222,60 @@ class ChatAnswer:
             lps = self.spelling.chat(delta.logprobs)
         if not self.reading.plain:
             reader = self._reader(index)
-            frames = self._frames(index, reader.feed(delta.text, len(delta.token_ids)))
+            frames = self.write(index, reader.feed(delta.text, len(delta.token_ids)))
             if lps is not None:
-                frames.append(self._chunk(ChatChunkChoice(index, ChatDelta(), lps, None)))
+                frames.append(
+                    self._chunk(
+                        ChatChunkChoice(
+                            index=index, delta=ChatDelta(), logprobs=lps, finish_reason=None
+                        )
+                    )
+                )
             return frames
         if not delta.text and lps is None:
             return []
-        return [self._chunk(ChatChunkChoice(index, ChatDelta(content=delta.text), lps, None))]
+        return [
+            self._chunk(
+                ChatChunkChoice(
+                    index=index,
+                    delta=ChatDelta(content=delta.text),
+                    logprobs=lps,
+                    finish_reason=None,
+                )
+            )
+        ]
 
     def _reader(self, index: int) -> OutputReader:
         if index not in self.readers:
             self.readers[index] = self.reading.reader()
         return self.readers[index]
 
-    def _frames(self, index: int, pieces: list[Piece]) -> list[bytes]:
-        """A choice's reasoning, text and call pieces as chunks: a call's first carries
-        its id, type and name, the next ones its arguments as they are generated."""
-        frames = []
-        for e in pieces:
-            if isinstance(e, ReasoningPiece):
-                part = ChatDelta(reasoning_content=e.text)
-            elif isinstance(e, TextPiece):
-                part = ChatDelta(content=e.text)
-            elif isinstance(e, CallStart):
-                fn = FunctionCallDelta(e.name, "")
-                part = ChatDelta(tool_calls=[ToolCallDelta(e.index, call_id(), "function", fn)])
-            elif isinstance(e, CallArgs):
-                fn = FunctionCallDelta(arguments=e.text)
-                part = ChatDelta(tool_calls=[ToolCallDelta(e.index, function=fn)])
-            else:
-                continue
-            frames.append(self._chunk(ChatChunkChoice(index, part, None, None)))
-        return frames
+    # A choice's reasoning, text and call pieces as chunks: a call's first carries its
+    # id, type and name, the next ones its arguments as they are generated.
+
+    def _part(self, choice: int, part: ChatDelta) -> list[bytes]:
+        chunk = ChatChunkChoice(index=choice, delta=part, logprobs=None, finish_reason=None)
+        return [self._chunk(chunk)]
+
+    def on_reasoning(self, choice: int, text: str) -> list[bytes]:
+        return self._part(choice, ChatDelta(reasoning_content=text))
+
+    def on_text(self, choice: int, text: str) -> list[bytes]:
+        return self._part(choice, ChatDelta(content=text))
+
+    def on_call_start(self, choice: int, call: CallStart) -> list[bytes]:
+        fn = FunctionCallDelta(name=call.name, arguments="")
+        delta = ToolCallDelta(index=call.index, id=call_id(), type="function", function=fn)
+        return self._part(choice, ChatDelta(tool_calls=[delta]))
+
+    def on_call_args(self, choice: int, args: CallArgs) -> list[bytes]:
+        fn = FunctionCallDelta(arguments=args.text)
+        return self._part(
+            choice, ChatDelta(tool_calls=[ToolCallDelta(index=args.index, function=fn)])
+        )
+
+    def on_call_end(self, choice: int, end: CallEnd) -> list[bytes]:
+        return []
 
     def tail(self, outcome: Outcome) -> list[bytes]:
         frames = []
@@ -252,11 +284,17 @@ class ChatAnswer:
             reason = chat_finish(c.finish.reason)
             if not self.reading.plain:
                 reader = self._reader(c.index)
-                frames += self._frames(c.index, reader.finish())
+                frames += self.write(c.index, reader.finish())
                 reasoning += reader.reasoning_tokens
                 if self.reading.tools:
                     reason = chat_finish(c.finish.reason, reader.calls, reader.open_call)
-            frames.append(self._chunk(ChatChunkChoice(c.index, ChatDelta(), None, reason)))
+            frames.append(
+                self._chunk(
+                    ChatChunkChoice(
+                        index=c.index, delta=ChatDelta(), logprobs=None, finish_reason=reason
+                    )
+                )
+            )
         if self.include_usage:
             frames.append(self._chunk(None, self._usage(outcome, reasoning)))
         return [*frames, _DONE]
@@ -265,24 +303,23 @@ class ChatAnswer:
         usage = _usage(outcome)
         if self.reasoning_usage:
             usage = attrs.evolve(
-                usage, completion_tokens_details=CompletionTokensDetails(reasoning)
+                usage, completion_tokens_details=CompletionTokensDetails(reasoning_tokens=reasoning)
             )
         return usage
 
     def _message(self, c: Choice) -> tuple[AssistantMessage, ChatFinish, int]:
         if self.reading.plain:
-            return AssistantMessage("assistant", c.text, None), chat_finish(c.finish.reason), 0
+            return AssistantMessage(content=c.text, refusal=None), chat_finish(c.finish.reason), 0
         out = self.reading.read(c.text, c.token_ids)
         calls = [
-            ToolCall(call_id(), "function", FunctionCall(call.name, call.arguments))
+            ToolCall(id=call_id(), function=FunctionCall(name=call.name, arguments=call.arguments))
             for call in out.calls
         ]
         message = AssistantMessage(
-            "assistant",
-            out.text if out.has_text else None,
-            None,
-            calls or None,
-            out.reasoning or None,
+            content=out.text if out.has_text else None,
+            refusal=None,
+            tool_calls=calls or None,
+            reasoning_content=out.reasoning or None,
         )
         reason = chat_finish(c.finish.reason)
         if self.reading.tools:
@@ -296,17 +333,18 @@ class ChatAnswer:
             message, reason, thought = self._message(c)
             reasoning += thought
             lps = self.spelling.chat(c.logprobs) if self.spelling is not None else None
-            choices.append(ChatChoice(c.index, message, lps, reason))
+            choices.append(
+                ChatChoice(index=c.index, message=message, logprobs=lps, finish_reason=reason)
+            )
         return self.encoder.json(
             ChatCompletion(
-                self.id,
-                "chat.completion",
-                self.created,
-                self.model,
-                choices,
-                self._usage(outcome, reasoning),
-                None,
-                self.service_tier,
+                id=self.id,
+                created=self.created,
+                model=self.model,
+                choices=choices,
+                usage=self._usage(outcome, reasoning),
+                system_fingerprint=None,
+                service_tier=self.service_tier,
             )
         )
 
@@ -337,7 +375,7 @@ class CompletionAnswer:
     ) -> bytes:
         choices = [choice] if choice is not None else []
         chunk = CompletionChunk(
-            self.id, "text_completion", self.created, self.model, choices, usage
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
         )
         return self.encoder.sse(chunk)
 
@@ -362,19 +400,38 @@ class CompletionAnswer:
             if self.prompts is not None:
                 text, lps = self._echo(index, delta.prompt_logprobs)
                 self.sent[index] = len(text)
-                frames.append(self._chunk(CompletionChunkChoice(index, text, lps, None)))
+                frames.append(
+                    self._chunk(
+                        CompletionChunkChoice(
+                            index=index, text=text, logprobs=lps, finish_reason=None
+                        )
+                    )
+                )
         lps = None
         if self.spelling is not None and delta.logprobs:
             ids = [t.token_id for t in delta.logprobs]
             lps = self.spelling.legacy(delta.logprobs, ids, self.sent[index])
         if delta.text or lps is not None:
             self.sent[index] += len(delta.text)
-            frames.append(self._chunk(CompletionChunkChoice(index, delta.text, lps, None)))
+            frames.append(
+                self._chunk(
+                    CompletionChunkChoice(
+                        index=index, text=delta.text, logprobs=lps, finish_reason=None
+                    )
+                )
+            )
         return frames
 
     def tail(self, outcome: Outcome) -> list[bytes]:
         frames = [
-            self._chunk(CompletionChunkChoice(c.index, "", None, FINISH[c.finish.reason].openai))
+            self._chunk(
+                CompletionChunkChoice(
+                    index=c.index,
+                    text="",
+                    logprobs=None,
+                    finish_reason=FINISH[c.finish.reason].openai,
+                )
+            )
             for c in outcome.choices
         ]
         if self.include_usage:
@@ -391,23 +448,27 @@ class CompletionAnswer:
             lps = self.spelling.legacy(c.logprobs, ids, len(prefix))
             if prefix_lps is not None:
                 lps = CompletionLogprobs(
-                    prefix_lps.tokens + lps.tokens,
-                    prefix_lps.token_logprobs + lps.token_logprobs,
-                    prefix_lps.top_logprobs + lps.top_logprobs,
-                    prefix_lps.text_offset + lps.text_offset,
+                    tokens=prefix_lps.tokens + lps.tokens,
+                    token_logprobs=prefix_lps.token_logprobs + lps.token_logprobs,
+                    top_logprobs=prefix_lps.top_logprobs + lps.top_logprobs,
+                    text_offset=prefix_lps.text_offset + lps.text_offset,
                 )
-        return CompletionChoice(c.index, prefix + text, lps, FINISH[c.finish.reason].openai)
+        return CompletionChoice(
+            index=c.index,
+            text=prefix + text,
+            logprobs=lps,
+            finish_reason=FINISH[c.finish.reason].openai,
+        )
 
     def body(self, outcome: Outcome) -> bytes:
         return self.encoder.json(
             Completion(
-                self.id,
-                "text_completion",
-                self.created,
-                self.model,
-                [self._choice(c) for c in outcome.choices],
-                _usage(outcome),
-                None,
+                id=self.id,
+                created=self.created,
+                model=self.model,
+                choices=[self._choice(c) for c in outcome.choices],
+                usage=_usage(outcome),
+                system_fingerprint=None,
             )
         )
 
@@ -524,10 +585,10 @@ class _OpenAIFrontend(Frontend):
         thinking: ThinkingMode | None = None,
     ) -> Prepared:
         return Prepared(
-            requests,
-            bool(req.stream),
-            answer,
-            self.log_fields(plan, thinking),
+            requests=requests,
+            stream=bool(req.stream),
+            answer=answer,
+            log_fields=self.log_fields(plan, thinking),
             prompt_of=groups,
             headers=headers,
         )

@@ -13,7 +13,8 @@ free reasoning block that must close first.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import abc
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -34,6 +35,7 @@ from protocols import ApiError
 __all__ = [
     "OutputReader",
     "Piece",
+    "PieceWriter",
     "ReadOutput",
     "Reading",
     "ReasoningPiece",
@@ -229,6 +231,41 @@ class ThinkSplitter:
 
 
 Piece = ReasoningPiece | TextPiece | CallStart | CallArgs | CallEnd
+
+
+class PieceWriter(abc.ABC):
+    """A streaming answer: what its protocol writes for each kind of piece of a choice's
+    output (`OutputReader`'s), each method returning frames; `write` dispatches."""
+
+    def write(self, choice: int, pieces: Iterable[Piece]) -> list[bytes]:
+        frames: list[bytes] = []
+        for piece in pieces:
+            if isinstance(piece, ReasoningPiece):
+                frames += self.on_reasoning(choice, piece.text)
+            elif isinstance(piece, TextPiece):
+                frames += self.on_text(choice, piece.text)
+            elif isinstance(piece, CallStart):
+                frames += self.on_call_start(choice, piece)
+            elif isinstance(piece, CallArgs):
+                frames += self.on_call_args(choice, piece)
+            else:
+                frames += self.on_call_end(choice, piece)
+        return frames
+
+    @abc.abstractmethod
+    def on_reasoning(self, choice: int, text: str) -> list[bytes]: ...
+
+    @abc.abstractmethod
+    def on_text(self, choice: int, text: str) -> list[bytes]: ...
+
+    @abc.abstractmethod
+    def on_call_start(self, choice: int, call: CallStart) -> list[bytes]: ...
+
+    @abc.abstractmethod
+    def on_call_args(self, choice: int, args: CallArgs) -> list[bytes]: ...
+
+    @abc.abstractmethod
+    def on_call_end(self, choice: int, end: CallEnd) -> list[bytes]: ...
 
 
 @attrs.define

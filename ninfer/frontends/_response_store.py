@@ -197,9 +197,8 @@ def input_item_page(stored: Stored, query_string: bytes) -> InputItemList:
         items = items[ids.index(query["after"]) + 1 :]
     page = items[: int(raw)]
     return InputItemList(
-        "list",
-        page,
-        page[0].id if page else None,
-        page[-1].id if page else None,
-        len(items) > len(page),
+        data=page,
+        first_id=page[0].id if page else None,
+        last_id=page[-1].id if page else None,
+        has_more=len(items) > len(page),
     )

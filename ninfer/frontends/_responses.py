@@ -33,9 +33,8 @@ from ninfer.frontends._budget import SamplingRequest
 from ninfer.frontends._finish import FINISH
 from ninfer.frontends._reasoning import (
     OutputReader,
-    Piece,
+    PieceWriter,
     Reading,
-    ReasoningPiece,
     ThinkingAsk,
     ThinkingMode,
 )
@@ -51,8 +50,8 @@ from ninfer.frontends._response_store import (
 from ninfer.frontends._structured import ANY_JSON_OBJECT
 from ninfer.frontends._tools import (
     CallArgs,
+    CallEnd,
     CallStart,
-    TextPiece,
     Tool,
     ToolCallTurn,
     ToolPlan,
@@ -105,54 +104,77 @@ def _new_id(prefix: str) -> str:
 
 
 def _output_text(text: str) -> OutputText:
-    return OutputText("output_text", text, [], [])
+    return OutputText(text=text, annotations=[], logprobs=[])
 
 
 def _input_items(items: str | list[ResponsesInputItem]) -> list[Item]:
     """The request's input as stored Items (a string is one user message; ids kept or
     made)."""
     if isinstance(items, str):
-        return [InputMessage(_new_id("msg"), "message", "user", "completed",
-                             [InputText("input_text", items)])]  # fmt: skip
+        return [InputMessage(id=_new_id("msg"), role="user", content=[InputText(text=items)])]
     out: list[Item] = []
     for item in items:
         if item.type == "reasoning":
-            texts = [ReasoningText("reasoning_text", p.text or "")
-                     for p in item.content or () if not isinstance(p, str)]  # fmt: skip
-            out.append(ReasoningItem(item.id or _new_id("rs"), "reasoning",
-                                     list(item.summary or []), texts, "completed"))  # fmt: skip
+            texts = [
+                ReasoningText(text=p.text or "")
+                for p in item.content or ()
+                if not isinstance(p, str)
+            ]
+            out.append(
+                ReasoningItem(
+                    id=item.id or _new_id("rs"),
+                    summary=list(item.summary or []),
+                    content=texts,
+                    status="completed",
+                )
+            )
             continue
         if item.type == "function_call":
             assert item.call_id
             assert item.name
             assert item.arguments is not None
-            out.append(FunctionCallItem(item.id or _new_id("fc"), "function_call", item.call_id,
-                                        item.name, item.arguments, "completed"))  # fmt: skip
+            out.append(
+                FunctionCallItem(
+                    id=item.id or _new_id("fc"),
+                    call_id=item.call_id,
+                    name=item.name,
+                    arguments=item.arguments,
+                    status="completed",
+                )
+            )
             continue
         if item.type == "function_call_output":
             assert item.call_id
             assert item.output is not None
-            output = item.output if isinstance(item.output, str) else "".join(
-                p.text or "" for p in item.output)  # fmt: skip
-            out.append(FunctionCallOutputItem(item.id or _new_id("fco"), "function_call_output",
-                                              item.call_id, output, "completed"))  # fmt: skip
+            output = (
+                item.output
+                if isinstance(item.output, str)
+                else "".join(p.text or "" for p in item.output)
+            )
+            out.append(
+                FunctionCallOutputItem(
+                    id=item.id or _new_id("fco"),
+                    call_id=item.call_id,
+                    output=output,
+                    status="completed",
+                )
+            )
             continue
         assert item.role is not None  # the codec checked both
         assert item.content is not None
         parts: list[InputText | OutputText]
         if isinstance(item.content, str):
             text = item.content
-            parts = [
-                _output_text(text) if item.role == "assistant" else InputText("input_text", text)
-            ]
+            parts = [_output_text(text) if item.role == "assistant" else InputText(text=text)]
         else:
             parts = [
-                _output_text(p.text or "") if p.type == "output_text"
-                else InputText("input_text", p.text or "")
+                _output_text(p.text or "")
+                if p.type == "output_text"
+                else InputText(text=p.text or "")
                 for p in item.content
-            ]  # fmt: skip
+            ]
         role: Any = item.role
-        out.append(InputMessage(item.id or _new_id("msg"), "message", role, "completed", parts))
+        out.append(InputMessage(id=item.id or _new_id("msg"), role=role, content=parts))
     return out
 
 
@@ -187,8 +209,9 @@ def _turns(items: Sequence[Item]) -> list[Turn]:
         pending = []
         if isinstance(item, InputMessage):
             text = "".join(p.text for p in item.content)
-            turns.append(Turn(item.role, text, reasoning=thought if item.role == "assistant"
-                              else None))  # fmt: skip
+            turns.append(
+                Turn(item.role, text, reasoning=thought if item.role == "assistant" else None)
+            )
         elif isinstance(item, FunctionCallOutputItem):
             turns.append(Turn("tool", item.output, call_id=item.call_id))
         else:
@@ -200,8 +223,11 @@ def _turns(items: Sequence[Item]) -> list[Turn]:
     return turns
 
 
+Streamed = ReasoningItem | OutputMessage | FunctionCallItem  # an output Item
+
+
 @attrs.define
-class ResponseAnswer:
+class ResponseAnswer(PieceWriter):
     """One Response's answer: a body, or semantic events numbered in order. A finished
     Response (completed or incomplete) is stored when the request asked for it."""
 
@@ -218,7 +244,7 @@ class ResponseAnswer:
     # A stream's output Items so far (thinking or with tools, each opens as the output
     # shows what it is): the reasoning, the message's text, each call's Item and
     # arguments.
-    streamed: list[ReasoningItem | OutputMessage | FunctionCallItem] = attrs.Factory(list)
+    streamed: list[Streamed] = attrs.Factory(list)
     text: list[str] = attrs.Factory(list)
     thought: list[str] = attrs.Factory(list)
     arguments: list[str] = attrs.Factory(list)
@@ -232,8 +258,18 @@ class ResponseAnswer:
 
     def head(self) -> list[bytes]:
         frames = [
-            self._sse(ResponseLifecycleEvent("response.created", self._next(), self.template)),
-            self._sse(ResponseLifecycleEvent("response.in_progress", self._next(), self.template)),
+            self._sse(
+                ResponseLifecycleEvent(
+                    type="response.created", sequence_number=self._next(), response=self.template
+                )
+            ),
+            self._sse(
+                ResponseLifecycleEvent(
+                    type="response.in_progress",
+                    sequence_number=self._next(),
+                    response=self.template,
+                )
+            ),
         ]
         if self.reading.plain:
             frames += self._open_message()
@@ -241,43 +277,60 @@ class ResponseAnswer:
             self.reader = self.reading.reader()
         return frames
 
-    def _open_message(self) -> list[bytes]:
-        item = OutputMessage(self.item_id, "message", "assistant", "in_progress", [])
+    # ---- a stream's output Items: each opens as the output shows what it is ----
+
+    def _open(self, item: Streamed, part: OutputText | ReasoningText | None) -> list[bytes]:
+        """The Item being streamed ends, and `item` begins (with its one content part)."""
+        frames = self._close("completed")
         self.streamed.append(item)
         at = len(self.streamed) - 1
-        return [
-            self._sse(OutputItemEvent("response.output_item.added", self._next(), at, item)),
-            self._sse(ContentPartEvent("response.content_part.added", self._next(), self.item_id,
-                                       at, 0, _output_text(""))),
-        ]  # fmt: skip
+        added = OutputItemEvent(
+            type="response.output_item.added",
+            sequence_number=self._next(),
+            output_index=at,
+            item=item,
+        )
+        frames.append(self._sse(added))
+        if part is not None:
+            frames.append(self._sse(self._part("response.content_part.added", part)))
+        return frames
 
-    def _text(self, text: str) -> list[bytes]:
-        frames = []
-        if self._open_kind() != "message":  # after reasoning or a call, a new message Item
-            frames = self._close("completed") + self._open_message()
-        self.text.append(text)
-        event = OutputTextDeltaEvent("response.output_text.delta", self._next(), self.item_id,
-                                     len(self.streamed) - 1, 0, text, [])  # fmt: skip
-        return [*frames, self._sse(event)]
+    def _open_message(self) -> list[bytes]:
+        item = OutputMessage(id=self.item_id, status="in_progress", content=[])
+        return self._open(item, _output_text(""))
 
-    def _thinking(self, text: str) -> list[bytes]:
-        frames = []
-        if self._open_kind() != "reasoning":
-            frames += self._close("completed")
-            item = ReasoningItem(_new_id("rs"), "reasoning", [], [], "in_progress")
-            self.streamed.append(item)
-            self.thought = []
-            at = len(self.streamed) - 1
-            frames += [
-                self._sse(OutputItemEvent("response.output_item.added", self._next(), at, item)),
-                self._sse(ContentPartEvent("response.content_part.added", self._next(), item.id,
-                                           at, 0, ReasoningText("reasoning_text", ""))),
-            ]  # fmt: skip
-        self.thought.append(text)
+    def _part(
+        self,
+        event: Literal["response.content_part.added", "response.content_part.done"],
+        part: OutputText | ReasoningText,
+    ) -> ContentPartEvent:
         at = len(self.streamed) - 1
-        event = ReasoningTextDeltaEvent("response.reasoning_text.delta", self._next(),
-                                        self.streamed[at].id, at, 0, text)  # fmt: skip
-        return [*frames, self._sse(event)]
+        return ContentPartEvent(
+            type=event,
+            sequence_number=self._next(),
+            item_id=self.streamed[at].id,
+            output_index=at,
+            content_index=0,
+            part=part,
+        )
+
+    def _done(
+        self, event: Any, item: Streamed, part: OutputText | ReasoningText | None
+    ) -> list[bytes]:
+        """The frames that end the Item being streamed as `item`: its own done `event`,
+        its content part's, the Item's."""
+        at = len(self.streamed) - 1
+        self.streamed[at] = item
+        frames = [self._sse(event)]
+        if part is not None:
+            frames.append(self._sse(self._part("response.content_part.done", part)))
+        done = OutputItemEvent(
+            type="response.output_item.done",
+            sequence_number=self._next(),
+            output_index=at,
+            item=item,
+        )
+        return [*frames, self._sse(done)]
 
     def _open_kind(self) -> str | None:
         last = self.streamed[-1] if self.streamed else None
@@ -286,79 +339,104 @@ class ResponseAnswer:
     def _close(self, status: Literal["completed", "incomplete"]) -> list[bytes]:
         """The frames that end the Item being streamed, if one is."""
         kind = self._open_kind()
+        if kind is None:
+            return []
         at = len(self.streamed) - 1
+        open_id = self.streamed[at].id
         if kind == "reasoning":
-            part = ReasoningText("reasoning_text", "".join(self.thought))
-            thinking = ReasoningItem(self.streamed[at].id, "reasoning", [], [part], status)
-            self.streamed[at] = thinking
-            return [
-                self._sse(ReasoningTextDoneEvent("response.reasoning_text.done", self._next(),
-                                                 thinking.id, at, 0, part.text)),
-                self._sse(ContentPartEvent("response.content_part.done", self._next(),
-                                           thinking.id, at, 0, part)),
-                self._sse(OutputItemEvent("response.output_item.done", self._next(), at,
-                                          thinking)),
-            ]  # fmt: skip
+            part = ReasoningText(text="".join(self.thought))
+            thinking = ReasoningItem(id=open_id, summary=[], content=[part], status=status)
+            done: Any = ReasoningTextDoneEvent(
+                sequence_number=self._next(),
+                item_id=open_id,
+                output_index=at,
+                content_index=0,
+                text=part.text,
+            )
+            return self._done(done, thinking, part)
         if kind == "message":
             text = _output_text("".join(self.text))
-            item: OutputMessage | FunctionCallItem = OutputMessage(
-                self.item_id, "message", "assistant", status, [text]
+            done = OutputTextDoneEvent(
+                sequence_number=self._next(),
+                item_id=open_id,
+                output_index=at,
+                content_index=0,
+                text=text.text,
+                logprobs=[],
             )
-            self.streamed[at] = item
-            return [
-                self._sse(OutputTextDoneEvent("response.output_text.done", self._next(),
-                                              self.item_id, at, 0, text.text, [])),
-                self._sse(ContentPartEvent("response.content_part.done", self._next(),
-                                           self.item_id, at, 0, text)),
-                self._sse(OutputItemEvent("response.output_item.done", self._next(), at, item)),
-            ]  # fmt: skip
-        if kind == "function_call":
-            call = self.streamed[at]
-            assert isinstance(call, FunctionCallItem)
-            args = "".join(self.arguments)
-            item = attrs.evolve(call, arguments=args, status=status)
-            self.streamed[at] = item
-            done = FunctionCallArgumentsDoneEvent(
-                "response.function_call_arguments.done", self._next(), call.id, at, call.name, args
-            )
-            return [
-                self._sse(done),
-                self._sse(OutputItemEvent("response.output_item.done", self._next(), at, item)),
-            ]  # fmt: skip
-        return []
+            message = OutputMessage(id=open_id, status=status, content=[text])
+            return self._done(done, message, text)
+        call = self.streamed[at]
+        assert isinstance(call, FunctionCallItem)
+        args = "".join(self.arguments)
+        done = FunctionCallArgumentsDoneEvent(
+            sequence_number=self._next(),
+            item_id=open_id,
+            output_index=at,
+            name=call.name,
+            arguments=args,
+        )
+        return self._done(done, attrs.evolve(call, arguments=args, status=status), None)
 
-    def _events(self, events: list[Piece]) -> list[bytes]:
-        frames: list[bytes] = []
-        for e in events:
-            if isinstance(e, ReasoningPiece):
-                frames += self._thinking(e.text)
-            elif isinstance(e, TextPiece):
-                frames += self._text(e.text)
-            elif isinstance(e, CallStart):
-                frames += self._close("completed")
-                item = FunctionCallItem(_new_id("fc"), "function_call", call_id(), e.name, "",
-                                        "in_progress")  # fmt: skip
-                self.streamed.append(item)
-                self.arguments = []
-                at = len(self.streamed) - 1
-                frames.append(self._sse(OutputItemEvent("response.output_item.added",
-                                                        self._next(), at, item)))  # fmt: skip
-            elif isinstance(e, CallArgs):
-                self.arguments.append(e.text)
-                at = len(self.streamed) - 1
-                frames.append(self._sse(FunctionCallArgumentsDeltaEvent(
-                    "response.function_call_arguments.delta", self._next(),
-                    self.streamed[at].id, at, e.text)))  # fmt: skip
-            else:
-                frames += self._close("completed")
-        return frames
+    def on_reasoning(self, choice: int, text: str) -> list[bytes]:
+        frames = []
+        if self._open_kind() != "reasoning":
+            item = ReasoningItem(id=_new_id("rs"), summary=[], content=[], status="in_progress")
+            frames = self._open(item, ReasoningText(text=""))
+            self.thought = []
+        self.thought.append(text)
+        at = len(self.streamed) - 1
+        event = ReasoningTextDeltaEvent(
+            sequence_number=self._next(),
+            item_id=self.streamed[at].id,
+            output_index=at,
+            content_index=0,
+            delta=text,
+        )
+        return [*frames, self._sse(event)]
+
+    def on_text(self, choice: int, text: str) -> list[bytes]:
+        frames = []
+        if self._open_kind() != "message":  # after reasoning or a call, a new message Item
+            frames = self._open_message()
+        self.text.append(text)
+        event = OutputTextDeltaEvent(
+            sequence_number=self._next(),
+            item_id=self.item_id,
+            output_index=len(self.streamed) - 1,
+            content_index=0,
+            delta=text,
+            logprobs=[],
+        )
+        return [*frames, self._sse(event)]
+
+    def on_call_start(self, choice: int, call: CallStart) -> list[bytes]:
+        self.arguments = []
+        item = FunctionCallItem(
+            id=_new_id("fc"), call_id=call_id(), name=call.name, arguments="", status="in_progress"
+        )
+        return self._open(item, None)
+
+    def on_call_args(self, choice: int, args: CallArgs) -> list[bytes]:
+        self.arguments.append(args.text)
+        at = len(self.streamed) - 1
+        delta = FunctionCallArgumentsDeltaEvent(
+            sequence_number=self._next(),
+            item_id=self.streamed[at].id,
+            output_index=at,
+            delta=args.text,
+        )
+        return [self._sse(delta)]
+
+    def on_call_end(self, choice: int, end: CallEnd) -> list[bytes]:
+        return self._close("completed")
 
     def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
         if self.reader is not None:
-            return self._events(self.reader.feed(delta.text, len(delta.token_ids)))
+            return self.write(0, self.reader.feed(delta.text, len(delta.token_ids)))
         if not delta.text:
             return []
-        return self._text(delta.text)
+        return self.on_text(0, delta.text)
 
     def _output(
         self, outcome: Outcome, status: Literal["completed", "incomplete"]
@@ -367,18 +445,27 @@ class ResponseAnswer:
         output tokens were reasoning."""
         if self.reading.plain:
             text = [_output_text(outcome.text)]
-            return [OutputMessage(self.item_id, "message", "assistant", status, text)], 0
+            return [OutputMessage(id=self.item_id, status=status, content=text)], 0
         choice = outcome.choices[0]
         out = self.reading.read(choice.text, choice.token_ids)
         items: list[ReasoningItem | OutputMessage | FunctionCallItem] = []
         if out.reasoning:
-            part = ReasoningText("reasoning_text", out.reasoning)
-            items.append(ReasoningItem(_new_id("rs"), "reasoning", [], [part], status))
+            part = ReasoningText(text=out.reasoning)
+            items.append(ReasoningItem(id=_new_id("rs"), summary=[], content=[part], status=status))
         if out.has_text:
-            items.append(OutputMessage(self.item_id, "message", "assistant", status,
-                                       [_output_text(out.text)]))  # fmt: skip
-        items += [FunctionCallItem(_new_id("fc"), "function_call", call_id(), c.name,
-                                   c.arguments, "completed") for c in out.calls]  # fmt: skip
+            items.append(
+                OutputMessage(id=self.item_id, status=status, content=[_output_text(out.text)])
+            )
+        items += [
+            FunctionCallItem(
+                id=_new_id("fc"),
+                call_id=call_id(),
+                name=c.name,
+                arguments=c.arguments,
+                status="completed",
+            )
+            for c in out.calls
+        ]
         return items, out.reasoning_tokens
 
     def _finished(self, outcome: Outcome, streamed: bool = False) -> ResponseObject:
@@ -392,11 +479,11 @@ class ResponseAnswer:
         else:
             output, reasoning = self._output(outcome, status)
         usage = ResponseUsage(
-            u.prompt_tokens,
-            InputTokensDetails(u.cached_tokens),
-            u.completion_tokens,
-            OutputTokensDetails(reasoning),
-            u.prompt_tokens + u.completion_tokens,
+            input_tokens=u.prompt_tokens,
+            input_tokens_details=InputTokensDetails(cached_tokens=u.cached_tokens),
+            output_tokens=u.completion_tokens,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning),
+            total_tokens=u.prompt_tokens + u.completion_tokens,
         )
         response = attrs.evolve(
             self.template,
@@ -404,7 +491,7 @@ class ResponseAnswer:
             completed_at=int(time.time()),
             output=output,
             usage=usage,
-            incomplete_details=None if complete else IncompleteDetails("max_output_tokens"),
+            incomplete_details=None if complete else IncompleteDetails(),
         )
         if self.store is not None:
             history = (*self.history, _reply(output))
@@ -414,7 +501,7 @@ class ResponseAnswer:
 
     def tail(self, outcome: Outcome) -> list[bytes]:
         complete = FINISH[outcome.finish.reason].complete
-        frames = self._events(self.reader.finish()) if self.reader is not None else []
+        frames = self.write(0, self.reader.finish()) if self.reader is not None else []
         if not any(i.type != "reasoning" for i in self.streamed):  # no text, no call: the
             frames += self._open_message()  # (empty) message still is one
         frames += self._close("completed" if complete else "incomplete")
@@ -422,7 +509,12 @@ class ResponseAnswer:
         end: Literal["response.completed", "response.incomplete"] = (
             "response.completed" if response.status == "completed" else "response.incomplete"
         )
-        return [*frames, self._sse(ResponseLifecycleEvent(end, self._next(), response))]
+        return [
+            *frames,
+            self._sse(
+                ResponseLifecycleEvent(type=end, sequence_number=self._next(), response=response)
+            ),
+        ]
 
     def body(self, outcome: Outcome) -> bytes:
         return self.encoder.json(self._finished(outcome))
@@ -431,9 +523,15 @@ class ResponseAnswer:
         """A stream that fails after it began ends with response.failed (nothing stored)."""
         code = err.code or err.kind
         response = attrs.evolve(
-            self.template, status="failed", error=ResponseError(code, err.message)
+            self.template, status="failed", error=ResponseError(code=code, message=err.message)
         )
-        return [self._sse(ResponseLifecycleEvent("response.failed", self._next(), response))]
+        return [
+            self._sse(
+                ResponseLifecycleEvent(
+                    type="response.failed", sequence_number=self._next(), response=response
+                )
+            )
+        ]
 
 
 def _reply(output: Sequence[ReasoningItem | OutputMessage | FunctionCallItem]) -> Turn:
@@ -441,9 +539,11 @@ def _reply(output: Sequence[ReasoningItem | OutputMessage | FunctionCallItem]) -
     budget cut short, streamed as an incomplete Item, is left out: its arguments do not
     parse), with its reasoning."""
     text = "".join(p.text for i in output if isinstance(i, OutputMessage) for p in i.content)
-    calls = tuple(ToolCallTurn(i.call_id, i.name, replayed_arguments(i.arguments, ""))
-                  for i in output
-                  if isinstance(i, FunctionCallItem) and i.status == "completed")  # fmt: skip
+    calls = tuple(
+        ToolCallTurn(i.call_id, i.name, replayed_arguments(i.arguments, ""))
+        for i in output
+        if isinstance(i, FunctionCallItem) and i.status == "completed"
+    )
     thoughts = ["".join(p.text for p in i.content) for i in output if isinstance(i, ReasoningItem)]
     return Turn("assistant", text, calls, reasoning="\n\n".join(thoughts) if thoughts else None)
 
@@ -516,8 +616,11 @@ class ResponsesFrontend(Frontend):
         _check_outputs_answer_calls(earlier, items)
         history = (*earlier, *_turns(items))
         tools = _tools(req.tools)
-        plan = ToolPlan.of(tools, req.tool_choice, req.parallel_tool_calls is not False) if (
-            tools) else None  # fmt: skip
+        plan = (
+            ToolPlan.of(tools, req.tool_choice, req.parallel_tool_calls is not False)
+            if (tools)
+            else None
+        )
         thinking = self.thinking(_thinking_ask(req.reasoning))
         prompt, ids = await self._prompt(req.instructions, history, tools, thinking)
         gen, grant, _warnings = self.request(
@@ -549,7 +652,13 @@ class ResponsesFrontend(Frontend):
         fields = self.log_fields(
             plan, thinking, store=store, previous_response_id=req.previous_response_id
         )
-        return Prepared((gen,), bool(req.stream), answer, fields, headers=clamp_headers(grant))
+        return Prepared(
+            requests=(gen,),
+            stream=bool(req.stream),
+            answer=answer,
+            log_fields=fields,
+            headers=clamp_headers(grant),
+        )
 
     def _check_room(
         self,
@@ -597,7 +706,7 @@ class ResponsesFrontend(Frontend):
             temperature=temperature,
             top_p=top_p,
             top_logprobs=0,
-            text=ResponseTextConfig(_echoed_format(req)),
+            text=ResponseTextConfig(format=_echoed_format(req)),
             tool_choice=req.tool_choice if req.tool_choice is not None else "auto",
             tools=[
                 {
@@ -626,7 +735,7 @@ class ResponsesFrontend(Frontend):
         response_id = call.params["response_id"]
         if not self.store.delete(response_id):
             raise not_found()
-        return self.dialect.encoder.json(ResponseDeleted(response_id, "response.deleted", True))
+        return self.dialect.encoder.json(ResponseDeleted(id=response_id, deleted=True))
 
     def input_items(self, call: PathArgs) -> bytes:
         """GET /v1/responses/{id}/input_items (`input_item_page`)."""
@@ -667,7 +776,7 @@ class ResponsesFrontend(Frontend):
             )
         thinking = self.thinking(_thinking_ask(req.reasoning))
         _prompt, ids = await self._prompt(req.instructions, history, _tools(req.tools), thinking)
-        return self.dialect.encoder.json(InputTokensCount("response.input_tokens", len(ids)))
+        return self.dialect.encoder.json(InputTokensCount(input_tokens=len(ids)))
 
 
 def _thinking_ask(reasoning: ResponsesReasoning | None) -> ThinkingAsk:
@@ -687,11 +796,11 @@ def _tools(tools: Sequence[ResponsesTool] | None) -> tuple[Tool, ...]:
 def _echoed_format(req: ResponsesRequest) -> ResponseTextFormat:
     fmt = req.text.format if req.text else None
     if fmt is None or fmt.type == "text":
-        return ResponseTextFormat("text")
+        return ResponseTextFormat(type="text")
     if fmt.type == "json_object":
-        return ResponseTextFormat("json_object")
+        return ResponseTextFormat(type="json_object")
     return ResponseTextFormat(
-        "json_schema",
+        type="json_schema",
         name=fmt.name,
         schema=fmt.schema if fmt.schema is not None else ANY_JSON_OBJECT,
         strict=fmt.strict,
