@@ -1,9 +1,9 @@
 """Server configuration: one frozen attrs object, built once from flags, env or TOML.
 
-Every field is declared once here with its flag, default, bounds and help text;
-`ninfer serve --help`, the `NINFER_*` environment variables and the TOML file are
-all generated from this table, so they cannot drift apart. A refused value
-raises ConfigError naming the flag.
+Every setting is declared once, as a field of `ServerConfig` with its type, default,
+bounds and help text; `SETTINGS` reads them off the class, and `ninfer serve --help`,
+the `NINFER_*` environment variables and the TOML file are all generated from it, so
+they cannot drift apart. A refused value raises ConfigError naming the flag.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import difflib
 import tomllib
+import types
+import typing
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 import attrs
 
@@ -34,8 +36,11 @@ __all__ = [
 
 @attrs.frozen
 class Setting:
+    """One setting as the flags, variables and files see it: read off ServerConfig's
+    field (its type and `setting(...)` declaration)."""
+
     name: str  # attribute name; flag is --name-with-dashes, env NINFER_NAME
-    kind: type  # int, float, str, bool
+    kind: type  # int, float, str, bool, list
     default: Any
     help: str
     minimum: float | None = None
@@ -54,325 +59,264 @@ class Setting:
         return "NINFER_" + self.name.upper()
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting("host", str, "127.0.0.1", "listen address"),
-    Setting("port", int, 8080, "listen port (0: any free port)", 0, 65535),
-    Setting(
-        "model",
-        str,
+def setting(
+    default: Any,
+    help: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    choices: tuple[str, ...] = (),
+    metavar: str | None = None,
+) -> Any:
+    """A ServerConfig field that is a setting: its default, help text and bounds."""
+    spec = {"help": help, "minimum": minimum, "maximum": maximum, "choices": choices}
+    return attrs.field(default=default, metadata={"setting": {**spec, "metavar": metavar}})
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """The whole server configuration. Each field is a setting, declared once here with
+    its default, help text and bounds (`setting`): its flag is --name-with-dashes, its
+    environment variable NINFER_NAME, its TOML key the name; its type says what values
+    it takes (an optional one may be unset; a Literal word, e.g. auto, beside a number)."""
+
+    host: str = setting("127.0.0.1", "listen address")
+    port: int = setting(8080, "listen port (0: any free port)", minimum=0, maximum=65535)
+    model: str = setting(
         "smollm2-135m-instruct",
         "registered model name (fetched on first use: smollm2-135m-instruct, gemma3-270m) "
         "or path to a GGUF file of the llama family (llama, qwen2, qwen3, gemma3)",
-    ),
-    Setting(
-        "served_model_name",
-        list,
+    )
+    served_model_name: tuple[str, ...] | None = setting(
         None,
         "the names requests may give as `model` on every protocol (aliases, e.g. "
         "gpt-4o-mini for a tool that defaults to it); the first is the one /v1/models and "
         "the logs show (default: the registered name or the file's model id)",
-        optional=True,
         metavar="NAME",
-    ),
-    Setting(
-        "model_id",
-        str,
-        None,
-        "one public model name; the same as --served-model-name with one NAME",
-        optional=True,
-    ),
-    Setting(
-        "cache_dir", str, None, "model cache (default: $NINFER_CACHE or XDG cache)", optional=True
-    ),
-    Setting("device", str, "cpu", "torch device", choices=("cpu", "cuda")),
-    Setting(
-        "dtype",
-        str,
+    )
+    model_id: str | None = setting(
+        None, "one public model name; the same as --served-model-name with one NAME"
+    )
+    cache_dir: str | None = setting(None, "model cache (default: $NINFER_CACHE or XDG cache)")
+    device: str = setting("cpu", "torch device", choices=("cpu", "cuda"))
+    dtype: str = setting(
         "float32",
         "weights and activations; float32 is batch-invariant, bfloat16 is faster but a "
         "batched row can drift from the same row alone",
         choices=DTYPE_NAMES,
-    ),
-    Setting(
-        "weights",
-        str,
+    )
+    weights: str = setting(
         "int4",
         "int4: run the GGUF's Q4_0/Q4_1/Q4_K matrices in their 4-bit blocks through torch's int4 "
         "CPU kernel (bfloat16 inside those matmuls, everything else in --dtype); dense: "
         "dequantize every matrix to --dtype",
         choices=WEIGHT_MODES,
-    ),
-    Setting(
-        "max_context",
-        int,
-        None,
-        "logical context ceiling of each sequence (default: the model's)",
-        1,
-        optional=True,
-    ),
-    Setting(
-        "kv_capacity",
-        int,
+    )
+    max_context: int | None = setting(
+        None, "logical context ceiling of each sequence (default: the model's)", minimum=1
+    )
+    kv_capacity: int | Literal["auto"] | None = setting(
         None,
         "KV-cache pool in tokens, shared by all requests, or auto: as many as fit in the "
         "memory left after the weights, 1 GiB kept free (the CPU's available memory, "
         "within a cgroup limit; on CUDA the device's free memory) (default: --max-context)",
-        1,
-        optional=True,
-        words=("auto",),
+        minimum=1,
         metavar="TOKENS|auto",
-    ),
-    Setting(
-        "kv_dtype",
-        str,
+    )
+    kv_dtype: str = setting(
         "auto",
         "KV-cache storage: auto (the --dtype of the activations), or int8 (keys and values "
         "as 8-bit integers with a float32 scale per position and head: about a quarter of "
         "float32's memory, so --kv-capacity holds ~3.8x the tokens; not bit-exact with the "
         "float cache, still batch-invariant; docs/engine.md)",
         choices=KV_DTYPES,
-    ),
-    Setting("max_concurrency", int, 8, "requests decoding at once (one batch)", 1, 64),
-    Setting(
-        "max_pending_requests", int, 16, "requests allowed to wait behind the running ones", 0, 4096
-    ),
-    Setting(
-        "pending_timeout_ms",
-        int,
-        30000,
-        "absolute deadline from arrival to admission (503 request_queue_timeout)",
-        1,
-    ),
-    Setting(
-        "prefill_chunk",
-        int,
+    )
+    max_concurrency: int = setting(
+        8, "requests decoding at once (one batch)", minimum=1, maximum=64
+    )
+    max_pending_requests: int = setting(
+        16, "requests allowed to wait behind the running ones", minimum=0, maximum=4096
+    )
+    pending_timeout_ms: int = setting(
+        30000, "absolute deadline from arrival to admission (503 request_queue_timeout)", minimum=1
+    )
+    prefill_chunk: int = setting(
         256,
         "prompt tokens per prefill step (fewer deep into a long prompt)",
-        1,
-        65536,
-    ),
-    Setting(
-        "no_thinking",
-        bool,
+        minimum=1,
+        maximum=65536,
+    )
+    no_thinking: bool = setting(
         False,
         "answer without reasoning by default, on a model whose chat template can think "
         "(Qwen 3's enable_thinking, a reply that opens <think>); a request may still ask "
         "for it (docs/api.md, Thinking)",
-    ),
-    Setting(
-        "preserve_thinking",
-        bool,
+    )
+    preserve_thinking: bool = setting(
         False,
         "keep the reasoning of earlier, closed turns in the prompt by default, where the "
         "chat template takes preserve_thinking (most drop it after each user turn)",
-    ),
-    Setting(
-        "no_prefix_cache",
-        bool,
+    )
+    no_prefix_cache: bool = setting(
         False,
         "compute every prompt whole instead of reusing the keys and values of a cached prefix: "
         "slower for shared prefixes, with the same results (a prompt served from the cache "
         "gets the bits it gets computed whole; docs/engine.md)",
-    ),
-    Setting(
-        "spec",
-        str,
+    )
+    spec: str = setting(
         "none",
         "speculative decoding: ngram drafts each row's next tokens from its own prompt and "
         "output (and a constrained row's from the tokens its grammar forces) and verifies "
         "them in the decode pass; the output is token for token the output without it "
         "(greedy or seeded), faster where answers repeat their prompt (docs/engine.md)",
         choices=SPEC_BACKENDS,
-    ),
-    Setting(
-        "draft_tokens",
-        int,
+    )
+    draft_tokens: int = setting(
         8,
         "the most tokens a row drafts a step, with --spec ngram (fewer where they are not "
         "likely to pay: docs/engine.md)",
-        1,
-        16,
-    ),
-    Setting(
-        "max_request_mib", float, 4.0, "request body limit before JSON parsing (413)", 0.001, 1024
-    ),
-    Setting(
-        "default_max_tokens",
-        int,
+        minimum=1,
+        maximum=16,
+    )
+    max_request_mib: float = setting(
+        4.0, "request body limit before JSON parsing (413)", minimum=0.001, maximum=1024
+    )
+    default_max_tokens: int = setting(
         512,
         "output limit when a request names none (clamped to the context and the KV pool left)",
-        1,
-    ),
-    Setting(
-        "response_store_max_records",
-        int,
+        minimum=1,
+    )
+    response_store_max_records: int = setting(
         1024,
         "Responses kept for retrieval and previous_response_id (least recently used go first)",
-        1,
-    ),
-    Setting(
-        "response_store_max_mib",
-        float,
+        minimum=1,
+    )
+    response_store_max_mib: float = setting(
         64.0,
         "text the Responses store may hold (a response larger than this is refused)",
-        0.001,
-    ),
-    Setting(
-        "request_log_jsonl",
-        str,
-        None,
-        "append one JSON object per event to FILE",
-        optional=True,
-        metavar="FILE",
-    ),
-    Setting(
-        "chat_template",
-        str,
+        minimum=0.001,
+    )
+    request_log_jsonl: str | None = setting(
+        None, "append one JSON object per event to FILE", metavar="FILE"
+    )
+    chat_template: str | None = setting(
         None,
         "a chat template for the model, replacing its file's: chatml, gemma3, or a Jinja "
         "file's path (default: the file's own; a base model such as Gemma 3 270M has none)",
-        optional=True,
-    ),
-    Setting(
-        "metrics_public",
-        bool,
+    )
+    metrics_public: bool = setting(
         False,
         "serve GET /metrics without the API key (as vLLM allows), for a Prometheus that "
         "scrapes without credentials; the metrics hold no prompt or key",
-    ),
-    Setting(
-        "no_access_log",
-        bool,
+    )
+    no_access_log: bool = setting(
         False,
         "print no access line on the console for each request (method, route, status, "
         "tokens, seconds)",
-    ),
-    Setting(
-        "log_stats_interval_ms",
-        int,
+    )
+    log_stats_interval_ms: int = setting(
         5000,
         "interval of the console's stats line and the log's throughput record; 0 disables both",
-        0,
-    ),
-    Setting(
-        "graceful_timeout_s",
-        float,
-        10.0,
-        "on SIGTERM/SIGINT, time in-flight requests get to finish",
-        0,
-        3600,
-    ),
-    Setting(
-        "read_timeout_s", float, 30.0, "deadline for reading a request body (408)", 0.001, 3600
-    ),
-    Setting(
-        "write_timeout_s",
-        float,
+        minimum=0,
+    )
+    graceful_timeout_s: float = setting(
+        10.0, "on SIGTERM/SIGINT, time in-flight requests get to finish", minimum=0, maximum=3600
+    )
+    read_timeout_s: float = setting(
+        30.0, "deadline for reading a request body (408)", minimum=0.001, maximum=3600
+    )
+    write_timeout_s: float = setting(
         30.0,
         "a client that stops reading is cancelled after this long without progress",
-        0.001,
-        3600,
-    ),
-    Setting(
-        "api_key",
-        str,
+        minimum=0.001,
+        maximum=3600,
+    )
+    api_key: str | None = setting(
         None,
         "require this key (Bearer or x-api-key) on all but /health, /ready; visible to "
         "other users in `ps`: prefer NINFER_API_KEY or --api-key-file",
-        optional=True,
         metavar="KEY",
-    ),
-    Setting(
-        "api_key_file",
-        str,
-        None,
-        "read the API key from this file (its first line)",
-        optional=True,
-        metavar="PATH",
-    ),
-    Setting(
-        "cors",
-        str,
+    )
+    api_key_file: str | None = setting(
+        None, "read the API key from this file (its first line)", metavar="PATH"
+    )
+    cors: str | None = setting(
         None,
         "browser CORS: --cors alone allows any origin; --cors ORIGIN[,ORIGIN...] only "
         "those (e.g. https://app.example.com)",
-        optional=True,
         metavar="ORIGINS",
-    ),
-    Setting(
-        "seed",
-        int,
+    )
+    seed: int | None = setting(
         None,
         "seed for requests that name none (default: a fresh one each)",
-        0,
-        2**31 - 1,
-        optional=True,
-    ),
-    Setting("greedy", bool, False, "force greedy decoding (temperature 0) for every request"),
-    Setting(
-        "temperature",
-        float,
+        minimum=0,
+        maximum=2**31 - 1,
+    )
+    greedy: bool = setting(False, "force greedy decoding (temperature 0) for every request")
+    temperature: float | None = setting(
         None,
         "default temperature (default: the model file's recommendation, else 1.0)",
-        0,
-        2,
-        optional=True,
-    ),
-    Setting(
-        "top_p",
-        float,
+        minimum=0,
+        maximum=2,
+    )
+    top_p: float | None = setting(
         None,
         "default top-p (default: the model file's recommendation, else 1.0, off)",
-        0,
-        1,
-        optional=True,
-    ),
-    Setting(
-        "top_k",
-        int,
-        None,
-        "default top-k (default: the model file's recommendation, else 0, off)",
-        0,
-        optional=True,
-    ),
-    Setting(
-        "min_p",
-        float,
+        minimum=0,
+        maximum=1,
+    )
+    top_k: int | None = setting(
+        None, "default top-k (default: the model file's recommendation, else 0, off)", minimum=0
+    )
+    min_p: float | None = setting(
         None,
         "default min-p (default: the model file's recommendation, else 0.0, off)",
-        0,
-        1,
-        optional=True,
-    ),
-    Setting(
-        "presence_penalty",
-        float,
-        None,
-        "default presence penalty (default: 0.0)",
-        -2,
-        2,
-        optional=True,
-    ),
-    Setting(
-        "frequency_penalty",
-        float,
-        None,
-        "default frequency penalty (default: 0.0)",
-        -2,
-        2,
-        optional=True,
-    ),
-    Setting(
-        "threads",
-        int,
-        None,
-        "torch threads of the engine (default: torch's choice)",
-        1,
-        1024,
-        optional=True,
-    ),
-)
+        minimum=0,
+        maximum=1,
+    )
+    presence_penalty: float | None = setting(
+        None, "default presence penalty (default: 0.0)", minimum=-2, maximum=2
+    )
+    frequency_penalty: float | None = setting(
+        None, "default frequency penalty (default: 0.0)", minimum=-2, maximum=2
+    )
+    threads: int | None = setting(
+        None, "torch threads of the engine (default: torch's choice)", minimum=1, maximum=1024
+    )
 
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.max_request_mib * 1024 * 1024)
+
+
+def _read_setting(field: attrs.Attribute[Any], hint: Any) -> Setting:
+    """A field's Setting: the kind from its type (a tuple of names is a list), unset
+    allowed where None is, and the words a Literal beside a number names."""
+    parts = (
+        typing.get_args(hint) if typing.get_origin(hint) in (types.UnionType, Union) else (hint,)
+    )
+    words: tuple[str, ...] = ()
+    kinds = []
+    for part in parts:
+        if typing.get_origin(part) is Literal:
+            words += typing.get_args(part)
+        elif part is not type(None):
+            kinds.append(list if typing.get_origin(part) is tuple else part)
+    (kind,) = kinds
+    return Setting(
+        field.name,
+        kind,
+        field.default,
+        optional=type(None) in parts,
+        words=words,
+        **field.metadata["setting"],
+    )
+
+
+SETTINGS: tuple[Setting, ...] = tuple(
+    _read_setting(f, typing.get_type_hints(ServerConfig)[f.name])
+    for f in attrs.fields(ServerConfig)
+)
 _BY_NAME = {s.name: s for s in SETTINGS}
 
 
@@ -419,61 +363,6 @@ def _check(setting: Setting, value: Any, label: str | None = None) -> Any:
 
 def _or_words(setting: Setting) -> str:
     return "".join(f" or {w}" for w in setting.words)
-
-
-@attrs.frozen(kw_only=True)
-class ServerConfig:
-    """The whole server configuration; SETTINGS holds each field's flag, bounds and help."""
-
-    host: str = "127.0.0.1"
-    port: int = 8080
-    model: str = "smollm2-135m-instruct"
-    served_model_name: tuple[str, ...] | None = None
-    model_id: str | None = None
-    cache_dir: str | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    weights: str = "int4"
-    max_context: int | None = None
-    kv_capacity: int | Literal["auto"] | None = None
-    kv_dtype: str = "auto"
-    max_concurrency: int = 8
-    max_pending_requests: int = 16
-    pending_timeout_ms: int = 30000
-    prefill_chunk: int = 256
-    no_thinking: bool = False
-    preserve_thinking: bool = False
-    no_prefix_cache: bool = False
-    spec: str = "none"
-    draft_tokens: int = 8
-    max_request_mib: float = 4.0
-    default_max_tokens: int = 512
-    response_store_max_records: int = 1024
-    response_store_max_mib: float = 64.0
-    request_log_jsonl: str | None = None
-    chat_template: str | None = None
-    metrics_public: bool = False
-    no_access_log: bool = False
-    log_stats_interval_ms: int = 5000
-    graceful_timeout_s: float = 10.0
-    read_timeout_s: float = 30.0
-    write_timeout_s: float = 30.0
-    api_key: str | None = None
-    api_key_file: str | None = None
-    cors: str | None = None  # "*", or comma-separated origins
-    seed: int | None = None
-    greedy: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    threads: int | None = None
-
-    @property
-    def max_request_bytes(self) -> int:
-        return int(self.max_request_mib * 1024 * 1024)
 
 
 def build_config(

@@ -22,10 +22,19 @@ from ninfer._config import (
 from ninfer._errors import ConfigError
 
 
-def test_settings_table_matches_the_config_class() -> None:
-    fields = attrs.fields(ServerConfig)
-    assert [s.name for s in SETTINGS] == [f.name for f in fields]
-    assert [s.default for s in SETTINGS] == [f.default for f in fields]
+def test_each_setting_is_read_off_its_field() -> None:
+    """Declared once, on ServerConfig: the kind, whether it may be unset and its words
+    come from the field's type; the help and bounds from its `setting(...)`."""
+    assert [s.name for s in SETTINGS] == [f.name for f in attrs.fields(ServerConfig)]
+    by = {s.name: s for s in SETTINGS}
+    capacity = by["kv_capacity"]
+    assert (capacity.kind, capacity.words, capacity.optional) == (int, ("auto",), True)
+    assert (by["served_model_name"].kind, by["served_model_name"].optional) == (list, True)
+    assert (by["greedy"].kind, by["greedy"].default, by["greedy"].optional) == (bool, False, False)
+    assert (by["port"].kind, by["port"].minimum, by["port"].maximum) == (int, 0, 65535)
+    assert (by["max_request_mib"].kind, by["cors"].kind) == (float, str)
+    assert by["spec"].choices == ("none", "ngram")
+    assert all(s.help for s in SETTINGS)
 
 
 def _parse(*argv: str) -> ServerConfig:
