@@ -15,21 +15,31 @@ loopback only unless asked.
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
 import random
 import sys
 import time
 import urllib.parse
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 import orjson
 
+from ninfer.tools._args import int_list, non_negative_float, positive_float, positive_int, rate_list
 from ninfer.tools._logtools import percentile
 
-__all__ = ["BenchConfig", "LevelResult", "render_table", "run_bench"]
+__all__ = [
+    "BenchConfig",
+    "LevelResult",
+    "add_command",
+    "render_table",
+    "run_bench",
+]
 
 Route = Literal["chat", "completions", "native"]
 
@@ -543,3 +553,159 @@ def plot_bench(rows: Sequence[dict[str, Any]], out: str, title: str) -> list[str
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return [name for name, _, _ in PANELS]
+
+
+# ---- the command ---------------------------------------------------------------------
+
+
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    bench = sub.add_parser(
+        "bench",
+        help="load a server: closed-loop client sweeps and open-loop arrival rates",
+        description="Send streaming requests of a fixed output length (ignore_eos) to an "
+        "OpenAI-compatible chat or completions route (ninfer, llama.cpp's llama-server, "
+        "vLLM...) or ninfer's native route, and report completion tokens per second, time to first "
+        "token, inter-token latency, end-to-end latency and refusals per load level. "
+        "Closed loop: N clients send back to back. Open loop: Poisson arrivals at a rate. "
+        "Each level sends requests for --duration-s (at most --max-requests), then gives "
+        "those still running --grace-s to finish and cuts the rest (counted as cut). "
+        "Progress goes to stderr from the start. Exit status 1 when a request failed other "
+        "than by 429/503.",
+    )
+    bench.add_argument("url", help="the server, e.g. http://127.0.0.1:8080 or localhost:8080")
+    bench.add_argument(
+        "--route",
+        choices=["chat", "completions", "native"],
+        default="chat",
+        help="chat: /v1/chat/completions (default); completions: /v1/completions (the "
+        "prompt as plain text, for a model without a chat template); native: /v1/generate",
+    )
+    bench.add_argument(
+        "--model", default=None, help="model name to send (default: the first of GET /v1/models)"
+    )
+    bench.add_argument(
+        "--clients",
+        type=int_list,
+        default=[1, 4, 8, 16],
+        help="closed-loop client counts (default: 1,4,8,16)",
+    )
+    bench.add_argument(
+        "--rates",
+        type=rate_list,
+        default=[],
+        help="open-loop arrival rates per second, e.g. 1,2,4 (default: none)",
+    )
+    bench.add_argument(
+        "--duration-s",
+        type=positive_float,
+        default=20.0,
+        help="seconds per load level in which requests begin (default: 20)",
+    )
+    bench.add_argument(
+        "--grace-s",
+        type=non_negative_float,
+        default=5.0,
+        help="then at most this long for the requests still running to finish; the rest "
+        "are cancelled and counted as cut (default: 5)",
+    )
+    bench.add_argument(
+        "--max-requests",
+        type=positive_int,
+        default=2000,
+        help="at most this many requests per level (default: 2000)",
+    )
+    bench.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=64,
+        help="output tokens per request (default: 64)",
+    )
+    bench.add_argument(
+        "--json-object",
+        action="store_true",
+        help="chat route: ask for response_format json_object (answers constrained by the "
+        "grammar; they may end before --max-tokens when the object is complete)",
+    )
+    bench.add_argument(
+        "--warmup-s",
+        type=non_negative_float,
+        default=2.0,
+        help="seconds of warm-up with 2 clients first (default: 2; 0: none)",
+    )
+    bench.add_argument("--api-key", default=None, help="default: $NINFER_API_KEY")
+    bench.add_argument("--json", default=None, help="write the results as JSON here")
+    bench.add_argument(
+        "--plot", default=None, help="draw throughput, latency and refusals against load (PNG)"
+    )
+    bench.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a non-loopback URL (default: loopback only)",
+    )
+    bench.set_defaults(func=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    import trio
+
+    from ninfer.tools._bench import (
+        BenchConfig,
+        check_loopback,
+        plot_bench,
+        render_table,
+        run_bench,
+        server_url,
+    )
+
+    args.url = server_url(args.url)
+    try:
+        if not args.allow_remote:
+            check_loopback(args.url)
+        cfg = BenchConfig(
+            url=args.url,
+            route=args.route,
+            model=args.model,
+            clients=tuple(args.clients),
+            rates=tuple(args.rates),
+            duration_s=args.duration_s,
+            grace_s=args.grace_s,
+            max_requests=args.max_requests,
+            max_tokens=args.max_tokens,
+            warmup_s=args.warmup_s,
+            api_key=args.api_key or os.environ.get("NINFER_API_KEY"),
+            json_object=args.json_object,
+        )
+        results = trio.run(run_bench, cfg)
+    except ValueError as exc:
+        print(f"ninfer bench: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"ninfer bench: error: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 2
+    rows = [r.summary() for r in results]
+    print(render_table(rows))
+    if args.json:
+        import orjson
+
+        doc = {
+            "config": {k: v for k, v in vars(args).items() if k not in ("func", "api_key")},
+            "levels": rows,
+        }
+        Path(args.json).write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    if args.plot:
+        try:
+            plot_bench(
+                rows, args.plot, f"ninfer bench {args.url} ({args.route}, {args.max_tokens} tokens)"
+            )
+        except ImportError:
+            print(
+                "ninfer bench: --plot needs matplotlib (pip install 'ninfer[plot]')",
+                file=sys.stderr,
+            )
+            return 2
+    for r in rows:
+        if r["failed"]:
+            why = ", ".join(f"{n} x {error}" for error, n in r["errors"].items())
+            print(f"ninfer bench: {r['failed']} requests failed at {r['mode']} {r['load']:g}: "
+                  f"{why}", file=sys.stderr)  # fmt: skip
+    return 1 if any(r["failed"] for r in rows) else 0

@@ -14,14 +14,28 @@ than restating it.
 
 from __future__ import annotations
 
+import argparse
+import os
+import sys
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import attrs
 import orjson
 
-__all__ = ["PROBES", "Probe", "ProbeEnv", "ProbeResult", "probe_table", "run_probes"]
+from ninfer.tools._args import positive_float, positive_int
+
+__all__ = [
+    "PROBES",
+    "Probe",
+    "ProbeEnv",
+    "ProbeResult",
+    "add_command",
+    "probe_table",
+    "run_probes",
+]
 
 Route = Literal["native", "chat", "completions", "messages", "count_tokens", "responses", "other"]
 # plain: one body; chunked: Transfer-Encoding chunked; declared: an oversized declared
@@ -717,3 +731,129 @@ async def _declared(
                 elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
                     break
     return status, resp_headers, b"".join(chunks)
+
+
+# ---- the command ---------------------------------------------------------------------
+
+
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    probe = sub.add_parser(
+        "probe",
+        help="send awkward requests to a deployment and check every answer",
+        description="Send the probe table (malformed, mistyped, oversized, unsupported and "
+        "unauthorized requests to every generation route, plus a few that must succeed) and "
+        "check each answer: the documented status, error type and parameter; no 5xx, no "
+        "reset; the protocol's error envelope with a request id; a bounded body that echoes "
+        "nothing of the input. Exit status 1 when any probe fails. Probes that need an API "
+        "key to refuse are skipped when none is given, and those that need a rendered chat "
+        "when the model has no chat template (a base model).",
+    )
+    probe.add_argument("url", nargs="?", help="the server, e.g. http://127.0.0.1:8080")
+    probe.add_argument(
+        "--api-key", default=None, help="the deployment's API key (default: $NINFER_API_KEY)"
+    )
+    probe.add_argument(
+        "--max-request-mib",
+        type=positive_float,
+        default=4.0,
+        help="the deployment's --max-request-mib, to size the oversized bodies (default: 4)",
+    )
+    probe.add_argument(
+        "--concurrency", type=positive_int, default=4, help="probes in flight at once (default: 4)"
+    )
+    probe.add_argument(
+        "--timeout", type=positive_float, default=60.0, help="seconds per probe (default: 60)"
+    )
+    probe.add_argument("--only", default=None, help="run only probes whose name contains this")
+    probe.add_argument("--json", action="store_true", help="print every result as JSON")
+    probe.add_argument(
+        "--list", action="store_true", help="print the probe table (JSON lines) and exit"
+    )
+    probe.set_defaults(func=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    import httpx
+    import trio
+
+    from ninfer.tools._probes import PROBES, ProbeEnv, probe_table, run_probes
+
+    if args.list:
+        import orjson
+
+        for row in probe_table():
+            sys.stdout.write(orjson.dumps(row).decode() + "\n")
+        return 0
+    if args.url is None:
+        print("ninfer probe: error: the URL is required (or --list)", file=sys.stderr)
+        return 2
+    base = args.url.rstrip("/")
+    key = args.api_key or os.environ.get("NINFER_API_KEY")
+    probes = tuple(p for p in PROBES if not args.only or args.only in p.name)
+
+    def on_result(result: ProbeResult) -> None:
+        if not result.ok and not args.json:
+            print(f"FAIL {result.probe.name}: {'; '.join(result.problems)}", file=sys.stderr)
+
+    async def main() -> list[ProbeResult]:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        async with httpx.AsyncClient(base_url=base, timeout=args.timeout) as client:
+            listing = await client.get("/v1/models", headers=headers)
+            if listing.status_code != 200:
+                hint = " (is --api-key needed?)" if listing.status_code == 401 else ""
+                raise RuntimeError(f"GET /v1/models answered {listing.status_code}{hint}")
+            model = listing.json()["data"][0]["id"]
+            # A base model without a chat template refuses every chat with this code.
+            hello = [{"role": "user", "content": "hi"}]
+            tried = await client.post(
+                "/v1/chat/completions",
+                json={"model": model, "max_tokens": 1, "messages": hello},
+                headers=headers,
+            )
+        no_template = tried.status_code == 400 and (
+            (tried.json().get("error") or {}).get("code") == "no_chat_template"
+        )
+        env = ProbeEnv(
+            model=model,
+            max_request_bytes=int(args.max_request_mib * (1 << 20)),
+            api_key=key,
+            chat=not no_template,
+        )
+        return await run_probes(
+            base,
+            env,
+            probes=probes,
+            concurrency=args.concurrency,
+            timeout_s=args.timeout,
+            on_result=on_result,
+        )
+
+    try:
+        results = trio.run(main)
+    except (httpx.HTTPError, OSError, RuntimeError, KeyError, ValueError) as exc:
+        print(f"ninfer probe: error: {base}: {exc}", file=sys.stderr)
+        return 2
+    sent = [r for r in results if r.skipped is None]
+    failed = [r for r in sent if not r.ok]
+    if args.json:
+        import orjson
+
+        rows = [
+            {
+                "name": r.probe.name,
+                "status": r.status,
+                "ok": r.ok,
+                "problems": r.problems,
+                "skipped": r.skipped,
+            }
+            for r in results
+        ]
+        sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
+    why = Counter(r.skipped for r in results if r.skipped is not None)
+    skipped = "; ".join(f"{n} skipped: {reason}" for reason, n in why.items())
+    print(
+        f"{len(sent) - len(failed)} of {len(sent)} probes passed"
+        + (f" ({skipped})" if skipped else ""),
+        file=sys.stderr,
+    )
+    return 1 if failed else 0
