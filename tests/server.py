@@ -1,4 +1,7 @@
-"""Running a real ninfer server (Hypercorn, trio worker) on a loopback port inside a test."""
+"""Running ninfer inside a test: `serve` runs the real server (Hypercorn, trio worker) on a
+loopback port; `serve_app` calls the same app in-process through httpx's ASGI transport,
+over a fake engine by default, for tests about what the protocols answer rather than
+about sockets or the model."""
 
 from __future__ import annotations
 
@@ -25,9 +28,13 @@ class Server:
     url: str
     app: App
     log_path: Path
+    transport: httpx.AsyncBaseTransport | None = None  # None: over the loopback socket
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
         kwargs.setdefault("timeout", 60.0)
+        if self.transport is not None:
+            kwargs.pop("limits", None)  # no connections to limit in process
+            kwargs["transport"] = self.transport
         return httpx.AsyncClient(base_url=self.url, **kwargs)
 
     def log_records(self) -> list[dict[str, Any]]:
@@ -74,6 +81,43 @@ async def serve(
                 yield Server(url=binds[0], app=app, log_path=log_path)
             finally:
                 stop.set()
+    validate_log(log_path)
+
+
+@asynccontextmanager
+async def serve_app(
+    tmp_path: Path, *, engine: Any = None, **settings: Any
+) -> AsyncIterator[Server]:
+    """The app `serve` runs, with its lifespan, called in-process through httpx's ASGI
+    transport (a whole answer at a time; no socket, no Hypercorn) over `engine` (default:
+    tests/fakeengine.py's FakeEngine, whose tokenizer is one token a character). The
+    request log is checked against its schema as `serve` checks it."""
+    from fakeengine import FakeEngine
+
+    log_path = tmp_path / f"requests-{id(settings)}.jsonl"
+    values: dict[str, Any] = {
+        "model": "fake",
+        "request_log_jsonl": str(log_path),
+        "log_stats_interval_ms": 0,
+        **settings,
+    }
+    app = App(build_config(values), argv=["test"], engine=engine or FakeEngine())
+    to_app, app_receive = trio.open_memory_channel[dict[str, Any]](2)
+    app_send, from_app = trio.open_memory_channel[dict[str, Any]](2)
+    lifespan = {"type": "lifespan", "asgi": {"version": "3.0"}}
+    with trio.fail_after(SERVER_HANG_GUARD_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(app, lifespan, app_receive.receive, app_send.send)
+            await to_app.send({"type": "lifespan.startup"})
+            assert (await from_app.receive())["type"] == "lifespan.startup.complete"
+            await app.settled.wait()
+            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1234))
+            try:
+                yield Server(url="http://ninfer.test", app=app, log_path=log_path,
+                             transport=transport)  # fmt: skip
+            finally:
+                await to_app.send({"type": "lifespan.shutdown"})
+                assert (await from_app.receive())["type"] == "lifespan.shutdown.complete"
     validate_log(log_path)
 
 

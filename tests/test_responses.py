@@ -14,7 +14,7 @@ import orjson
 import pytest
 import trio
 from contract import response_validator, stream_validators
-from server import SERVER_HANG_GUARD_S, serve, validate_log
+from server import SERVER_HANG_GUARD_S, serve, serve_app, validate_log
 
 NAMES = ["tiny", "gpt-4.1-mini"]
 INSTRUCTIONS = "You are a careful assistant who answers in one short sentence, always."
@@ -191,9 +191,11 @@ async def test_stream_events_in_order(tiny_gguf: Path, tmp_path: Path) -> None:
     ],
 )  # fmt: skip
 async def test_refusals_name_the_field(
-    tiny_gguf: Path, tmp_path: Path, body: dict[str, Any], param: str, code: str
+    tmp_path: Path, body: dict[str, Any], param: str, code: str
 ) -> None:
-    async with serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv, srv.client() as c:
+    """What the Responses codec and frontend refuse, by name (the app over a fake engine,
+    whose chat template cannot think)."""
+    async with serve_app(tmp_path, served_model_name=NAMES) as srv, srv.client() as c:
         r = await c.post("/v1/responses", json={"model": "tiny", "input": "x", **body})
         assert r.status_code in (400, 404), r.text
         error = r.json()["error"]

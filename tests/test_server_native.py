@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 import trio
-from server import SERVER_HANG_GUARD_S, serve
+from server import SERVER_HANG_GUARD_S, serve, serve_app
 
 GEN = "/v1/generate"
 
@@ -128,9 +128,11 @@ async def test_seeded_sampling_repeats(tiny_gguf: Path, tmp_path: Path) -> None:
     ],
 )
 async def test_errors_have_one_shape(
-    tiny_gguf: Path, tmp_path: Path, body: bytes, status: int, kind: str, param: str | None
+    tmp_path: Path, body: bytes, status: int, kind: str, param: str | None
 ) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    """The native envelope of every refusal of a body (the app over a fake engine with a
+    512-token context: the shape of the answer is the protocol's, whatever the model)."""
+    async with serve_app(tmp_path) as srv, srv.client() as c:
         r = await c.post(GEN, content=body, headers={"content-type": "application/json"})
         assert r.status_code == status, r.text
         err = r.json()["error"]
