@@ -161,8 +161,8 @@ async def test_budget_over_the_context_names_the_numbers(tiny_gguf: Path, tmp_pa
         )
 
 
-async def test_routing_errors(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+async def test_routing_errors(tmp_path: Path) -> None:
+    async with serve_app(tmp_path) as srv, srv.client() as c:
         r = await c.get("/nope")
         assert (r.status_code, r.json()["error"]["type"]) == (404, "not_found")
         r = await c.get(GEN)
@@ -202,8 +202,10 @@ async def test_version(tiny_gguf: Path, tmp_path: Path) -> None:
     assert not [rec for rec in srv.log_records() if rec.get("endpoint") == "/version"]
 
 
-async def test_api_key(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path, api_key="s3cret") as srv, srv.client() as c:
+async def test_api_key(tmp_path: Path) -> None:
+    """Who may ask what (the app over a fake engine: the key is checked before any
+    route's work)."""
+    async with serve_app(tmp_path, api_key="s3cret") as srv, srv.client() as c:
         assert (await c.get("/health")).status_code == 200
         assert (await c.get("/ready")).status_code == 200
         assert (await c.get("/version")).status_code == 401
@@ -230,7 +232,7 @@ async def test_api_key(tiny_gguf: Path, tmp_path: Path) -> None:
         assert r.status_code == 200
     assert b"s3cret" not in srv.log_path.read_bytes()
     public = {"api_key": "s3cret", "metrics_public": True}
-    async with serve(tiny_gguf, tmp_path, **public) as srv, srv.client() as c:
+    async with serve_app(tmp_path, **public) as srv, srv.client() as c:
         assert (await c.get("/metrics")).status_code == 200  # scraped without the key
         r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 1})
         assert r.status_code == 401  # the rest still needs it
