@@ -17,7 +17,6 @@ from ninfer.frontends._base import (
     FrontendRoute,
     Outcome,
     Prepared,
-    clamp_headers,
 )
 from ninfer.frontends._budget import SamplingRequest
 from ninfer.frontends._finish import anthropic_stop
@@ -291,13 +290,7 @@ class MessagesFrontend(Frontend):
             self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
         )
         fields = self.log_fields(plan, thinking)
-        return Prepared(
-            requests=(gen,),
-            stream=bool(req.stream),
-            answer=answer,
-            log_fields=fields,
-            headers=clamp_headers(grant),
-        )
+        return self.prepared(gen, grant, stream=bool(req.stream), answer=answer, log_fields=fields)
 
     async def count_tokens(self, body: bytes) -> bytes:
         """POST /v1/messages/count_tokens: the prompt /v1/messages would build, counted."""

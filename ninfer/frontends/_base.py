@@ -443,6 +443,25 @@ class Frontend(Routed, abc.ABC):
             spell=self.ctx.model.tokenizer.token_bytes,
         )
 
+    def prepared(
+        self,
+        gen: GenerationRequest,
+        grant: Grant,
+        *,
+        stream: bool,
+        answer: Answer,
+        log_fields: Mapping[str, Any],
+    ) -> Prepared:
+        """A request of one sequence, ready for the flow: its budget in a header when a
+        clamping route cut what it asked for."""
+        return Prepared(
+            requests=(gen,),
+            stream=stream,
+            answer=answer,
+            log_fields=log_fields,
+            headers=clamp_headers(grant),
+        )
+
     @abc.abstractmethod
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         """Parse, check and tokenize `body`; raise ApiError naming what is at fault."""

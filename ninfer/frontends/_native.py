@@ -95,7 +95,7 @@ class NativeFrontend(Frontend):
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_generate)
         ids = await self.tokens(req.prompt, prompt_param="prompt")
-        gen, _grant, warnings = self.request(
+        gen, grant, warnings = self.request(
             request_id,
             ids,
             requested=req.max_new_tokens,
@@ -115,8 +115,8 @@ class NativeFrontend(Frontend):
             ignore_eos=req.ignore_eos,
         )
         answer = NativeAnswer(self.dialect.encoder, self.model, request_id, warnings)
-        return Prepared(
-            requests=(gen,), stream=req.stream, answer=answer, log_fields=self.log_fields()
+        return self.prepared(
+            gen, grant, stream=req.stream, answer=answer, log_fields=self.log_fields()
         )
 
 

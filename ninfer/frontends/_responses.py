@@ -27,7 +27,6 @@ from ninfer.frontends._base import (
     Outcome,
     PathArgs,
     Prepared,
-    clamp_headers,
 )
 from ninfer.frontends._budget import SamplingRequest
 from ninfer.frontends._finish import FINISH
@@ -652,13 +651,7 @@ class ResponsesFrontend(Frontend):
         fields = self.log_fields(
             plan, thinking, store=store, previous_response_id=req.previous_response_id
         )
-        return Prepared(
-            requests=(gen,),
-            stream=bool(req.stream),
-            answer=answer,
-            log_fields=fields,
-            headers=clamp_headers(grant),
-        )
+        return self.prepared(gen, grant, stream=bool(req.stream), answer=answer, log_fields=fields)
 
     def _check_room(
         self,

@@ -4,8 +4,11 @@ value with a line that says what it takes."""
 from __future__ import annotations
 
 import argparse
+from typing import TypeVar
 
 __all__ = ["int_list", "non_negative_float", "positive_float", "positive_int", "rate_list"]
+
+T = TypeVar("T", int, float)
 
 
 def int_list(text: str) -> list[int]:
@@ -28,31 +31,29 @@ def rate_list(text: str) -> list[float]:
     return values
 
 
-def positive_int(text: str) -> int:
+def _number(text: str, kind: type[T], what: str) -> T:
     try:
-        value = int(text)
+        return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = _number(text, int, "an integer")
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text, float, "a number")
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError("must be a positive number of seconds")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _number(text, float, "a number")
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError("must be 0 or a positive number of seconds")
     return value
