@@ -9,9 +9,8 @@ from typing import Any
 
 import orjson
 import pytest
-import trio
-from fakeengine import FakeEngine, request
-from test_flow import running
+from fakeengine import FakeEngine
+from server import serve_app
 
 from ninfer._app import App, Route, RouteTable
 from ninfer._config import build_config
@@ -65,21 +64,21 @@ def test_paths_resolve_to_their_templates(tmp_path: Path) -> None:
 
 
 async def test_a_frontends_routes_are_served_in_its_dialect(tmp_path: Path) -> None:
-    with trio.fail_after(60):
-        async with running(tmp_path, FakeEngine(), served_model_name=[MODEL, "alias"]) as app:
-            listing = await request(app, "GET", "/models")
-            assert listing.status == 200
-            assert [m["id"] for m in orjson.loads(listing.body)["data"]] == [MODEL, "alias"]
-            card = await request(app, "GET", "/v1/models/" + MODEL)
-            assert (card.status, orjson.loads(card.body)["id"]) == (200, MODEL)
-            missing = await request(app, "GET", "/v1/models/org/other")
-            assert missing.status == 404
-            assert orjson.loads(missing.body)["error"]["code"] == "model_not_found"
-            wrong = await request(app, "GET", "/v1/responses/resp_1/cancel")
-            assert (wrong.status, wrong.headers[b"allow"]) == (405, b"POST")
-            nowhere = await request(app, "POST", "/v1/messages/batches", {})
-            assert nowhere.status == 404
-            assert orjson.loads(nowhere.body)["type"] == "error"  # Anthropic's envelope
+    names = [MODEL, "alias"]
+    async with serve_app(tmp_path, served_model_name=names) as srv, srv.client() as c:
+        listing = await c.get("/models")  # the unversioned alias of /v1/models
+        assert listing.status_code == 200
+        assert [m["id"] for m in listing.json()["data"]] == names
+        card = await c.get("/v1/models/" + MODEL)
+        assert (card.status_code, card.json()["id"]) == (200, MODEL)
+        missing = await c.get("/v1/models/org/other")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "model_not_found"
+        wrong = await c.get("/v1/responses/resp_1/cancel")
+        assert (wrong.status_code, wrong.headers["allow"]) == (405, "POST")
+        nowhere = await c.post("/v1/messages/batches", json={})
+        assert nowhere.status_code == 404
+        assert nowhere.json()["type"] == "error"  # Anthropic's envelope
 
 
 class _Echo(Routed):
@@ -104,7 +103,6 @@ async def test_a_new_frontend_is_one_class_and_one_line(
     added: Any = (*FRONTENDS, _Echo)
     monkeypatch.setattr(ninfer._app, "FRONTENDS", added)
     monkeypatch.setattr(ninfer._lifespan, "FRONTENDS", added)
-    with trio.fail_after(60):
-        async with running(tmp_path, FakeEngine(), served_model_name=["m"]) as app:
-            answer = await request(app, "GET", "/v1/echo/hello")
-    assert (answer.status, orjson.loads(answer.body)) == (200, {"word": "hello", "model": "m"})
+    async with serve_app(tmp_path, served_model_name=["m"]) as srv, srv.client() as c:
+        answer = await c.get("/v1/echo/hello")
+    assert (answer.status_code, answer.json()) == (200, {"word": "hello", "model": "m"})
