@@ -313,9 +313,9 @@ def _read_setting(field: attrs.Attribute[Any], hint: Any) -> Setting:
     )
 
 
+_HINTS = typing.get_type_hints(ServerConfig)
 SETTINGS: tuple[Setting, ...] = tuple(
-    _read_setting(f, typing.get_type_hints(ServerConfig)[f.name])
-    for f in attrs.fields(ServerConfig)
+    _read_setting(f, _HINTS[f.name]) for f in attrs.fields(ServerConfig)
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
