@@ -102,23 +102,29 @@ async def serve_app(
         **settings,
     }
     app = App(build_config(values), argv=["test"], engine=engine or FakeEngine())
+    with trio.fail_after(SERVER_HANG_GUARD_S):
+        async with app_running(app):
+            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1234))
+            yield Server(url="http://ninfer.test", app=app, log_path=log_path,
+                         transport=transport)  # fmt: skip
+    validate_log(log_path)
+
+
+@asynccontextmanager
+async def app_running(app: App) -> AsyncIterator[App]:
+    """`app` between its ASGI lifespan's startup (the model loaded, admitting) and its
+    shutdown, driven through memory channels as a server would drive it."""
     to_app, app_receive = trio.open_memory_channel[dict[str, Any]](2)
     app_send, from_app = trio.open_memory_channel[dict[str, Any]](2)
     lifespan = {"type": "lifespan", "asgi": {"version": "3.0"}}
-    with trio.fail_after(SERVER_HANG_GUARD_S):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(app, lifespan, app_receive.receive, app_send.send)
-            await to_app.send({"type": "lifespan.startup"})
-            assert (await from_app.receive())["type"] == "lifespan.startup.complete"
-            await app.settled.wait()
-            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1234))
-            try:
-                yield Server(url="http://ninfer.test", app=app, log_path=log_path,
-                             transport=transport)  # fmt: skip
-            finally:
-                await to_app.send({"type": "lifespan.shutdown"})
-                assert (await from_app.receive())["type"] == "lifespan.shutdown.complete"
-    validate_log(log_path)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(app, lifespan, app_receive.receive, app_send.send)
+        await to_app.send({"type": "lifespan.startup"})
+        assert (await from_app.receive())["type"] == "lifespan.startup.complete"
+        await app.settled.wait()
+        yield app  # a test that fails leaves by cancelling the app instead
+        await to_app.send({"type": "lifespan.shutdown"})
+        assert (await from_app.receive())["type"] == "lifespan.shutdown.complete"
 
 
 def validate_log(path: Path) -> None:

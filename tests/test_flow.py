@@ -20,6 +20,7 @@ import pytest
 import trio
 import trio.testing
 from fakeengine import FAIL, AsgiClient, FakeEngine, request
+from server import app_running
 
 from ninfer._app import App
 from ninfer._config import build_config
@@ -129,17 +130,8 @@ async def running(tmp_path: Path, engine: FakeEngine, **settings: Any) -> AsyncI
         **settings,
     }
     app = App(build_config(values), argv=["test"], engine=engine)
-    to_app, app_receive = trio.open_memory_channel[dict[str, Any]](2)
-    app_send, from_app = trio.open_memory_channel[dict[str, Any]](2)
-    scope = {"type": "lifespan", "asgi": {"version": "3.0"}}
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(app, scope, app_receive.receive, app_send.send)
-        await to_app.send({"type": "lifespan.startup"})
-        assert (await from_app.receive())["type"] == "lifespan.startup.complete"
-        await app.settled.wait()
+    async with app_running(app):
         yield app
-        await to_app.send({"type": "lifespan.shutdown"})
-        assert (await from_app.receive())["type"] == "lifespan.shutdown.complete"
 
 
 def records(tmp_path: Path) -> list[dict[str, Any]]:
