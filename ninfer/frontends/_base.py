@@ -262,10 +262,11 @@ class FrontendRoute:
     rest: bool = False
 
 
-class Routed:
+class Routed(abc.ABC):
     """A protocol's routes: declared by the class (`routes()`, `dialect`), so that the
     route table exists before the model loads; served by the instance the lifespan
-    builds from the `FrontendContext` once it has."""
+    builds from the `FrontendContext` once it has, which decodes bodies and tokenizes
+    prompts for them (`decode`, `tokens`)."""
 
     dialect: ClassVar[Dialect]  # the protocol's refusals, on each of its routes
     # Its /v1 routes are served without `/v1` as well (clients given a base URL without
@@ -279,22 +280,6 @@ class Routed:
     @abc.abstractmethod
     def routes(cls) -> tuple[FrontendRoute, ...]:
         """The paths this frontend serves and what each method does there."""
-
-
-class Frontend(Routed, abc.ABC):
-    """One protocol's generation route (its `endpoint`, served by the request flow),
-    and any routes of its own beside it (`routes()`)."""
-
-    endpoint: ClassVar[str]  # the generation route, as the request log and metrics name it
-    protocol: ClassVar[str]  # request_start's `protocol`
-
-    def __init__(self, ctx: FrontendContext) -> None:
-        super().__init__(ctx)
-        self.budget = Budget(ctx.model, ctx.config.default_max_tokens)
-
-    @classmethod
-    def routes(cls) -> tuple[FrontendRoute, ...]:
-        return (FrontendRoute(cls.endpoint, {"POST": Generate()}),)
 
     async def tokens(self, prompt: str | ChatText, *, prompt_param: str) -> list[int]:
         """The prompt's tokens (a rendered chat's client text never spells a control
@@ -324,6 +309,22 @@ class Frontend(Routed, abc.ABC):
             return parse(loads(body))
         result: T = await self.ctx.offload(lambda: parse(loads(body)))
         return result
+
+
+class Frontend(Routed):
+    """One protocol's generation route (its `endpoint`, served by the request flow),
+    and any routes of its own beside it (`routes()`)."""
+
+    endpoint: ClassVar[str]  # the generation route, as the request log and metrics name it
+    protocol: ClassVar[str]  # request_start's `protocol`
+
+    def __init__(self, ctx: FrontendContext) -> None:
+        super().__init__(ctx)
+        self.budget = Budget(ctx.model, ctx.config.default_max_tokens)
+
+    @classmethod
+    def routes(cls) -> tuple[FrontendRoute, ...]:
+        return (FrontendRoute(cls.endpoint, {"POST": Generate()}),)
 
     async def render_chat(
         self,

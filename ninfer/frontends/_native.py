@@ -128,7 +128,6 @@ class TokenizeFrontend(Routed):
 
     def __init__(self, ctx: FrontendContext) -> None:
         super().__init__(ctx)
-        self.native = NativeFrontend(ctx)  # its prompt checks and body decoding
         self._codec = NativeCodec()
 
     @classmethod
@@ -139,28 +138,26 @@ class TokenizeFrontend(Routed):
         )
 
     async def tokenize(self, body: bytes) -> bytes:
-        frontend = self.native
-        req = await frontend.decode(body, self._codec.parse_tokenize)
+        req = await self.decode(body, self._codec.parse_tokenize)
         if req.model is not None:
-            frontend.ctx.check_model(req.model)
+            self.ctx.check_model(req.model)
         text, param = req.text()
-        ids = await frontend.tokens(text, prompt_param=param)
-        tok = frontend.ctx.model.tokenizer
+        ids = await self.tokens(text, prompt_param=param)
+        tok = self.ctx.model.tokenizer
         added = tok.encode("")  # what the model puts before every prompt (its BOS), if any
         if not req.bos() and added and ids[: len(added)] == added:
             ids = ids[len(added) :]
         tokens: list[int] | list[TokenPiece] = ids
         if req.with_pieces:
             tokens = [TokenPiece(i, _piece(tok.token_bytes(i))) for i in ids]
-        answer = TokenizeResponse(tokens, len(ids), frontend.ctx.model.max_context)
-        return frontend.dialect.encoder.json(answer)
+        answer = TokenizeResponse(tokens, len(ids), self.ctx.model.max_context)
+        return self.dialect.encoder.json(answer)
 
     async def detokenize(self, body: bytes) -> bytes:
-        frontend = self.native
-        req = await frontend.decode(body, self._codec.parse_detokenize)
+        req = await self.decode(body, self._codec.parse_detokenize)
         if req.model is not None:
-            frontend.ctx.check_model(req.model)
-        vocab = frontend.ctx.model.identity.vocab_size
+            self.ctx.check_model(req.model)
+        vocab = self.ctx.model.identity.vocab_size
         for i, token in enumerate(req.tokens):
             if not 0 <= token < vocab:
                 raise ApiError(
@@ -168,10 +165,10 @@ class TokenizeFrontend(Routed):
                     f"tokens[{i}] is not in the vocabulary (0 to {vocab - 1})",
                     param=f"tokens[{i}]",
                 )
-        tok = frontend.ctx.model.tokenizer
+        tok = self.ctx.model.tokenizer
         raw = b"".join(tok.token_bytes(t) for t in req.tokens)
         text = raw.decode("utf-8", errors="replace")
-        return frontend.dialect.encoder.json(DetokenizeResponse(text, text))
+        return self.dialect.encoder.json(DetokenizeResponse(text, text))
 
 
 def _piece(raw: bytes) -> str:
