@@ -41,6 +41,10 @@ urllib.request.urlopen(sys.argv[1] + '/torch/', timeout=5)" "$TORCH_CPU_INDEX" 2
     echo "$TORCH_SPEC" > "$stamp"
     echo "setting up .venv: done (.venv/bin/ninfer)" >&2
   fi
+  # ninfer's native CPU kernels, built from its C++ sources by the system's compiler
+  # (again only when the sources, torch or the compiler changed; a second or two to
+  # find out). Where none can be built it says why, and the server runs torch's kernels.
+  .venv/bin/ninfer build-kernels >/dev/null
 }
 
 cmd="${1:-}"

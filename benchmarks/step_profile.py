@@ -1,7 +1,7 @@
 """Where one decode step goes: torch calls and time per op, on the real model.
 
     .venv/bin/python benchmarks/step_profile.py [--model NAME|PATH] [--rows 1,16]
-        [--context 100] [--threads 2] [--steps 20] [--top 14]
+        [--context 100] [--threads 2] [--steps 20] [--top 14] [--kernels native|torch]
 
 Runs `Transformer.forward` on a fixed decode batch (`rows` rows of one new token each,
 `context` tokens of keys, pages spread over a pool as a server's are), outside the
@@ -23,6 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ninfer._artifacts import DEFAULT_MODEL, cache_dir, resolve_model
+from ninfer.engine._kernels import build_kernels, load_kernels, torch_isa
 from ninfer.engine._loader import load_model
 from ninfer.engine._model import KVPages, Transformer
 
@@ -75,10 +76,27 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument(
+        "--kernels",
+        choices=["native", "torch"],
+        default="native",
+        help="the model on ninfer's native kernels (the instruction set torch dispatches "
+        "to: set ATEN_CPU_CAPABILITY=avx2 for an AVX2 CPU's) or on torch's",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    path = resolve_model(args.model, cache_dir(None, os.environ))
-    loaded = load_model(str(path), dtype=torch.float32, device="cpu", max_positions=4096)
+    cache = cache_dir(None, os.environ)
+    path = resolve_model(args.model, cache)
+    native = args.kernels == "native"
+    if native:
+        built = build_kernels(cache)
+        if built.path is None:
+            raise SystemExit(f"no native kernels: {built.reason}")
+        load_kernels(built.path)
+        print("kernels:", torch.ops.ninfer.configure(torch_isa(), args.threads, 100))
+    loaded = load_model(
+        str(path), dtype=torch.float32, device="cpu", max_positions=4096, native=native
+    )
     kv = KVPages.allocate(
         loaded.transformer.args, n_pages=512, page_size=PAGE, dtype=torch.float32, device="cpu"
     )

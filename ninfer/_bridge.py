@@ -36,13 +36,24 @@ from ninfer.engine import (
     TokenDelta,
 )
 
-__all__ = ["EngineHost", "EngineService", "ServiceState", "ThreadedEngine"]
+__all__ = ["EngineHost", "EngineService", "ServiceState", "ThreadedEngine", "build_native_kernels"]
 
 # A request whose reader has this many undelivered events is left out of decode steps
 # until it has taken all but RESUME_BACKLOG of them: a client that stops reading costs the
 # others nothing, and one that reads slowly is served at its own pace.
 PAUSE_BACKLOG = 64
 RESUME_BACKLOG = 8
+
+
+def build_native_kernels(cache: str, progress: Callable[[str], None]) -> tuple[str | None, str]:
+    """Build the engine's native kernels (`ninfer build-kernels`): the library's path, or
+    None and why none was built. Imports torch."""
+    from pathlib import Path
+
+    from ninfer.engine._kernels import build_kernels
+
+    built = build_kernels(Path(cache), progress=progress)
+    return (str(built.path) if built.path is not None else None), built.reason
 
 
 class EngineHost(Protocol):

@@ -1,5 +1,6 @@
-"""The `ninfer` command line: the server's own commands (fetch-model, serve) and the
-tools' (`ninfer.tools`: logs, probe, openapi, bench), each of which adds its own."""
+"""The `ninfer` command line: the server's own commands (fetch-model, build-kernels,
+serve) and the tools' (`ninfer.tools`: logs, probe, openapi, bench), each of which adds
+its own."""
 
 from __future__ import annotations
 
@@ -28,6 +29,23 @@ def _fetch_model(args: argparse.Namespace) -> int:
     except ArtifactError as exc:
         print(f"ninfer fetch-model: error: {exc}", file=sys.stderr)
         return 1
+    print(path)
+    return 0
+
+
+def _build_kernels(args: argparse.Namespace) -> int:
+    from ninfer._artifacts import cache_dir
+    from ninfer._bridge import build_native_kernels
+
+    path, reason = build_native_kernels(
+        str(cache_dir(args.cache_dir, os.environ)),
+        progress=lambda msg: print(msg, file=sys.stderr),
+    )
+    if path is None:
+        # Not an error: the server runs torch's kernels instead (and says so).
+        print(f"ninfer build-kernels: not built: {reason}", file=sys.stderr)
+        print("ninfer build-kernels: the server will run torch's kernels", file=sys.stderr)
+        return 0
     print(path)
     return 0
 
@@ -90,6 +108,23 @@ def build_parser() -> argparse.ArgumentParser:
         "else ~/.cache/ninfer)",
     )
     fetch.set_defaults(func=_fetch_model)
+
+    kernels = sub.add_parser(
+        "build-kernels",
+        help="build ninfer's native CPU kernels (once; ./dev.sh does it)",
+        description="Compile ninfer's native kernels (C++ torch operators, from the package's "
+        "own sources) with the system's C++ compiler ($CXX, else c++), unless built already "
+        "for these sources, this torch and this compiler; print the library's path. Kept "
+        "under the package, or the cache directory where that is not writable. Where none "
+        "can be built, say why: `ninfer serve` then runs torch's kernels.",
+    )
+    kernels.add_argument(
+        "--cache-dir",
+        default=None,
+        help="where to keep the library when the package's folder is not writable (default: "
+        "$NINFER_CACHE, else $XDG_CACHE_HOME/ninfer, else ~/.cache/ninfer)",
+    )
+    kernels.set_defaults(func=_build_kernels)
 
     from ninfer._config import add_arguments
 

@@ -19,7 +19,7 @@ from typing import Any, Literal, Union
 import attrs
 
 from ninfer._errors import ConfigError
-from ninfer.engine import DTYPE_NAMES, KV_DTYPES, SPEC_BACKENDS, WEIGHT_MODES
+from ninfer.engine import DTYPE_NAMES, KERNEL_MODES, KV_DTYPES, SPEC_BACKENDS, WEIGHT_MODES
 
 __all__ = [
     "SETTINGS",
@@ -105,11 +105,22 @@ class ServerConfig:
         "batched row can drift from the same row alone",
         choices=DTYPE_NAMES,
     )
+    kernels: str = setting(
+        "auto",
+        "native: ninfer's own CPU kernels run the layers (every matrix in the file's own "
+        "blocks, float32 sums in one fixed order: the same bits alone or batched and on every "
+        "CPU; built by ./dev.sh or `ninfer build-kernels`, else at the first start); torch: "
+        "torch's kernels, with --weights; auto: native where they are built, the model and "
+        "--device/--dtype allow them and the start-up self-check passes them, else torch "
+        "(docs/engine.md)",
+        choices=KERNEL_MODES,
+    )
     weights: str = setting(
         "int4",
-        "int4: run the GGUF's Q4_0/Q4_1/Q4_K matrices in their 4-bit blocks through torch's int4 "
-        "CPU kernel (bfloat16 inside those matmuls, everything else in --dtype); dense: "
-        "dequantize every matrix to --dtype",
+        "the matrices on torch's kernels (--kernels torch, or where native ones do not run): "
+        "int4 runs the GGUF's Q4_0/Q4_1/Q4_K matrices in their 4-bit blocks through torch's "
+        "int4 CPU kernel (bfloat16 inside those matmuls, everything else in --dtype); dense "
+        "dequantizes every matrix to --dtype",
         choices=WEIGHT_MODES,
     )
     max_context: int | None = setting(
@@ -281,7 +292,11 @@ class ServerConfig:
         None, "default frequency penalty (default: 0.0)", minimum=-2, maximum=2
     )
     threads: int | None = setting(
-        None, "torch threads of the engine (default: torch's choice)", minimum=1, maximum=1024
+        None,
+        "threads of the engine's kernels (default: the CPUs this process may use, within a "
+        "cgroup's CPU quota)",
+        minimum=1,
+        maximum=1024,
     )
 
     @property

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -23,7 +24,8 @@ from ninfer.engine import (
     TokenDelta,
 )
 from ninfer.engine._engine import Engine
-from ninfer.engine._loader import LoadedModel, load_model
+from ninfer.engine._loader import LoadedModel
+from ninfer.engine._runtime import configure_process, create_engine
 
 HANG_GUARD_S = 120.0
 
@@ -119,23 +121,22 @@ class RunningEngine:
 
 
 def start_engine(path: Path, config: EngineConfig) -> RunningEngine:
+    """An engine started as the server starts one (`create_engine`: the kernels
+    `config.kernels` chooses, native where built), on a thread of its own."""
     sink = CollectingSink()
-    engine = Engine(
-        lambda: load_model(
-            str(path),
-            dtype=getattr(torch, config.dtype),
-            device="cpu",
-            max_positions=8192,
-            weights=config.weights,
-        ),
+    engine = create_engine(
+        lambda: str(path),
         config,
         sink,
+        log=structlog.wrap_logger(structlog.PrintLogger(sys.stderr)),
+        progress=lambda _m: None,
     )
     ready = threading.Event()
     errors: list[BaseException] = []
 
     def target() -> None:
         try:
+            configure_process(threads=config.threads)
             engine.run(on_ready=lambda _m: ready.set())
         except BaseException as exc:
             errors.append(exc)

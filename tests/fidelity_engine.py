@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import torch
+import structlog
 
 from ninfer.engine import (
     EngineConfig,
@@ -24,8 +24,7 @@ from ninfer.engine import (
     SamplingParams,
     TokenDelta,
 )
-from ninfer.engine._engine import Engine
-from ninfer.engine._loader import load_model
+from ninfer.engine._runtime import configure_process, create_engine
 from ninfer.frontends._structured import json_schema_grammar
 
 HANG_GUARD_S = 300
@@ -54,10 +53,11 @@ class Sink:
 def main() -> None:
     model_path, cases_path, chunk = sys.argv[1], sys.argv[2], int(sys.argv[3])
     cases = orjson.loads(Path(cases_path).read_bytes())
-    torch.set_num_threads(int(sys.argv[4]) if len(sys.argv) > 4 else 1)
+    threads = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     sink = Sink()
-    engine = Engine(
-        lambda: load_model(model_path, dtype=torch.float32, device="cpu", max_positions=8192),
+    # The server's own start: the same kernels (native where built), so the same numbers.
+    engine = create_engine(
+        lambda: model_path,
         EngineConfig(
             max_batch=8,
             kv_capacity=8192,
@@ -65,11 +65,19 @@ def main() -> None:
             prefill_chunk=chunk,
             prefix_cache=False,
             kv_dtype=sys.argv[5] if len(sys.argv) > 5 else "auto",
+            threads=threads,
         ),
         sink,
+        log=structlog.wrap_logger(structlog.PrintLogger(sys.stderr)),  # stdout is the answer
+        progress=lambda _m: None,
     )
     ready = threading.Event()
-    thread = threading.Thread(target=engine.run, kwargs={"on_ready": lambda _m: ready.set()})
+
+    def run() -> None:
+        configure_process(threads=threads)  # on the engine's thread, as the server does
+        engine.run(on_ready=lambda _m: ready.set())
+
+    thread = threading.Thread(target=run)
     thread.start()
     assert ready.wait(HANG_GUARD_S)
     assert engine.model is not None

@@ -5,8 +5,9 @@ would dispatch them (the default server once answered in French on AVX2 CPUs whi
 the suite was green on AVX-512: issue 27). The native capability is the suite itself.
 
 ATEN_CPU_CAPABILITY holds ATen's own kernels (the int4 kernel, norms, softmax, ...)
-to a capability; ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS hold the two matmul
-libraries to the same, so the whole process dispatches as that CPU would.
+to a capability, and ninfer's native kernels to their build for it (plain x86-64, AVX2);
+ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS hold the two matmul libraries to the
+same, so the whole process dispatches as that CPU would.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ TESTS = [
     "tests/test_realmodel_engine.py::test_chatml_prompt_tokenizes_and_greedy_reply_is_paris",
     "tests/test_openai.py::test_real_model_through_the_sync_openai_sdk",
     "tests/test_selfcheck.py::test_the_check_runs_on_the_real_default_model_within_its_tolerances",
+    "tests/test_selfcheck.py::test_the_native_check_runs_on_the_real_default_model_within_its_tolerances",
     "tests/test_model.py::test_logits_equal_an_independent_float64_forward",
     "tests/test_model.py::test_the_head_gives_float32_logits_in_int4_mode",
 ]

@@ -120,6 +120,7 @@ def test_the_dockerfile_serves_as_the_readme_does() -> None:
     runs = [rest for kw, rest in steps if kw == "RUN"]
     assert any('--extra-index-url "$TORCH_INDEX" "$TORCH"' in r for r in runs)
     assert any("ninfer fetch-model" in r for r in runs)
+    assert any("ninfer build-kernels" in r for r in runs)  # as ./dev.sh does
     entry = [orjson.loads(rest) for kw, rest in steps if kw == "ENTRYPOINT"][-1]
     cmd = [orjson.loads(rest) for kw, rest in steps if kw == "CMD"][-1]
     assert entry == ["ninfer"]

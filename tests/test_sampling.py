@@ -1,13 +1,16 @@
-"""The sampler's draw: the right distribution, never a token without mass, reproducible."""
+"""The sampler's draw: the right distribution, never a token without mass, reproducible;
+top-p found among a few candidates keeps what a sort of the whole row keeps."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ninfer.engine import SamplingParams
-from ninfer.engine._sampling import RowSampler, _draw
+from ninfer.engine._sampling import RowSampler, _draw, top_p_kept
 
 
 def test_draw_follows_the_probabilities_and_skips_zeros() -> None:
@@ -38,3 +41,52 @@ def test_a_seed_repeats_its_tokens() -> None:
         runs.append([sampler.pick(logits) for _ in range(30)])
     assert runs[0] == runs[1]
     assert len(set(runs[0])) > 1
+
+
+def _kept_by_full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p as a sort of the whole row defines it (the reference): in order of
+    probability (equal ones in id order), the tokens whose mass before them, summed in
+    float64, is under top_p of the row's total; the likeliest always. Ids in id order."""
+    total = float(torch.cumsum(probs, 0, dtype=torch.float64)[-1])
+    order = torch.sort(probs, descending=True, stable=True).indices
+    ranked = probs[order]
+    before = torch.cumsum(ranked, 0, dtype=torch.float64) - ranked.double()
+    dropped = before >= top_p * total
+    dropped[0] = False
+    return torch.sort(order[~dropped]).values
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    top_p=st.floats(0.01, 0.999),
+    first=st.sampled_from([1, 2, 8, 64]),
+    sharpness=st.floats(0.1, 8.0),
+    ties=st.booleans(),
+)
+def test_top_p_from_a_few_candidates_keeps_what_a_full_sort_keeps(
+    seed: int, top_p: float, first: int, sharpness: float, ties: bool
+) -> None:
+    """Looking among the `first` likeliest (then 8 times as many, ...) keeps exactly the
+    tokens a sort of the whole row keeps: flat and peaked rows, rows full of equal
+    probabilities (ties at the cut keep the lower ids, as the stable sort does)."""
+    logits = torch.randn(3000, generator=torch.Generator().manual_seed(seed)) * sharpness
+    if ties:
+        logits = torch.round(logits)  # many equal probabilities
+    probs = torch.softmax(logits, dim=-1)
+    assert torch.equal(top_p_kept(probs, top_p, first), _kept_by_full_sort(probs, top_p))
+
+
+def test_a_top_p_draw_picks_what_a_draw_over_the_whole_row_picks() -> None:
+    """The draw over the kept tokens alone gives, from the same generator, the token a
+    draw over the whole row (the dropped ones zeroed) gives: the float64 running sums
+    agree at every kept token."""
+    for seed in range(200):
+        logits = torch.randn(5000, generator=torch.Generator().manual_seed(seed)) * 2
+        probs = torch.softmax(logits, dim=-1)
+        kept = top_p_kept(probs, 0.9)
+        whole = torch.zeros_like(probs)
+        whole[kept] = probs[kept]
+        a = int(kept[_draw(probs[kept], torch.Generator().manual_seed(seed))])
+        b = _draw(whole, torch.Generator().manual_seed(seed))
+        assert a == b

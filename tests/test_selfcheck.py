@@ -1,6 +1,7 @@
 """The engine checks every fast path it chose before it serves: a wrong kernel, planted
 here, is refused (the next exact path runs instead, and the console, `server_start`
-and `/ready` say so); a model with no exact path left does not become ready."""
+and `/ready` say so); a model with no exact path left does not become ready. The native
+kernels' paths first, then torch's (`TORCH`: the engine held to them)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ from conftest import HANG_GUARD_S, CollectingSink, start_engine, stop_engine
 from tinymodel import write_tiny_gguf
 
 from ninfer.engine import EngineConfig, GenerationRequest, PathCheck, SamplingParams, _model
+from ninfer.engine import _native as native
 from ninfer.engine._engine import Engine
 from ninfer.engine._loader import load_model
 from ninfer.engine._selfcheck import SelfCheck, SelfCheckFailed, probe_tokens
+
+# The torch path's checks: an engine held to torch's kernels.
+TORCH = {"kernels": "torch"}
+NATIVE_PATHS = {
+    "native_dequant", "native_matmul", "native_head", "native_attention", "native_layers",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +60,7 @@ def test_every_path_passes_on_a_model_computed_right(
 ) -> None:
     """On the tiny models (all-int4, and int4 with float32 matrices) every path passes,
     each within its stated tolerance, and the engine reports each."""
-    served, _ = _checks(packed_gguf if packed else tiny_gguf, EngineConfig(max_batch=4))
+    served, _ = _checks(packed_gguf if packed else tiny_gguf, EngineConfig(max_batch=4, **TORCH))
     checks = _by_path(served.self_check)
     expected = {"dequantizer", "embedding", "int4_kernel", "head", "attention"}
     expected |= {"prefill_together", "decode_batch"} | (set() if packed else {"dense_float32"})
@@ -60,6 +68,73 @@ def test_every_path_passes_on_a_model_computed_right(
     assert all(c.ok and c.error <= c.tolerance for c in checks.values())
     assert checks["int4_kernel"].error > 0  # bfloat16 rounding: measured, not assumed
     assert checks["head"].tolerance == 1e-5
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_every_native_path_passes_on_a_model_computed_right(
+    packed: bool, packed_gguf: Path, tiny_gguf: Path
+) -> None:
+    """On the native kernels (the default where they are built) every native path passes,
+    each within its stated tolerance and each error measured (float32 rounds: not 0),
+    then the whole passes; the engine says it runs on them."""
+    served, _ = _checks(packed_gguf if packed else tiny_gguf, EngineConfig(max_batch=4))
+    assert served.kernels.startswith("native ")
+    checks = _by_path(served.self_check)
+    assert set(checks) == NATIVE_PATHS | {
+        "dequantizer", "embedding", "prefill_together", "decode_batch",
+    }  # fmt: skip
+    assert all(c.ok and c.error <= c.tolerance for c in checks.values())
+    assert checks["native_dequant"].error == 0.0
+    assert 0 < checks["native_matmul"].error < 1e-5
+    assert checks["native_layers"].error > 0
+    assert served.batch_sizes == (1, 2, 3, 4)  # every row count computes a row alike
+
+
+@pytest.mark.parametrize(
+    ("path", "plant"),
+    [
+        ("native_matmul", lambda mp: _scale_method(mp, native.Packed, "__call__", 1.001)),
+        ("native_attention", lambda mp: _scale_function(mp, native, "attention", 1.001)),
+        ("native_layers", lambda mp: _offset_layers(mp, 1e-3)),
+    ],
+)
+def test_a_wrong_native_path_sends_the_model_to_torchs_kernels(
+    path: str, plant: Callable[[pytest.MonkeyPatch], None], packed_gguf: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A native matmul 0.1% off, an attention 0.1% off, or layers that shift the residual
+    stream (planted) are refused: the whole model runs on torch's kernels instead, their
+    paths checked in turn, the engine says so, and the answers are those of an engine
+    held to torch's kernels."""
+    served, tokens = _checks(packed_gguf, EngineConfig(max_batch=4), lambda: plant(monkeypatch))
+    checks = _by_path(served.self_check)
+    assert not checks[path].ok
+    assert checks[path].instead == "torch kernels (int4)"
+    assert checks["int4_kernel"].ok
+    assert served.kernels == "torch (the self-check refused the native kernels)"
+    monkeypatch.undo()
+    _, torch_tokens = _checks(packed_gguf, EngineConfig(max_batch=4, **TORCH))
+    assert tokens == torch_tokens
+
+
+def _scale_method(mp: pytest.MonkeyPatch, cls: Any, name: str, factor: float) -> None:
+    real = getattr(cls, name)
+    mp.setattr(cls, name, lambda self, *a, **k: real(self, *a, **k) * factor)
+
+
+def _scale_function(mp: pytest.MonkeyPatch, module: Any, name: str, factor: float) -> None:
+    real = getattr(module, name)
+    mp.setattr(module, name, lambda *a, **k: real(*a, **k) * factor)
+
+
+def _offset_layers(mp: pytest.MonkeyPatch, offset: float) -> None:
+    real = native.NativeLayers.forward
+
+    def shifted(self: native.NativeLayers, x: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
+        out = real(self, x, *a, **k)
+        return out.add_(offset * out.abs().mean())
+
+    mp.setattr(native.NativeLayers, "forward", shifted)
 
 
 def test_a_wrong_int4_kernel_is_refused_and_the_file_values_run_instead(
@@ -74,7 +149,7 @@ def test_a_wrong_int4_kernel_is_refused_and_the_file_values_run_instead(
 
     served, tokens = _checks(
         packed_gguf,
-        EngineConfig(max_batch=4),
+        EngineConfig(max_batch=4, **TORCH),
         lambda: monkeypatch.setattr(_model.Int4, "native", off),
     )
     checks = _by_path(served.self_check)
@@ -83,7 +158,7 @@ def test_a_wrong_int4_kernel_is_refused_and_the_file_values_run_instead(
     assert checks["int4_kernel"].instead == "dense_float32"
     assert checks["dense_float32"].ok
     monkeypatch.undo()
-    _, dense = _checks(packed_gguf, EngineConfig(max_batch=4, weights="dense"))
+    _, dense = _checks(packed_gguf, EngineConfig(max_batch=4, weights="dense", **TORCH))
     assert tokens == dense
 
 
@@ -98,10 +173,10 @@ def test_a_wrong_embedding_decoder_is_refused_for_the_reference_one(
     def off(kind: str, raw: torch.Tensor, name: str = "?") -> torch.Tensor:
         return real(kind, raw, name) * 1.0001
 
-    _, right = _checks(tiny_gguf, EngineConfig(max_batch=4))
+    _, right = _checks(tiny_gguf, EngineConfig(max_batch=4, **TORCH))
     served, tokens = _checks(
         tiny_gguf,
-        EngineConfig(max_batch=4),
+        EngineConfig(max_batch=4, **TORCH),
         lambda: monkeypatch.setattr(_model, "decode_blocks", off),
     )
     checks = _by_path(served.self_check)
@@ -117,7 +192,7 @@ def test_a_wrong_onednn_matmul_is_refused_for_mkl(
     alike: MKL runs them, checked in its turn."""
     real = _model._onednn_linear
     monkeypatch.setattr(_model, "_onednn_linear", lambda x, w: real(x, w) * 1.001)
-    served, _ = _checks(tiny_gguf, EngineConfig(max_batch=4))
+    served, _ = _checks(tiny_gguf, EngineConfig(max_batch=4, **TORCH))
     checks = _by_path(served.self_check)
     assert (checks["dense_float32"].ok, checks["dense_float32"].instead) == (False, "mkl")
     assert (checks["head"].ok, checks["head"].instead) == (False, "mkl")
@@ -229,6 +304,35 @@ def test_the_check_runs_on_the_real_default_model_within_its_tolerances(
     assert paths["int4_kernel"].error < paths["int4_kernel"].tolerance / 2
 
 
+def test_the_native_check_runs_on_the_real_default_model_within_its_tolerances(
+    real_gguf: Path,
+) -> None:
+    """SmolLM2 on the native kernels: every native path passes, each within its
+    tolerance, on the CPU at hand (and under ATEN_CPU_CAPABILITY=default and avx2, where
+    the kernels run their plain and AVX2 builds: tests/test_cpu_capabilities.py)."""
+    from ninfer.engine._runtime import start_kernels
+
+    choice = start_kernels(EngineConfig(), lambda _m: None)
+    assert choice.native, choice.reason
+    m = load_model(
+        str(real_gguf), dtype=torch.float32, device="cpu", max_positions=512, native=True
+    )
+    assert m.source is not None
+    with torch.inference_mode():
+        check = SelfCheck(m.transformer, m.source, probe_tokens(m.tokenizer, 49152))
+        check.kernels()
+        assert check.together(16)
+        assert check.decode_batch(16, lambda n: n)
+        assert check.speculative(16, lambda n: n)
+    paths = {r.path: r for r in check.results}
+    assert set(paths) == NATIVE_PATHS | {
+        "dequantizer", "embedding", "prefill_together", "decode_batch", "speculative",
+    }  # fmt: skip
+    assert all(r.ok for r in check.results), check.results
+    assert paths["native_matmul"].error < paths["native_matmul"].tolerance / 2
+    assert paths["native_layers"].error < paths["native_layers"].tolerance / 2
+
+
 async def test_the_server_says_what_it_refused_on_the_console_in_the_log_and_on_ready(
     packed_gguf: Path,
     tmp_path: Path,
@@ -242,7 +346,7 @@ async def test_the_server_says_what_it_refused_on_the_console_in_the_log_and_on_
 
     real = _model.Int4.native
     monkeypatch.setattr(_model.Int4, "native", lambda self, x: real(self, x) * 1.03)
-    async with serve(packed_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve(packed_gguf, tmp_path, **TORCH) as srv, srv.client() as c:
         ready = (await c.get("/ready")).json()
         assert ready["self_check"]["refused"] == [
             {"path": "int4_kernel", "instead": "dense_float32"}
@@ -273,7 +377,7 @@ async def test_a_server_whose_model_fails_its_self_check_never_becomes_ready(
 
     real = _model._grouped_attention
     monkeypatch.setattr(_model, "_grouped_attention", lambda *a, **k: real(*a, **k) * 1.001)
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve(tiny_gguf, tmp_path, **TORCH) as srv, srv.client() as c:
         ready = await c.get("/ready")
         health = await c.get("/health")
         generate = await c.post("/v1/generate", json={"prompt": "x", "max_new_tokens": 2})

@@ -365,23 +365,18 @@ async def test_overload_burst_gets_200_429_503_and_the_log_agrees(
 
 
 async def test_queue_timeout_is_503_with_retry_after(tiny_gguf: Path, tmp_path: Path) -> None:
+    """A request waiting behind a running one past --pending-timeout-ms gets 503 with
+    Retry-After. The running one is a stream nobody reads: it holds its slot however
+    fast the machine decodes."""
     async with (
         serve(
             tiny_gguf, tmp_path, max_concurrency=1, max_pending_requests=4, pending_timeout_ms=200
         ) as srv,
         srv.client() as c,
     ):
-        results: list[httpx.Response] = []
-        async with trio.open_nursery() as n:
-
-            async def hog() -> None:
-                results.append(
-                    await c.post(
-                        GEN, json={"prompt": "x", "max_new_tokens": 450, "ignore_eos": True}
-                    )
-                )
-
-            n.start_soon(hog)
+        hog = {"prompt": "x", "max_new_tokens": 450, "ignore_eos": True, "stream": True}
+        async with c.stream("POST", GEN, json=hog) as stream:
+            assert stream.status_code == 200
             sched = srv.app.scheduler
             assert sched is not None
             while sched.statistics().running == 0:
@@ -392,8 +387,7 @@ async def test_queue_timeout_is_503_with_retry_after(tiny_gguf: Path, tmp_path: 
         assert r.status_code == 503
         assert r.json()["error"]["type"] == "request_queue_timeout"
         assert int(r.headers["retry-after"]) >= 1
-        assert 0.2 <= waited < 2.0
-        assert results[0].status_code == 200
+        assert waited >= 0.2
 
 
 async def test_draining_refuses_new_requests(tiny_gguf: Path, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from ninfer.engine import (
     TokenDelta,
     _model,
 )
+from ninfer.engine._engine import Engine
 from ninfer.engine._speculative import (
     NGRAM_MIN,
     NgramIndex,
@@ -364,22 +365,39 @@ def test_ngram_drafts_on_repeating_output_are_kept_and_change_nothing(tiny_gguf:
     assert constrained.accepted_tokens > 0  # the tokens its grammar forced
 
 
+def _plant_short_rows(monkeypatch: pytest.MonkeyPatch, kernels: str) -> None:
+    """Rows of 2..8 positions computed 0.1% off: in torch's attention, or in the native
+    layers' output for such a group."""
+    if kernels == "torch":
+        real = _model._Group.attend
+
+        def planted(self: _model._Group, *a: Any, **k: Any) -> torch.Tensor:
+            out = real(self, *a, **k)
+            return out * (1 + 1e-3) if 1 < self.T <= 8 else out
+
+        monkeypatch.setattr(_model._Group, "attend", planted)
+        return
+    real_native = _model.Transformer._hidden_native
+
+    def planted_native(self: _model.Transformer, native: Any, groups: Any, kv: Any) -> Any:
+        out = real_native(self, native, groups, kv)
+        return [x * (1 + 1e-3) if 1 < x.shape[1] <= 8 else x for x in out]
+
+    monkeypatch.setattr(_model.Transformer, "_hidden_native", planted_native)
+
+
+@pytest.mark.parametrize("kernels", ["native", "torch"])
 def test_a_verifying_pass_that_computes_differently_is_refused(
-    tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+    kernels: str, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Attention planted to compute a query row differently when its row has a few
-    positions (as a verifying row has, and a short prompt too, alike alone and together):
-    the self-check refuses speculation, and the engine decodes without it."""
-    real = _model._Group.attend
-
-    def planted(self: _model._Group, *a: Any, **k: Any) -> torch.Tensor:
-        out = real(self, *a, **k)
-        return out * (1 + 1e-3) if 1 < self.T <= 8 else out
-
-    monkeypatch.setattr(_model._Group, "attend", planted)
-    running = start_engine(tiny_gguf, EngineConfig(max_batch=4, spec="ngram"))
+    """Rows planted to compute differently when their row has a few positions (as a
+    verifying row has, and a short prompt too, alike alone and together), on either
+    kernels: the self-check refuses speculation, and the engine decodes without it."""
+    _plant_short_rows(monkeypatch, kernels)
+    running = start_engine(tiny_gguf, EngineConfig(max_batch=4, spec="ngram", kernels=kernels))
     try:
         served = running.engine.served()
+        assert served.kernels.startswith(kernels)
         checks = {c.path: c for c in served.self_check}
         assert not checks["speculative"].ok
         assert checks["speculative"].instead == "no speculation"
@@ -404,10 +422,21 @@ QUOTE = "Repeat this sentence three times: The quick brown fox jumps over the la
 
 
 @pytest.mark.realmodel
-def test_the_default_model_speculates_without_changing_a_token(real_gguf: Path) -> None:
+def test_the_default_model_speculates_without_changing_a_token(
+    real_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SmolLM2 with n-gram drafts: an edit that quotes its prompt, a repetition and
     free text, greedy and seeded, one at a time and all together, token for token
-    what it answers without speculation; drafts are kept."""
+    what it answers without speculation; drafts are kept. How much a step drafts
+    follows the pass cost measured on the CPU at hand (on the native kernels a row
+    costs about what a pass's fixed part does, and drafting rarely pays): held here to
+    a CPU where a row costs a ninth of it, so that drafts are made whatever this one
+    measures (the plan decides how much is drafted, never what is computed)."""
+
+    def fixed_cost(self: Engine) -> None:
+        self._row_cost = 9.0
+
+    monkeypatch.setattr(Engine, "_measure_row_cost", fixed_cost)
     outputs: dict[tuple[str, bool], list[list[int]]] = {}
     kept = 0
     for spec in ("none", "ngram"):

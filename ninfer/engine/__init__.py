@@ -13,6 +13,7 @@ from __future__ import annotations
 from ninfer.engine._contract import (
     DTYPE_NAMES,
     GRAMMAR_LIMIT,
+    KERNEL_MODES,
     KV_DTYPES,
     KV_HEADROOM_BYTES,
     PRESET_FIELDS,
@@ -61,6 +62,7 @@ from ninfer.engine._errors import (
 __all__ = [
     "DTYPE_NAMES",
     "GRAMMAR_LIMIT",
+    "KERNEL_MODES",
     "KV_DTYPES",
     "KV_HEADROOM_BYTES",
     "PRESET_FIELDS",

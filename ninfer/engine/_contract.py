@@ -19,6 +19,7 @@ from ninfer.engine._kvpool import pages_for  # torch-free, like this module
 
 __all__ = [
     "DTYPE_NAMES",
+    "KERNEL_MODES",
     "KV_DTYPES",
     "THINK_CLOSE",
     "THINK_OPEN",
@@ -57,6 +58,9 @@ DTYPE_NAMES = ("float32", "bfloat16")
 # The KV cache's storage (--kv-dtype): the activations' dtype, or int8 with scales.
 KV_DTYPES = ("auto", "int8")
 WEIGHT_MODES = ("int4", "dense")
+# Which kernels run the model (--kernels): ninfer's own native CPU kernels, torch's, or
+# the native ones where they are built and pass the start-up self-check, else torch's.
+KERNEL_MODES = ("auto", "native", "torch")
 # Speculative decoding backends (--spec): none, or drafts from the row's own n-grams
 # (and, for a constrained row, the tokens its grammar forces).
 SPEC_BACKENDS = ("none", "ngram")
@@ -345,6 +349,12 @@ class EngineConfig:
     spec: str = "none"  # speculative decoding: one of SPEC_BACKENDS
     kv_dtype: str = "auto"  # one of KV_DTYPES
     draft_tokens: int = 8  # the most tokens a row drafts a step, with --spec
+    kernels: str = "auto"  # one of KERNEL_MODES
+    # Threads of the engine's kernels (None: the CPUs this process may use)
+    threads: int | None = None
+    # Where a native kernels library may be built when the package's own folder is not
+    # writable (the cache directory); None: only there
+    kernel_cache: str | None = None
 
 
 @attrs.frozen
@@ -536,6 +546,8 @@ class ServedModel:
     self_check: tuple[PathCheck, ...] = ()
     # How the KV pool was sized (None: an engine that does not say).
     kv_sizing: KVSizing | None = None
+    # Which kernels run the model: "native <isa>, <n> threads", or "torch" and why
+    kernels: str = "torch"
     # The model file's recommended sampling defaults (under process flags and requests).
     sampling_preset: SamplingPreset = attrs.field(factory=SamplingPreset)
     # Compiles a grammar for this engine on the calling thread (thread-safe; ValueError

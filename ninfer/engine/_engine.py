@@ -287,6 +287,7 @@ class Engine:
             batch_sizes=tuple(self._batch_sizes),
             prefill_together_rows=self._together_rows,
             self_check=self._self_check,
+            kernels=self.model.kernels,
             speculative=self._spec,
             compile_grammar=self.compile_grammar,
             sampling_preset=self.model.sampling_preset,
@@ -339,6 +340,13 @@ class Engine:
                 self._state = "loading"
                 loaded = self._loader()
                 self._setup(loaded)
+                if self._transformer.native is not None:
+                    # The native kernels have their own threads; torch's ops between their
+                    # calls (sampling, a step's bookkeeping) are small, and on torch's
+                    # threads they left OpenMP workers spinning on the cores the kernels'
+                    # threads need (a decode step took 11 ms instead of 5.6 beside a
+                    # sampled row's softmax).
+                    torch.set_num_threads(1)
                 self._warm_up()
                 if self._spec != "none":
                     self._measure_row_cost()
@@ -416,8 +424,17 @@ class Engine:
         check = None
         if loaded.source is not None:  # a model loaded from its file: check what runs it
             tokens = probe_tokens(loaded.tokenizer, loaded.identity.vocab_size)
-            check = SelfCheck(model, loaded.source, tokens)
+            check = SelfCheck(model, loaded.source, tokens, weights=cfg.weights)
             check.kernels()  # falls back where a kernel is wrong; raises where none is right
+            if model.native is None and loaded.kernels.startswith("native"):
+                refused = "torch (the self-check refused the native kernels)"
+                loaded = attrs.evolve(loaded, kernels=refused)
+                self.model = loaded
+        if self._kv.keys_transposed != (model.native is not None):  # the layers' own layout
+            self._kv = KVPages.allocate(
+                model.args, n_pages=n_pages, page_size=cfg.page_size, dtype=model.dtype,
+                device=cfg.device, kv_dtype=cfg.kv_dtype, keys_transposed=model.native is not None,
+            )  # fmt: skip
         sizes = invariant_batch_sizes(model.row_maps(), max_rows=cfg.max_batch, device=cfg.device)
         # Narrowing rounds those matrices' inputs and weights to bfloat16, and oneDNN's
         # bfloat16 matmuls give a row a result that depends on how many rows a prefill
@@ -501,6 +518,7 @@ class Engine:
                 )
         self._log.info(
             "self_check",
+            kernels=self.model.kernels if self.model is not None else None,
             seconds=round(check.seconds, 3),
             passed=[r.path for r in check.results if r.ok],
             refused=[r.path for r in check.results if not r.ok],

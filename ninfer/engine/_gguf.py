@@ -108,6 +108,13 @@ class GGUFFile:
         data = np.ascontiguousarray(t.data).view(np.uint8).reshape(rows, -1).copy()
         return t.tensor_type.name, torch.from_numpy(data)
 
+    def rows_at(self, name: str, ids: torch.Tensor) -> tuple[str, torch.Tensor]:
+        """Rows `ids` of a matrix as `rows` gives them, read without copying the rest."""
+        t = self.tensors[name]
+        rows = int(np.prod([int(d) for d in t.shape.tolist()[1:]]))
+        data = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
+        return t.tensor_type.name, torch.from_numpy(data[ids.numpy()].copy())
+
     def has_tensor(self, name: str) -> bool:
         return name in self.tensors
 

@@ -19,6 +19,7 @@ from ninfer.engine._contract import PRESET_FIELDS, ModelIdentity, SamplingPreset
 from ninfer.engine._gguf import GGUFFile, file_sha256, open_gguf
 from ninfer.engine._invariance import prime_vector_math
 from ninfer.engine._model import Transformer, load_transformer
+from ninfer.engine._native import native_unsupported
 from ninfer.engine._tokenizer import TextTokenizer, tokenizer_from_metadata
 
 __all__ = ["LoadedModel", "load_model", "trim_heap"]
@@ -34,6 +35,8 @@ class LoadedModel:
     # The opened file (memory-mapped), for the engine's self-check and the exact paths
     # it may fall back to; dropped once the engine has started.
     source: GGUFFile | None = attrs.field(default=None, eq=False, repr=False)
+    # Which kernels run it ("native <isa>, <n> threads", or "torch" and why)
+    kernels: str = "torch"
 
 
 # GGUF's recommended-sampling keys (llama.cpp reads the same) and the fields they set.
@@ -97,11 +100,13 @@ def load_model(
     device: str,
     max_positions: int,
     weights: str = "int4",
+    native: bool = False,
     chat_template: str | None = None,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> LoadedModel:
     """Read, verify and load a GGUF model; `max_positions` sizes the rotary table;
-    `chat_template` (Jinja text) replaces the file's own."""
+    `chat_template` (Jinja text) replaces the file's own. `native`: for ninfer's native
+    kernels (loaded and configured by the caller), where the model allows them."""
     prime_vector_math()  # before any of torch's math runs on two threads
     t0 = time.perf_counter()
     progress(f"reading {path}")
@@ -113,15 +118,20 @@ def load_model(
         f"({time.perf_counter() - t0:.1f}s)"
     )
     model_id = _model_id(gguf.metadata, path)
+    kernels = "native" if native else "torch"
+    unsupported = native_unsupported(gguf.args, dtype, device) if native else None
+    if unsupported is not None:
+        kernels = f"torch (the native kernels cannot run this model: {unsupported})"
+        progress(f"kernels: {kernels}")
     transformer = load_transformer(
-        gguf, dtype=dtype, device=device, max_positions=max_positions, weights=weights
-    )
+        gguf, dtype=dtype, device=device, max_positions=max_positions, weights=weights,
+        native=native and unsupported is None,
+    )  # fmt: skip
     trim_heap()
     elapsed = time.perf_counter() - t0
     a = transformer.args
-    progress(
-        f"loaded {a.n_layers} layers as {dtype} ({weights} weights) on {device} in {elapsed:.1f}s"
-    )
+    held = "the file's blocks, native kernels" if transformer.native else f"{weights} weights"
+    progress(f"loaded {a.n_layers} layers as {dtype} ({held}) on {device} in {elapsed:.1f}s")
     identity = ModelIdentity(
         model_id=model_id,
         architecture=a.architecture,
@@ -137,4 +147,5 @@ def load_model(
         load_seconds=elapsed,
         sampling_preset=sampling_preset(gguf.metadata, progress),
         source=gguf,
+        kernels=kernels,
     )

@@ -17,7 +17,7 @@ handed out), never garbage.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ninfer.engine._gguf import GGUFFile, ModelArgs, decode_blocks
 from ninfer.engine._invariance import attention_row_quantum
+from ninfer.engine._native import NativeLayers, Packed, pack_tensors
 
 __all__ = [
     "WEIGHT_MODES", "Dense", "Embedding", "Int4", "KVPages", "Linear", "Transformer",
@@ -116,7 +117,7 @@ class Int4:
         )
 
 
-Linear = Dense | Int4
+Linear = Dense | Int4 | Packed
 
 
 class Embedding:
@@ -124,23 +125,41 @@ class Embedding:
     Gemma 3 is 178 MB stored, 671 MB in float32); the rows a step needs are decoded
     when it needs them, to exactly the values a dequantized table would hold."""
 
-    def __init__(self, kind: str, rows: torch.Tensor, dim: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        kind: str,
+        rows: torch.Tensor | None,
+        dim: int,
+        dtype: torch.dtype,
+        *,
+        packed: Packed | None = None,
+    ) -> None:
         self.kind = kind
-        self.rows = rows  # (vocab, bytes per row) uint8, in host memory on every device
+        # (vocab, bytes per row) uint8, in host memory on every device; None where the
+        # rows are read from the tied head's packed matrix (`packed`), which holds the
+        # same values: one copy of the table instead of two (178 MB for Gemma 3 270M).
+        self.rows = rows
+        self.packed = packed
         self.dim = dim
         self.dtype = dtype
-        self.shape = (int(rows.shape[0]), dim)
+        vocab = int(rows.shape[0]) if rows is not None else packed.out_features if packed else 0
+        self.shape = (vocab, dim)
         # Rows decoded by the `gguf` package's numpy dequantizer instead of torch ops:
         # the slower exact path, where the self-check finds the torch decoding wrong.
         self.by_reference = False
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        raw = self.rows.index_select(0, tokens.reshape(-1).cpu())
-        values = self._decode(raw).to(tokens.device, self.dtype)
+        ids = tokens.reshape(-1).cpu()
+        if self.rows is None:
+            assert self.packed is not None
+            values = self.packed.rows(ids).to(tokens.device, self.dtype)
+        else:
+            values = self._decode(self.rows.index_select(0, ids)).to(tokens.device, self.dtype)
         return values.reshape(*tokens.shape, self.dim)
 
     def _decode(self, raw: torch.Tensor) -> torch.Tensor:
         """Stored rows (rows, bytes per row) as their values, (rows, dim)."""
+        assert self.rows is not None, "the table is read from the packed head"
         if self.by_reference:
             return reference_rows(self.kind, raw, self.dim)
         return decode_blocks(self.kind, raw.reshape(-1)).view(-1, self.dim)
@@ -150,7 +169,12 @@ class Embedding:
         of rows at a time: never the whole table in float32 at once."""
         out = torch.empty(self.shape, dtype=dtype, device=device)
         for start in range(0, self.shape[0], chunk):
-            out[start : start + chunk] = self._decode(self.rows[start : start + chunk])
+            if self.rows is None:
+                assert self.packed is not None
+                ids = torch.arange(start, min(start + chunk, self.shape[0]))
+                out[start : start + chunk] = self.packed.rows(ids)
+            else:
+                out[start : start + chunk] = self._decode(self.rows[start : start + chunk])
         return out
 
 
@@ -189,6 +213,11 @@ class KVPages:
     (max |x| / 127, a (layers, pages, kv_heads, page_size, 1) float32 tensor each for
     keys and values), and gathered back to float32: row by row, so a row's keys do not
     depend on what else is in the batch.
+
+    For the native layers (`keys_transposed`) the keys are (layers, pages, kv_heads,
+    head_dim, page_size): each head's page transposed, so that the native attention reads
+    one element of 16 keys as one vector (csrc/api.h); the torch path's `write` and
+    `gather` do not read that layout.
     """
 
     k: torch.Tensor
@@ -196,6 +225,7 @@ class KVPages:
     page_size: int
     k_scale: torch.Tensor | None = None  # int8 only
     v_scale: torch.Tensor | None = None
+    keys_transposed: bool = False
     # Each layer's keys and values as views made once: (pages, kv heads, page size,
     # head dim) to write into, (pages * kv heads, page size, head dim) blocks to gather
     # (and, int8, the scales' likewise).
@@ -204,7 +234,7 @@ class KVPages:
     _heads: torch.Tensor = attrs.field(init=False)  # 0..kv heads - 1
 
     def __attrs_post_init__(self) -> None:
-        _, pages, heads, size, dim = self.k.shape
+        _, pages, heads, size, dim = self.v.shape  # the keys' last two may be transposed
         self._heads = torch.arange(heads, device=self.k.device)
         self._layers = [
             (k, v, k.view(pages * heads, size, dim), v.view(pages * heads, size, dim))
@@ -231,19 +261,22 @@ class KVPages:
         dtype: torch.dtype,
         device: str,
         kv_dtype: str = "auto",
+        keys_transposed: bool = False,
     ) -> KVPages:
         shape = (args.n_layers, n_pages + 2, args.n_kv_heads, page_size, args.head_dim)
         quantized = kv_dtype == "int8"
         store = torch.int8 if quantized else dtype
         # empty, not zeros: pages are zeroed when handed out (`zero_pages`), so memory
         # for pages never used is never touched and does not count in RSS.
-        k = torch.empty(shape, dtype=store, device=device)
+        k_shape = (*shape[:3], args.head_dim, page_size) if keys_transposed else shape
+        k = torch.empty(k_shape, dtype=store, device=device)
         v = torch.empty(shape, dtype=store, device=device)
         scales: tuple[torch.Tensor | None, ...] = (None, None)
         if quantized:
             scale_shape = (*shape[:-1], 1)
             scales = tuple(torch.empty(scale_shape, device=device) for _ in range(2))
-        kv = cls(k=k, v=v, page_size=page_size, k_scale=scales[0], v_scale=scales[1])
+        kv = cls(k=k, v=v, page_size=page_size, k_scale=scales[0], v_scale=scales[1],
+                 keys_transposed=keys_transposed)  # fmt: skip
         # The padding page and the scratch page are zeroed now: garbage there (a NaN
         # among it) must never reach a padding row's output, however masked.
         kv.zero_pages([0, n_pages + 1])
@@ -276,6 +309,7 @@ class KVPages:
         self, layer: int, slots: tuple[torch.Tensor, ...], k: torch.Tensor, v: torch.Tensor
     ) -> None:
         """A layer's new keys and values (B, T, G, D) at `slots`."""
+        assert not self.keys_transposed, "the native layers write their own keys"
         keys, values, _, _ = self._layers[layer]
         if not self._scales:
             keys.index_put_(slots, k)
@@ -298,6 +332,7 @@ class KVPages:
         """A layer's keys and values at `blocks` (from `blocks`, for `rows` rows): each
         (rows * kv heads, pages * page size, head dim), attention's layout (int8: as
         float32)."""
+        assert not self.keys_transposed, "the native layers read their own keys"
         _, _, k_blocks, v_blocks = self._layers[layer]
         dim = k_blocks.shape[-1]
         groups = rows * self._heads.numel()
@@ -324,13 +359,19 @@ class KVPages:
         page = torch.tensor(pages, dtype=torch.long, device=self.k.device)
         offset = torch.tensor(offsets, dtype=torch.long, device=self.k.device)
         for t in self._tensors():
-            t[:, page, :, offset] = 0
+            if t is self.k and self.keys_transposed:
+                t[:, page, :, :, offset] = 0
+            else:
+                t[:, page, :, offset] = 0
 
     def copy_rows(self, source: int, target: int, rows: int) -> None:
         """Every layer's keys and values of the first `rows` slots of page `source`
         into page `target`."""
         for t in self._tensors():
-            t[:, target, :, :rows] = t[:, source, :, :rows]
+            if t is self.k and self.keys_transposed:
+                t[:, target, :, :, :rows] = t[:, source, :, :, :rows]
+            else:
+                t[:, target, :, :rows] = t[:, source, :, :rows]
 
     def zero_pages(self, pages: list[int]) -> None:
         idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
@@ -627,6 +668,11 @@ class Transformer:
     # Attention pads its query rows to a multiple of this (measured at load:
     # `_invariance.attention_row_quantum`).
     attn_quantum: int = 1
+    # The layers on ninfer's native kernels (every matrix `Packed`), when they run there.
+    native: NativeLayers | None = None
+    # The rotary tables as (positions, D/2, 2) float32 (cos, sin): what the native layers
+    # read; made on first use.
+    _rope_pairs: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(
         self,
@@ -648,7 +694,11 @@ class Transformer:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits of final hidden states (..., dim) -> (..., V)."""
-        x = F.rms_norm(x, (self.args.dim,), self.norm, self.args.norm_eps)
+        if self.native is not None:  # the same norm as the layers': the same bits on every CPU
+            rows = x.reshape(-1, self.args.dim).float().contiguous()
+            x = torch.ops.ninfer.rmsnorm(rows, self.norm, self.args.norm_eps).view(x.shape)
+        else:
+            x = F.rms_norm(x, (self.args.dim,), self.norm, self.args.norm_eps)
         logits = self.lm_head(x).float()
         cap = self.args.final_softcap
         return torch.tanh(logits / cap) * cap if cap > 0 else logits
@@ -671,6 +721,8 @@ class Transformer:
         batch is one group of B rows x 1 position; prompts prefilled together are a
         group each). Every matmul runs once over all the groups' positions as rows;
         attention runs per group. Returns each group's (B, T, dim) hidden states."""
+        if self.native is not None:
+            return self._hidden_native(self.native, groups, kv)
         a = self.args
         plans: list[_Group] = []
         for g in groups:
@@ -740,6 +792,69 @@ class Transformer:
             return [x.view(plans[0].B, plans[0].T, a.dim)]
         return [x[p.start : p.end].view(p.B, p.T, a.dim) for p in plans]
 
+    def _hidden_native(
+        self,
+        native: NativeLayers,
+        groups: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        kv: KVPages,
+    ) -> list[torch.Tensor]:
+        """`hidden_many` on the native layers: the groups' positions as one pass of N rows,
+        each row's query seeing its own row of one page table (the groups' tables, padded
+        with the zero page to one width)."""
+        a = self.args
+        S = kv.page_size
+        width = max(int(g[2].shape[1]) for g in groups)
+        tables, row_ids, shapes = [], [], []
+        base = 0
+        for tokens, _, table in groups:
+            B, T = tokens.shape
+            shapes.append((B, T))
+            short = int(table.shape[1]) < width
+            tables.append(F.pad(table, (0, width - int(table.shape[1]))) if short else table)
+            row_ids.append(torch.arange(base, base + B).repeat_interleave(T))
+            base += B
+        if len(groups) == 1:
+            tokens, positions = groups[0][0].reshape(-1), groups[0][1].reshape(-1)
+            table, row = tables[0].contiguous(), row_ids[0]
+        else:
+            tokens = torch.cat([g[0].reshape(-1) for g in groups])
+            positions = torch.cat([g[1].reshape(-1) for g in groups])
+            table, row = torch.cat(tables), torch.cat(row_ids)
+        N = positions.numel()
+        write_page = table[row, positions // S]
+        x = self.embedding(tokens).view(N, a.dim).float().contiguous()
+        if a.embed_scale != 1.0:
+            x = x * a.embed_scale
+        if self._rope_pairs is None:
+            local = self.rope if self.rope_local is None else self.rope_local
+            self._rope_pairs = (
+                torch.view_as_real(self.rope).contiguous(),
+                torch.view_as_real(local).contiguous(),
+            )
+        rope, rope_local = self._rope_pairs
+        native.forward(x, rope, rope_local, positions.contiguous(), write_page.contiguous(),
+                       (positions % S).contiguous(), row.contiguous(), table, kv)  # fmt: skip
+        out, start = [], 0
+        for B, T in shapes:
+            out.append(x[start : start + B * T].view(B, T, a.dim))
+            start += B * T
+        return out
+
+    def to_torch(self, gguf: GGUFFile, weights: str) -> None:
+        """Leave the native kernels: every matrix as the torch path holds it (`weights`),
+        the head dense, the embedding's rows its own: what runs where the self-check
+        refuses the native layers."""
+        linear = _torch_linears(gguf, dtype=self.dtype, device=self.device, weights=weights)
+        for i, layer in enumerate(self.layers):
+            for slot, names in LAYER_TENSORS.items():
+                setattr(layer, slot, linear(*(f"blk.{i}.{n}" for n in names)))
+        self.embedding, self.lm_head = _embedding_and_head(
+            gguf, dtype=self.dtype, device=self.device, native=False
+        )
+        self.native = None
+        self._rope_pairs = None
+        self.packed = weights == "int4" and self.device == "cpu"
+
     def layer_maps(self) -> list[Linear]:
         """One of each kind of matrix the layers multiply by (kind, shape and dtype)."""
         maps: dict[tuple[object, ...], Linear] = {}
@@ -757,6 +872,8 @@ class Transformer:
         maps = [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
         if narrowed:
             maps = [_narrowed(m) for m in maps]
+        if self.native is not None:  # native attention sees no other row (the self-check
+            return [*maps, self.lm_head]  # compares batched passes with rows alone)
         return [
             *maps,
             self.lm_head,
@@ -847,30 +964,14 @@ class AttentionRows:
         return _attention(q, keys, values, mask, quantum=self.quantum).reshape(rows, -1)
 
 
-def load_transformer(
-    gguf: GGUFFile,
-    *,
-    dtype: torch.dtype,
-    device: str,
-    max_positions: int,
-    weights: str = "int4",
-) -> Transformer:
-    """Build the model from a GGUF file: fuse QKV and gate/up, tie the head. With
-    weights="int4" (CPU only), Q4_0/Q4_1/Q4_K matrices stay in their 4-bit blocks and run
-    through the int4 kernel; every other tensor is dequantized to `dtype`. The rotary
-    tables cover `max_positions`, never more than the model's context (no request goes
-    beyond it: a table of 2^20 positions was 256 MB for SmolLM2, 2 GB for Gemma 3)."""
-    a = gguf.args
-    max_positions = min(max_positions, a.context_length)
+def _torch_linears(
+    gguf: GGUFFile, *, dtype: torch.dtype, device: str, weights: str
+) -> Callable[..., Linear]:
+    """How the torch path holds a stack of the file's matrices: Q4_0/Q4_1/Q4_K in the int4
+    kernel's blocks (weights="int4", CPU only), every other type dequantized to `dtype`."""
     if weights not in WEIGHT_MODES:
         raise ValueError(f"weights must be one of {WEIGHT_MODES}")
     use_int4 = weights == "int4" and device == "cpu"
-
-    def w(name: str) -> torch.Tensor:
-        return gguf.tensor(name, dtype).to(device)
-
-    def norm(name: str) -> torch.Tensor:
-        return gguf.tensor(name, torch.float32).to(dtype).to(device)
 
     def linear(*names: str) -> Linear:
         """The matrices stacked along their outputs, as one Linear."""
@@ -880,7 +981,41 @@ def load_transformer(
         ):
             q, scale, zero = (torch.cat([b[i] for b in blocks if b is not None]) for i in range(3))
             return Int4(q, scale, zero)
-        return Dense(torch.cat([w(n) for n in names]) if len(names) > 1 else w(names[0]))
+        tensors = [gguf.tensor(n, dtype).to(device) for n in names]
+        return Dense(torch.cat(tensors) if len(tensors) > 1 else tensors[0])
+
+    return linear
+
+
+def load_transformer(
+    gguf: GGUFFile,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    max_positions: int,
+    weights: str = "int4",
+    native: bool = False,
+) -> Transformer:
+    """Build the model from a GGUF file: fuse QKV and gate/up, tie the head.
+
+    `native`: every matrix packed from the file's blocks for ninfer's native kernels
+    (`_native`), and the layers run there (the library must be loaded and configured).
+    Else the torch path: with weights="int4" (CPU only), Q4_0/Q4_1/Q4_K matrices stay in
+    their 4-bit blocks and run through torch's int4 kernel; every other tensor is
+    dequantized to `dtype`. The rotary tables cover `max_positions`, never more than the
+    model's context (no request goes beyond it: a table of 2^20 positions was 256 MB for
+    SmolLM2, 2 GB for Gemma 3)."""
+    a = gguf.args
+    max_positions = min(max_positions, a.context_length)
+
+    def norm(name: str) -> torch.Tensor:
+        return gguf.tensor(name, torch.float32).to(dtype).to(device)
+
+    linear: Callable[..., Linear]
+    if native:
+        linear = lambda *names: pack_tensors(gguf, names)  # noqa: E731
+    else:
+        linear = _torch_linears(gguf, dtype=dtype, device=device, weights=weights)
 
     layers = []
     for i in range(a.n_layers):
@@ -909,25 +1044,13 @@ def load_transformer(
                 local=a.is_local(i),
             )
         )
-    kind, rows = gguf.rows("token_embd.weight")
-    embedding = Embedding(kind, rows, a.dim, dtype)
-    assert embedding.shape == (a.vocab_size, a.dim), embedding.shape
-    # The head is dense in `dtype` in every mode, never the int4 kernel nor bfloat16:
-    # both return their products rounded to bfloat16, 8 significant bits, so logits
-    # near 25 land on steps of 0.125 and two candidates closer than that tie. SmolLM2's
-    # answer to the README's question is such a near tie (" The" ahead of "L" by 0.08
-    # in float64), and on AVX2 CPUs the bfloat16 head rounded both to 25.25; argmax took
-    # the lower id and the model answered in French (issue 27).
-    if gguf.has_tensor("output.weight"):
-        lm_head = Dense(w("output.weight"))
-    else:
-        lm_head = Dense(embedding.table(dtype, device))
+    embedding, lm_head = _embedding_and_head(gguf, dtype=dtype, device=device, native=native)
     rope_freqs = (
         gguf.tensor("rope_freqs.weight", torch.float32).reshape(-1)
         if gguf.has_tensor("rope_freqs.weight")
         else None
     )
-    return Transformer(
+    model = Transformer(
         args=a,
         embedding=embedding,
         layers=layers,
@@ -939,10 +1062,47 @@ def load_transformer(
         else None,
         dtype=dtype,
         device=device,
-        packed=use_int4,
+        packed=not native and weights == "int4" and device == "cpu",
         attn_quantum=attention_row_quantum(a.head_dim, device=device) or _MAX_QUANTUM,
     )
+    if native:
+        model.native = NativeLayers(a, layers)
+    return model
+
+
+def _embedding_and_head(
+    gguf: GGUFFile, *, dtype: torch.dtype, device: str, native: bool
+) -> tuple[Embedding, Linear]:
+    """The token embedding and the output head (tied to it when the file has no
+    output.weight). Natively the head is packed from the file's blocks and a tied
+    embedding reads its rows from there; on the torch path the head is dense in `dtype`,
+    never the int4 kernel nor bfloat16: both return their products rounded to bfloat16,
+    8 significant bits, so logits near 25 land on steps of 0.125 and two candidates
+    closer than that tie. SmolLM2's answer to the README's question is such a near tie
+    (" The" ahead of "L" by 0.08 in float64), and on AVX2 CPUs the bfloat16 head rounded
+    both to 25.25; argmax took the lower id and the model answered in French (issue 27)."""
+    a = gguf.args
+    tied = not gguf.has_tensor("output.weight")
+    kind = gguf.tensors["token_embd.weight"].tensor_type.name
+    lm_head: Linear
+    if native:
+        lm_head = pack_tensors(gguf, ["output.weight" if not tied else "token_embd.weight"])
+        if tied:
+            assert isinstance(lm_head, Packed)
+            embedding = Embedding(kind, None, a.dim, dtype, packed=lm_head)
+        else:
+            embedding = Embedding(kind, gguf.rows("token_embd.weight")[1], a.dim, dtype)
+    else:
+        embedding = Embedding(kind, gguf.rows("token_embd.weight")[1], a.dim, dtype)
+        if tied:
+            lm_head = Dense(embedding.table(dtype, device))
+        else:
+            lm_head = Dense(gguf.tensor("output.weight", dtype).to(device))
+    assert embedding.shape == (a.vocab_size, a.dim), embedding.shape
+    return embedding, lm_head
 
 
 def _out(linear: Linear) -> int:
-    return linear.out_features if isinstance(linear, Int4) else int(linear.weight.shape[0])
+    if isinstance(linear, (Int4, Packed)):
+        return linear.out_features
+    return int(linear.weight.shape[0])

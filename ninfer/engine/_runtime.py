@@ -1,34 +1,114 @@
 """Starting the engine on its thread: the process-wide settings, made in this one place,
-and the engine built around a model loader. Importing this module imports torch."""
+the native kernels found (or built) and configured, and the engine built around a model
+loader. Importing this module imports torch."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
+import attrs
 import torch
 from structlog.typing import FilteringBoundLogger
 
 from ninfer.engine._contract import EngineConfig, EventSink
 from ninfer.engine._engine import DTYPES, Engine
 from ninfer.engine._errors import ConfigError
+from ninfer.engine._kernels import build_kernels, load_kernels, torch_isa
 from ninfer.engine._loader import LoadedModel, load_model
 
-__all__ = ["SWITCH_INTERVAL_S", "configure_process", "create_engine"]
+__all__ = [
+    "KERNEL_SPIN_US",
+    "SWITCH_INTERVAL_S",
+    "KernelChoice",
+    "configure_process",
+    "cpu_count",
+    "create_engine",
+    "start_kernels",
+]
 
 # The engine thread runs Python between torch calls while holding the GIL; with the
 # default 5 ms switch interval every syscall of the event loop (each accept, read and
 # write) can wait that long to get the GIL back, and a burst of requests queues behind
 # it. A shorter interval keeps the event loop responsive.
 SWITCH_INTERVAL_S = 0.0005
+# How long a native kernel thread spins for the next call before it sleeps: longer than
+# the gaps between the calls of one decode step (a few microseconds), shorter than the
+# gap between steps that an idle or lightly loaded server leaves (docs/engine.md).
+KERNEL_SPIN_US = 100
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on: its affinity mask, within a cgroup v2 CPU quota
+    (a container's `--cpus`, a systemd unit's CPUQuota=) where one is set."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            count = min(count, max(1, int(int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, count)
 
 
 def configure_process(*, threads: int | None) -> None:
     """The process settings the engine depends on. Called once, on the engine thread
     (torch's intra-op thread count is read from the thread that runs the ops)."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads or cpu_count())
+
+
+@attrs.frozen
+class KernelChoice:
+    """Which kernels the model is loaded for: native (and on which build), or torch and
+    why."""
+
+    native: bool
+    isa: str = ""
+    threads: int = 1
+    reason: str = ""
+
+    def describe(self) -> str:
+        if self.native:
+            return f"native {self.isa}, {self.threads} threads"
+        return f"torch ({self.reason})" if self.reason else "torch"
+
+
+def start_kernels(config: EngineConfig, progress: Callable[[str], None]) -> KernelChoice:
+    """The native kernels for this engine: found (or built, once), loaded and configured
+    for the instruction set torch dispatches to; or why the torch path runs instead.
+    --kernels native makes a missing library an error; auto says why and goes on."""
+    threads = config.threads or cpu_count()
+    if config.kernels == "torch":
+        return KernelChoice(False, reason="--kernels torch")
+    why = None
+    if config.device != "cpu":
+        why = f"--device {config.device}: the native kernels are CPU kernels"
+    elif config.dtype != "float32":
+        why = f"--dtype {config.dtype}: the native kernels compute in float32"
+    elif config.page_size % 16:
+        why = f"pages of {config.page_size} tokens: the native attention reads keys 16 at a time"
+    if why is None:
+        cache = Path(config.kernel_cache) if config.kernel_cache else None
+        built = build_kernels(cache, progress=progress)
+        if built.path is None:
+            why = f"the native kernels could not be built: {built.reason}"
+        else:
+            try:
+                load_kernels(built.path)
+                isa = str(torch.ops.ninfer.configure(torch_isa(), threads, KERNEL_SPIN_US))
+                return KernelChoice(True, isa=isa, threads=threads)
+            except (OSError, RuntimeError) as exc:
+                why = f"the native kernels could not be loaded: {exc}"
+    if config.kernels == "native":
+        raise ConfigError(f"--kernels native: {why}")
+    progress(f"kernels: torch's ({why})")
+    return KernelChoice(False, reason=why)
 
 
 def create_engine(
@@ -39,20 +119,28 @@ def create_engine(
     log: FilteringBoundLogger,
     progress: Callable[[str], None],
 ) -> Engine:
-    """An engine whose `run` resolves `model_path()` (which may fetch the file) and
-    loads it, then serves."""
+    """An engine whose `run` resolves `model_path()` (which may fetch the file), starts
+    the kernels and loads the model, then serves."""
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is available to torch")
 
     def load() -> LoadedModel:
-        return load_model(
-            model_path(),
+        path = model_path()
+        kernels = start_kernels(config, progress)
+        loaded = load_model(
+            path,
             dtype=DTYPES[config.dtype],
             device=config.device,
             max_positions=config.max_context or 1 << 20,
             weights=config.weights,
+            native=kernels.native,
             chat_template=config.chat_template,
             progress=progress,
         )
+        if loaded.transformer.native is not None:
+            return attrs.evolve(loaded, kernels=kernels.describe())
+        if loaded.kernels != "torch":  # the model, not the library, kept it off them
+            return loaded
+        return attrs.evolve(loaded, kernels=kernels.describe())
 
     return Engine(load, config, sink, log=log)

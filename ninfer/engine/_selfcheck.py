@@ -27,6 +27,21 @@ tolerance:
   pass, gets at every drafted position the logits plain one-token steps give there,
   bit for bit.
 
+On the native kernels (`_native`), before the rest:
+
+- `native_dequant`: each packed matrix's values (64 rows spread over one matrix of each
+  stack of tensor types) exactly the `gguf` package's;
+- `native_matmul`: every layer matrix, within 1e-5 (they measure ~5e-7);
+- `native_head`: the head as `head` above, within 1e-5;
+- `native_attention`: layer 0's attention over the page pool, within 1e-5;
+- `native_layers`: each layer whole (norms, rotation, keys and values written and
+  attended to, activation, residual) on the probe prompt against a float64 layer from
+  the same input, the change it makes to the residual stream (or 1% of the stream,
+  where the change is smaller) within 1e-4.
+
+A native path that fails sends the whole model to torch's kernels (--weights), which
+are then checked as above.
+
 A path that fails is not used: the engine falls back to the next exact path (int4
 kernel -> its matrices dequantized to float32; oneDNN -> MKL; torch embedding
 decoding -> numpy's; narrowing -> none; prefilling together -> one prompt a pass;
@@ -45,6 +60,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from ninfer.engine import _native
 from ninfer.engine._contract import PathCheck
 from ninfer.engine._errors import EngineError
 from ninfer.engine._gguf import GGUFFile, decode_blocks
@@ -60,6 +76,7 @@ from ninfer.engine._model import (
     _narrowed,
     reference_rows,
 )
+from ninfer.engine._native import Packed
 from ninfer.engine._speculative import step_logits
 from ninfer.engine._tokenizer import TextTokenizer
 
@@ -67,6 +84,10 @@ __all__ = ["BFLOAT16_TOLERANCE", "FLOAT32_TOLERANCE", "SelfCheck", "SelfCheckFai
 
 FLOAT32_TOLERANCE = 1e-5
 BFLOAT16_TOLERANCE = 2.0**-6
+# A native layer's change to the residual stream against float64 (judged against at least
+# 1% of the stream): a few dozen float32 roundings deep (norms, matmuls, attention,
+# activation); measured 1e-6..6e-6 on SmolLM2.
+LAYER_TOLERANCE = 1e-4
 
 # The real text whose tokens the paths are checked on (a few kinds of text: words,
 # digits one by one, code, punctuation, non-Latin scripts).
@@ -104,6 +125,8 @@ def _rel(fast: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _path_of(m: Linear) -> str:
+    if isinstance(m, Packed):
+        return "native_matmul"
     if isinstance(m, Int4):
         return "int4_kernel"
     return "dense_float32" if m.weight.dtype == torch.float32 else "dense_bfloat16"
@@ -116,6 +139,7 @@ class SelfCheck:
     model: Transformer
     source: GGUFFile
     tokens: list[int]
+    weights: str = "int4"  # the torch path's matrices, where the native ones are refused
     results: list[PathCheck] = attrs.field(factory=list)
     seconds: float = 0.0
     _inputs: dict[str, torch.Tensor] = attrs.field(factory=dict)
@@ -128,6 +152,12 @@ class SelfCheck:
         started = time.perf_counter()
         try:
             self._dequantizer()
+            if self.model.native is not None:
+                if self._native():
+                    self._embedding()
+                    return
+                self.model.to_torch(self.source, self.weights)
+                self._inputs.clear()
             self._embedding()
             errors = self._layers()
             if "int4_kernel" in errors:
@@ -144,6 +174,157 @@ class SelfCheck:
             self._attention()
         finally:
             self.seconds += time.perf_counter() - started
+
+    def _native(self) -> bool:
+        """The native paths, in order, until one fails (recorded, with torch's kernels
+        instead): whether every one passed."""
+        instead = f"torch kernels ({self.weights})"
+        checks: list[tuple[str, Callable[[], float], float]] = [
+            ("native_dequant", self._native_dequant, 0.0),
+            ("native_matmul", lambda: max(e for _, _, e in self._layers()["native_matmul"]),
+             FLOAT32_TOLERANCE),
+            ("native_head", self._head_error, FLOAT32_TOLERANCE),
+            ("native_attention", self._native_attention, FLOAT32_TOLERANCE),
+            ("native_layers", self._native_layers, LAYER_TOLERANCE),
+        ]  # fmt: skip
+        return all(self._record(path, error(), tol, instead) for path, error, tol in checks)
+
+    def _native_dequant(self) -> float:
+        """The worst difference between a packed matrix's values and the `gguf` package's
+        decoding of the file's, over DEQUANT_ROWS rows of the first matrix of each stack
+        of tensor types (and the head)."""
+        seen: dict[tuple[str, ...], tuple[Packed, list[str]]] = {}  # kinds -> a matrix
+        for i, layer in enumerate(self.model.layers):
+            for slot, names in LAYER_TENSORS.items():
+                m = getattr(layer, slot)
+                if isinstance(m, Packed):
+                    seen.setdefault(m.kinds, (m, [f"blk.{i}.{n}" for n in names]))
+        head = self.model.lm_head
+        if isinstance(head, Packed):
+            tied = not self.source.has_tensor("output.weight")
+            seen.setdefault(("head", *head.kinds),
+                            (head, ["token_embd.weight" if tied else "output.weight"]))  # fmt: skip
+        worst = 0.0
+        for m, stack in seen.values():
+            # rows spread over each tensor of the stack, its first and last among them
+            starts, base = [], 0
+            for name in stack:
+                starts.append(base)
+                base += int(self.source.tensors[name].shape[1])
+            ids = sorted({int(i) for i in torch.linspace(0, base - 1, DEQUANT_ROWS).long()}
+                         | set(starts) | {s - 1 for s in starts[1:]})  # fmt: skip
+            ref = []
+            for i in ids:
+                at = max(j for j, s in enumerate(starts) if s <= i)
+                kind, raw = self.source.rows_at(stack[at], torch.tensor([i - starts[at]]))
+                ref.append(reference_rows(kind, raw, m.in_features))
+            fast = m.rows(torch.tensor(ids))
+            worst = max(worst, float((fast.double() - torch.cat(ref).double()).abs().max()))
+        return worst
+
+    def _native_attention(self) -> float:
+        """Layer 0's attention over the probe rows (causal) on the native kernels, the
+        keys and values in a page pool, against float64."""
+        a = self.model.args
+        if "qkv" not in self._inputs:
+            self._layer_inputs(0)
+        qkv = self._inputs["qkv"]
+        N, H, G, D = len(self.tokens), a.n_heads, a.n_kv_heads, a.head_dim
+        q = qkv[:, : H * D].view(N, H, D)
+        k = qkv[:, H * D : H * D + G * D].view(N, G, D)
+        v = qkv[:, H * D + G * D :].view(N, G, D)
+        kv = self._scratch(16)
+        table, positions, write_page, offsets = self._prompt_plan(N, kv.page_size)
+        kv.k[0, write_page, :, :, offsets] = k.float()  # transposed: (.., D, S)
+        kv.v[0, write_page, :, offsets] = v.float()
+        scale = D**-0.5 if a.attn_scale is None else a.attn_scale
+        fast = _native.attention(
+            q,
+            kv,
+            0,
+            table,
+            torch.zeros(N, dtype=torch.long),
+            positions,
+            window=0,
+            scale=scale,
+            softcap=a.attn_softcap,
+        )
+        ref = _reference_attention(q, k, v, positions, 0, scale, a.attn_softcap)
+        return _rel(fast.reshape(-1, D), ref.reshape(-1, D))
+
+    def _prompt_plan(
+        self, n: int, page_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A prompt of n positions on pages 1, 2, ...: its page table (1, pages), positions,
+        and each position's page and offset."""
+        pages = (n + page_size - 1) // page_size
+        table = torch.arange(1, pages + 1).view(1, -1)
+        positions = torch.arange(n)
+        return table, positions, table[0, positions // page_size], positions % page_size
+
+    def _native_layers(self) -> float:
+        """Each native layer on the probe prompt (its keys and values written to a page
+        pool, then attended to) against a float64 layer from the same input: the worst
+        relative error of the change the layer makes to the residual stream."""
+        model, native = self.model, self.model.native
+        assert native is not None
+        N = len(self.tokens)
+        kv = self._scratch(16)
+        table, positions, write_page, offsets = self._prompt_plan(N, kv.page_size)
+        x = self._x().clone().contiguous()
+        local = model.rope if model.rope_local is None else model.rope_local
+        rope = torch.view_as_real(model.rope).contiguous()
+        rope_local = torch.view_as_real(local).contiguous()
+        worst = 0.0
+        for i in range(model.args.n_layers):
+            before = x.double()
+            ref = self._reference_layer(i, before, positions)
+            native.forward(x, rope, rope_local, positions, write_page, offsets,
+                           torch.zeros(N, dtype=torch.long), table, kv, layers=(i, 1))  # fmt: skip
+            # The change the layer makes, row by row, against its float64 value; where a
+            # row's change is under 1% of the row (SmolLM2's first position changes by
+            # 0.1% in half its layers), against 1% of the row: the float32 rounding of
+            # the row itself is then not taken for an error of the layer's.
+            change = (ref - before).norm(dim=-1).maximum(0.01 * before.norm(dim=-1))
+            err = ((x.double() - ref).norm(dim=-1) / change.clamp_min(1e-30)).max().item()
+            worst = max(worst, float("inf") if err != err else err)
+        return worst
+
+    def _reference_layer(self, i: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Layer i in float64 on x (N, dim) float64 at `positions`: the file's matrices,
+        the model's norms and rotation table (its values), attention written out."""
+        a, lay = self.model.args, self.model.layers[i]
+        N, H, G, D = x.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
+
+        def rms(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return v / torch.sqrt((v * v).mean(dim=-1, keepdim=True) + a.norm_eps) * w.double()
+
+        qkv = rms(x, lay.attn_norm) @ self._reference(i, "wqkv").T
+        if lay.qkv_bias is not None:
+            qkv = qkv + lay.qkv_bias.double()
+        q = qkv[:, : H * D].reshape(N, H, D)
+        k = qkv[:, H * D : H * D + G * D].reshape(N, G, D)
+        v = qkv[:, H * D + G * D :].reshape(N, G, D)
+        if lay.q_norm is not None and lay.k_norm is not None:
+            q, k = rms(q, lay.q_norm), rms(k, lay.k_norm)
+        table = self.model.rope
+        if lay.local and self.model.rope_local is not None:
+            table = self.model.rope_local
+        rot = table[positions].to(torch.complex128).view(N, 1, D // 2)
+        q, k = _rotate64(q, rot, a.rope_neox), _rotate64(k, rot, a.rope_neox)
+        scale = D**-0.5 if a.attn_scale is None else a.attn_scale
+        window = a.sliding_window if lay.local else 0
+        attn = _reference_attention(q, k, v, positions, window, scale, a.attn_softcap)
+        out = attn.reshape(N, H * D) @ self._reference(i, "wo").T
+        if lay.post_attn_norm is not None:
+            out = rms(out, lay.post_attn_norm)
+        x = x + out
+        gate, up = (rms(x, lay.ffn_norm) @ self._reference(i, "w_gate_up").T).chunk(2, dim=-1)
+        act = F.gelu(gate, approximate="tanh") if a.gelu else F.silu(gate)
+        out = (act * up) @ self._reference(i, "w_down").T
+        if lay.post_ffn_norm is not None:
+            out = rms(out, lay.post_ffn_norm)
+        return x + out
 
     def _record(self, path: str, error: float, tolerance: float, instead: str = "") -> bool:
         ok = error <= tolerance
@@ -176,8 +357,8 @@ class SelfCheck:
     def _embedding(self) -> None:
         emb = self.model.embedding
         ids = torch.tensor(self.tokens)
-        raw = emb.rows.index_select(0, ids)
-        ref = reference_rows(emb.kind, raw, emb.dim).to(emb.dtype).double()  # as held
+        kind, raw = self.source.rows_at("token_embd.weight", ids)
+        ref = reference_rows(kind, raw, emb.dim).to(emb.dtype).double()  # as held
         fast = emb(ids.to(self.model.device)).cpu()
         if self._record("embedding", _rel(fast, ref), 0.0, "numpy decoding"):
             return
@@ -185,7 +366,8 @@ class SelfCheck:
         error = _rel(emb(ids.to(self.model.device)).cpu(), ref)
         if error > 0.0:
             raise SelfCheckFailed("the token embedding decodes wrong even by the reference")
-        if not self.source.has_tensor("output.weight"):  # a tied head: decoded the same way
+        if emb.rows is not None and not self.source.has_tensor("output.weight"):
+            # a tied head: decoded the same way
             head = self.model.lm_head
             dtype = head.weight.dtype if isinstance(head, Dense) else self.model.dtype
             self.model.lm_head = Dense(emb.table(dtype, self.model.device))
@@ -283,16 +465,14 @@ class SelfCheck:
         a = self.model.args
         x = F.rms_norm(self._x(), (a.dim,), self.model.norm.float(), a.norm_eps)
         fast = self.model.lm_head(x.to(self.model.lm_head.input_dtype)).float().cpu()
-        if self.source.has_tensor("output.weight"):
-            kind, raw = self.source.rows("output.weight")
-        else:
-            kind, raw = self.model.embedding.kind, self.model.embedding.rows
-        V = raw.shape[0]
+        name = "output.weight" if self.source.has_tensor("output.weight") else "token_embd.weight"
+        V = int(self.source.tensors[name].shape[1])
         rows = torch.arange(V)
         if V > HEAD_SAMPLE:
             between = torch.linspace(HEAD_EDGE, V - HEAD_EDGE - 1, HEAD_SAMPLE - 2 * HEAD_EDGE)
             rows = torch.cat([rows[:HEAD_EDGE], between.long(), rows[-HEAD_EDGE:]])
-        table = reference_rows(kind, raw.index_select(0, rows), a.dim).double()
+        kind, raw = self.source.rows_at(name, rows)
+        table = reference_rows(kind, raw, a.dim).double()
         return _rel(fast[:, rows], x.cpu().double() @ table.T)
 
     def _attention(self) -> None:
@@ -407,7 +587,7 @@ class SelfCheck:
     def _scratch(self, page_size: int, pages: int = 8) -> KVPages:
         kv = KVPages.allocate(
             self.model.args, n_pages=max(pages, 8), page_size=page_size, dtype=self.model.dtype,
-            device=self.model.device,
+            device=self.model.device, keys_transposed=self.model.native is not None,
         )  # fmt: skip
         kv.zero_pages(list(range(1, kv.scratch_page + 1)))
         return kv
@@ -457,3 +637,41 @@ class SelfCheck:
             torch.tensor([[p] for _, p, _ in rows] + [[0]] * pad, device=dev),
             torch.tensor(table, device=dev),
         )
+
+
+def _rotate64(x: torch.Tensor, rot: torch.Tensor, neox: bool) -> torch.Tensor:
+    """x (N, heads, D) float64 rotated by rot (N, 1, D/2) complex128: adjacent pairs, or
+    (i, i + D/2) pairs (`neox`)."""
+    half = x.shape[-1] // 2
+    if neox:
+        xc = torch.complex(x[..., :half], x[..., half:]) * rot
+        return torch.cat((xc.real, xc.imag), dim=-1)
+    xc = torch.view_as_complex(x.reshape(*x.shape[:-1], half, 2).contiguous()) * rot
+    return torch.view_as_real(xc).flatten(-2)
+
+
+def _reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    window: int,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """Causal grouped-query attention in float64: q (N, H, D), k and v (N, G, D) of one
+    prompt at `positions`; a query sees the keys at or before it (and, with a window,
+    less than `window` behind). Returns (N, H, D)."""
+    H = q.shape[1]
+    G = k.shape[1]
+    kh = k.double().repeat_interleave(H // G, dim=1).transpose(0, 1)  # (H, N, D)
+    vh = v.double().repeat_interleave(H // G, dim=1).transpose(0, 1)
+    scores = q.double().transpose(0, 1) @ kh.transpose(1, 2) * scale  # (H, N, N)
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    behind = positions.view(-1, 1) - positions.view(1, -1)
+    visible = behind >= 0
+    if window > 0:
+        visible &= behind < window
+    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    return (probs @ vh).transpose(0, 1)

@@ -1,0 +1,586 @@
+// ninfer's native kernels as torch operators (namespace `ninfer`), and the model's layers as
+// one native call a forward pass (the class `ninfer.Layers`). Loaded by
+// ninfer/engine/_kernels.py, which builds this library from these sources.
+//
+// Which build of the kernels runs (default, avx2, avx512) is chosen once by `configure`:
+// the engine asks for the instruction set torch itself dispatches to (so
+// ATEN_CPU_CAPABILITY=avx2 makes both torch and these kernels compute as an AVX2 CPU
+// would), never one the CPU lacks. Every build gives the same numbers (api.h).
+#include <ATen/ATen.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api.h"
+#include "pack.h"
+#include "pool.h"
+
+namespace ninfer {
+namespace {
+
+const Kernels* g_kernels = nullptr;
+Pool g_pool;
+
+bool cpu_has(const std::string& isa) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (isa == "avx2")
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+  if (isa == "avx512")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+  return isa == "default";
+}
+
+const Kernels* kernels() {
+  TORCH_CHECK(g_kernels != nullptr, "ninfer kernels: configure() first");
+  return g_kernels;
+}
+
+// The instruction set in use, after asking for `isa` (default, avx2 or avx512), with
+// `threads` threads that spin `spin_us` between calls.
+std::string configure(std::string isa, int64_t threads, int64_t spin_us) {
+  TORCH_CHECK(isa == "default" || isa == "avx2" || isa == "avx512", "unknown isa ", isa);
+  TORCH_CHECK(cpu_has(isa), "this CPU cannot run the ", isa, " kernels");
+  TORCH_CHECK(threads >= 1 && threads <= 1024, "threads must be 1..1024");
+#if defined(__x86_64__)
+  g_kernels = isa == "avx512" ? ninfer_kernels_avx512()
+              : isa == "avx2" ? ninfer_kernels_avx2()
+                              : ninfer_kernels_default();
+#else
+  g_kernels = ninfer_kernels_default();
+#endif
+  if (g_pool.threads() != threads || g_pool.spin_us() != spin_us)
+    g_pool.resize(static_cast<int>(threads), static_cast<int>(spin_us));
+  return g_kernels->name;
+}
+
+bool supports(std::string isa) { return cpu_has(isa); }
+
+// Tasks for `units` units of work: a few per thread, so a thread that is late costs little.
+int tasks_for(int units, int min_units) {
+  const int by_size = std::max(1, units / std::max(1, min_units));
+  return std::max(1, std::min({units, by_size, g_pool.threads() * 4}));
+}
+
+// ---- packing ---------------------------------------------------------------------------
+
+int64_t pack_format(std::vector<std::string> types) { return stack_format(types); }
+
+// The tensors (each (rows, bytes a row) uint8, as the file stores them) stacked along
+// their outputs, packed in `format` (pack_format of their types): a uint8 tensor.
+at::Tensor pack(std::vector<at::Tensor> raws, std::vector<std::string> types, int64_t k,
+                int64_t format) {
+  TORCH_CHECK(raws.size() == types.size() && !raws.empty(), "one type a tensor");
+  TORCH_CHECK(k % 32 == 0, "inputs must be a whole number of 32-input blocks");
+  int64_t n = 0;
+  for (size_t i = 0; i < raws.size(); i++) {
+    TORCH_CHECK(raws[i].dtype() == at::kByte && raws[i].dim() == 2 && raws[i].is_contiguous(),
+                "raw rows: contiguous (rows, bytes) uint8");
+    const int block = type_block(types[i]);
+    TORCH_CHECK(k % block == 0, types[i], " rows of ", k, " inputs");
+    TORCH_CHECK(raws[i].size(1) == k / block * type_bytes(types[i]), "bytes a row of ", types[i]);
+    n += raws[i].size(0);
+  }
+  at::Tensor out = at::zeros({static_cast<int64_t>(packed_bytes(static_cast<int>(format),
+                                                                static_cast<int>(n), static_cast<int>(k)))},
+                             at::kByte);
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  int64_t base = 0;
+  for (size_t i = 0; i < raws.size(); i++) {
+    const uint8_t* src = raws[i].data_ptr<uint8_t>();
+    const int64_t rows = raws[i].size(0), stride = raws[i].size(1);
+    const std::string t = types[i];
+    // Each task packs whole panels (rows n and n + 8 of a panel share the bytes of 4-bit
+    // codes): the panels this tensor's rows [base, base + rows) fall in, split.
+    const int64_t first_panel = base / 16, end_panel = (base + rows + 15) / 16;
+    const int64_t panels = end_panel - first_panel;
+    const int tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(panels, g_pool.threads() * 4)));
+    std::vector<std::string> errors(tasks);
+    g_pool.run(tasks, [&](int task) {
+      Row row;
+      const int64_t p0 = first_panel + panels * task / tasks, p1 = first_panel + panels * (task + 1) / tasks;
+      const int64_t r0 = std::max<int64_t>(p0 * 16, base) - base, r1 = std::min<int64_t>(p1 * 16, base + rows) - base;
+      try {
+        for (int64_t r = r0; r < r1; r++) {
+          unpack_row(t, src + r * stride, static_cast<int>(k), &row);
+          pack_row(row, static_cast<int>(format), static_cast<int>(base + r), static_cast<int>(k), dst);
+        }
+      } catch (const std::exception& e) {
+        errors[task] = e.what();
+      }
+    });
+    for (const auto& e : errors) TORCH_CHECK(e.empty(), "packing ", t, ": ", e);
+    base += rows;
+  }
+  return out;
+}
+
+Matrix matrix(const at::Tensor& packed, int64_t format, int64_t n, int64_t k) {
+  TORCH_CHECK(packed.dtype() == at::kByte && packed.is_contiguous() && packed.device().is_cpu(),
+              "a packed matrix is a contiguous uint8 CPU tensor");
+  TORCH_CHECK(format >= FMT_U4H && format <= FMT_F32, "unknown format");
+  TORCH_CHECK(static_cast<size_t>(packed.numel()) ==
+                  packed_bytes(static_cast<int>(format), static_cast<int>(n), static_cast<int>(k)),
+              "packed size does not match its shape");
+  return Matrix{packed.data_ptr<uint8_t>(), static_cast<int32_t>(format), static_cast<int32_t>(n),
+                static_cast<int32_t>(k)};
+}
+
+void check_rows(const at::Tensor& x, int64_t k) {
+  TORCH_CHECK(x.dtype() == at::kFloat && x.device().is_cpu(), "float32 CPU inputs");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.stride(1) == 1, "inputs (rows, ", k, ")");
+}
+
+// y = x W^T into y (rows of x, n), on the pool: panels shared among the threads (the rows'
+// block sums first, on this thread).
+void linear_into(const float* x, int m, int ldx, const Matrix& w, float* y, int ldy) {
+  const int panels = (w.n + 15) / 16;
+  const int tasks = tasks_for(panels, m >= 4 ? 1 : 4);
+  const Kernels* kr = kernels();
+  const int qb = format_block(w.format);
+  std::vector<float> sums(static_cast<size_t>(m) * (w.k / qb));
+  kr->sums(x, m, ldx, w.k, qb, sums.data());
+  g_pool.run(tasks, [&](int t) {
+    const int p0 = static_cast<int>(static_cast<int64_t>(panels) * t / tasks);
+    const int p1 = static_cast<int>(static_cast<int64_t>(panels) * (t + 1) / tasks);
+    kr->linear(x, m, ldx, sums.data(), w, p0, p1, y, ldy);
+  });
+}
+
+at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t format, int64_t n) {
+  TORCH_CHECK(x.dim() == 2, "inputs (rows, k)");
+  const int64_t k = x.size(1);
+  check_rows(x, k);
+  const Matrix w = matrix(packed, format, n, k);
+  at::Tensor y = at::empty({x.size(0), n}, at::kFloat);
+  if (x.size(0) > 0)
+    linear_into(x.data_ptr<float>(), static_cast<int>(x.size(0)), static_cast<int>(x.stride(0)), w,
+                y.data_ptr<float>(), static_cast<int>(n));
+  return y;
+}
+
+at::Tensor dequant(at::Tensor packed, int64_t format, int64_t n, int64_t k, at::Tensor rows) {
+  const Matrix w = matrix(packed, format, n, k);
+  TORCH_CHECK(rows.dtype() == at::kLong && rows.dim() == 1, "rows: int64 (count,)");
+  at::Tensor ids = rows.contiguous();
+  at::Tensor out = at::empty({ids.size(0), k}, at::kFloat);
+  const int64_t* r = ids.data_ptr<int64_t>();
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < ids.size(0); i++) {
+    TORCH_CHECK(r[i] >= 0 && r[i] < n, "row out of range");
+    kernels()->dequant(w, static_cast<int>(r[i]), static_cast<int>(r[i]) + 1, o + i * k);
+  }
+  return out;
+}
+
+at::Tensor rmsnorm(at::Tensor x, at::Tensor weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == at::kFloat, "x: float32 (rows, dim)");
+  const int64_t dim = x.size(1);
+  TORCH_CHECK(dim % 16 == 0, "dim must be a multiple of 16");
+  at::Tensor xc = x.contiguous(), w = weight.contiguous();
+  TORCH_CHECK(w.dtype() == at::kFloat && w.numel() == dim, "weight: float32 (dim,)");
+  at::Tensor out = at::empty_like(xc);
+  for (int64_t i = 0; i < xc.size(0); i++)
+    kernels()->rmsnorm(xc.data_ptr<float>() + i * dim, w.data_ptr<float>(), static_cast<int>(dim),
+                       static_cast<float>(eps), out.data_ptr<float>() + i * dim);
+  return out;
+}
+
+at::Tensor elementwise(at::Tensor x, int64_t fn) {
+  TORCH_CHECK(x.dtype() == at::kFloat, "float32");
+  TORCH_CHECK(fn >= 0 && fn <= 3, "fn: 0 exp, 1 tanh, 2 silu, 3 gelu-tanh");
+  at::Tensor xc = x.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  kernels()->elementwise(static_cast<int>(fn), xc.data_ptr<float>(), static_cast<int>(xc.numel()),
+                         out.data_ptr<float>());
+  return out;
+}
+
+// ---- attention over the page pool ---------------------------------------------------------
+
+struct Pool5 {  // one layer's keys or values: (pages, G, S, D), and int8's scales
+  const void* data;
+  const float* scale;
+};
+
+void check_pool(const at::Tensor& t, const std::optional<at::Tensor>& scale);
+
+// The pools: values (layers, pages, kv heads, page size, head dim); keys (layers, pages,
+// kv heads, head dim, page size), each head's page transposed (api.h).
+void check_pools(const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& k_scale,
+                 const std::optional<at::Tensor>& v_scale) {
+  TORCH_CHECK(v.dim() == 5 && k.dim() == 5 && k.size(0) == v.size(0) && k.size(1) == v.size(1) &&
+                  k.size(2) == v.size(2) && k.size(3) == v.size(4) && k.size(4) == v.size(3),
+              "pools: values (layers, pages, kv heads, page size, head dim), keys with the last "
+              "two transposed");
+  TORCH_CHECK(v.size(3) % 16 == 0, "page size: a multiple of 16");
+  check_pool(k, k_scale);
+  check_pool(v, v_scale);
+}
+
+void check_pool(const at::Tensor& t, const std::optional<at::Tensor>& scale) {
+  TORCH_CHECK(t.dim() == 5 && t.is_contiguous() && t.device().is_cpu(), "a pool: contiguous, 5 dims");
+  TORCH_CHECK(t.dtype() == at::kFloat || (t.dtype() == at::kChar && scale.has_value()),
+              "a float32 pool, or int8 with its scales");
+  if (scale.has_value()) {
+    TORCH_CHECK(scale->dtype() == at::kFloat && scale->is_contiguous() &&
+                    scale->numel() * t.size(3) * t.size(4) == t.numel() * std::min(t.size(3), t.size(4)),
+                "scales: float32, one a position and head");
+  }
+}
+
+Pool5 pool_layer(const at::Tensor& t, const std::optional<at::Tensor>& scale, int64_t layer) {
+  const int64_t per_layer = t.numel() / t.size(0);
+  Pool5 p;
+  p.data = static_cast<const uint8_t*>(t.data_ptr()) + layer * per_layer * t.element_size();
+  p.scale = scale.has_value() ? scale->data_ptr<float>() + layer * (scale->numel() / t.size(0)) : nullptr;
+  return p;
+}
+
+void attend(const float* q, float* out, int64_t n, int64_t heads, const at::Tensor& k_pool,
+            const at::Tensor& v_pool, Pool5 k, Pool5 v, const int64_t* table, int64_t table_width,
+            const int64_t* row, const int64_t* position, int64_t window, double scale,
+            double softcap) {
+  Attention a{};
+  a.q = q;
+  a.out = out;
+  a.k = k.data;
+  a.v = v.data;
+  a.k_scale = k.scale;
+  a.v_scale = v.scale;
+  a.page_table = table;
+  a.row = row;
+  a.position = position;
+  a.n = static_cast<int32_t>(n);
+  a.h = static_cast<int32_t>(heads);
+  a.g = static_cast<int32_t>(k_pool.size(2));
+  a.s = static_cast<int32_t>(v_pool.size(3));
+  a.d = static_cast<int32_t>(v_pool.size(4));
+  a.p = static_cast<int32_t>(table_width);
+  a.window = static_cast<int32_t>(window);
+  a.scale = static_cast<float>(scale);
+  a.softcap = static_cast<float>(softcap);
+  const int items = static_cast<int>(n * a.g);
+  int64_t most = 1;
+  for (int64_t i = 0; i < n; i++) most = std::max(most, position[i] + 1);
+  const int tasks = tasks_for(items, 1);
+  const Kernels* kr = kernels();
+  g_pool.run(tasks, [&](int t) {
+    std::vector<float> scratch(8 * (static_cast<size_t>(most) + 32));
+    const int i0 = static_cast<int>(static_cast<int64_t>(items) * t / tasks);
+    const int i1 = static_cast<int>(static_cast<int64_t>(items) * (t + 1) / tasks);
+    kr->attention(a, i0, i1, scratch.data());
+  });
+}
+
+void check_plan(const at::Tensor& table, const at::Tensor& row, const at::Tensor& position,
+                int64_t n, int64_t pages, int64_t page_size) {
+  TORCH_CHECK(table.dtype() == at::kLong && table.dim() == 2 && table.is_contiguous(),
+              "page table: contiguous int64 (rows, pages)");
+  TORCH_CHECK(row.dtype() == at::kLong && row.numel() == n && row.is_contiguous(), "row: int64 (n,)");
+  TORCH_CHECK(position.dtype() == at::kLong && position.numel() == n && position.is_contiguous(),
+              "position: int64 (n,)");
+  const int64_t* r = row.data_ptr<int64_t>();
+  const int64_t* p = position.data_ptr<int64_t>();
+  const int64_t* t = table.data_ptr<int64_t>();
+  const int64_t width = table.size(1);
+  for (int64_t i = 0; i < n; i++) {
+    TORCH_CHECK(r[i] >= 0 && r[i] < table.size(0), "a row outside the page table");
+    TORCH_CHECK(p[i] >= 0 && p[i] / page_size < width, "a position beyond its row's pages");
+    for (int64_t j = 0; j <= p[i] / page_size; j++)
+      TORCH_CHECK(t[r[i] * width + j] >= 0 && t[r[i] * width + j] < pages, "a page outside the pool");
+  }
+}
+
+// q (n, heads, d) attending to layer `layer` of the pools: (n, heads, d).
+at::Tensor attention(at::Tensor q, at::Tensor k_pool, at::Tensor v_pool,
+                     std::optional<at::Tensor> k_scale, std::optional<at::Tensor> v_scale,
+                     int64_t layer, at::Tensor page_table, at::Tensor row, at::Tensor position,
+                     int64_t window, double scale, double softcap) {
+  check_pools(k_pool, v_pool, k_scale, v_scale);
+  TORCH_CHECK(q.dtype() == at::kFloat && q.dim() == 3 && q.size(2) == v_pool.size(4),
+              "q: float32 (n, heads, head dim)");
+  TORCH_CHECK(v_pool.size(4) % 16 == 0 && v_pool.size(4) <= 256, "head dim: a multiple of 16, <= 256");
+  TORCH_CHECK(q.size(1) % k_pool.size(2) == 0, "heads: a multiple of kv heads");
+  TORCH_CHECK(layer >= 0 && layer < k_pool.size(0), "layer out of range");
+  const int64_t n = q.size(0);
+  check_plan(page_table, row, position, n, v_pool.size(1), v_pool.size(3));
+  at::Tensor qc = q.contiguous();
+  at::Tensor out = at::empty_like(qc);
+  attend(qc.data_ptr<float>(), out.data_ptr<float>(), n, q.size(1), k_pool, v_pool,
+         pool_layer(k_pool, k_scale, layer), pool_layer(v_pool, v_scale, layer),
+         page_table.data_ptr<int64_t>(), page_table.size(1), row.data_ptr<int64_t>(),
+         position.data_ptr<int64_t>(), window, scale, softcap);
+  return out;
+}
+
+// ---- the layers, one call a pass -----------------------------------------------------------
+
+struct PackedRef {
+  at::Tensor data;
+  Matrix m;
+};
+
+struct Layer {
+  at::Tensor attn_norm, ffn_norm;
+  PackedRef wqkv, wo, gate_up, down;
+  at::Tensor qkv_bias, q_norm, k_norm, post_attn_norm, post_ffn_norm;  // undefined: none
+  bool local = false;
+};
+
+// How a row's pair of a head is rotated: (x[2i], x[2i+1]) in llama's order, (x[i],
+// x[i + D/2]) in NEOX's; by (cos, sin) of the position: a*cos - b*sin, a*sin + b*cos (two
+// products, then their sum: no fused multiply-add, so every build gives the same bits).
+inline void rotate(float* x, const float* table, int d, bool neox) {
+  const int half = d / 2;
+  for (int i = 0; i < half; i++) {
+    const float c = table[2 * i], s = table[2 * i + 1];
+    float& a = neox ? x[i] : x[2 * i];
+    float& b = neox ? x[i + half] : x[2 * i + 1];
+    const float ac = a * c, bs = b * s, as = a * s, bc = b * c;
+    a = ac - bs;
+    b = as + bc;
+  }
+}
+
+class Layers : public torch::CustomClassHolder {
+ public:
+  // ints: dim, heads, kv heads, head dim, ffn, neox, gelu, window;
+  // floats: eps, attention scale, attention softcap
+  Layers(std::vector<int64_t> ints, std::vector<double> floats) {
+    TORCH_CHECK(ints.size() == 8 && floats.size() == 3, "Layers(ints[8], floats[3])");
+    dim_ = ints[0];
+    heads_ = ints[1];
+    kv_heads_ = ints[2];
+    head_dim_ = ints[3];
+    ffn_ = ints[4];
+    neox_ = ints[5] != 0;
+    gelu_ = ints[6] != 0;
+    window_ = ints[7];
+    eps_ = static_cast<float>(floats[0]);
+    scale_ = floats[1];
+    softcap_ = floats[2];
+    TORCH_CHECK(dim_ % 16 == 0 && ffn_ % 16 == 0 && head_dim_ % 16 == 0 && head_dim_ <= 256,
+                "dims must be multiples of 16 (head dim at most 256)");
+  }
+
+  // tensors: attn_norm, ffn_norm, wqkv, wo, gate_up, down (packed), then the optional ones
+  // (an empty tensor: none) qkv_bias, q_norm, k_norm, post_attn_norm, post_ffn_norm;
+  // ints: the four matrices' formats, then local (0/1).
+  void add_layer(std::vector<at::Tensor> t, std::vector<int64_t> ints) {
+    TORCH_CHECK(t.size() == 11 && ints.size() == 5, "add_layer(tensors[11], ints[5])");
+    Layer l;
+    l.attn_norm = norm(t[0], dim_);
+    l.ffn_norm = norm(t[1], dim_);
+    const int64_t qkv = (heads_ + 2 * kv_heads_) * head_dim_;
+    l.wqkv = {t[2], matrix(t[2], ints[0], qkv, dim_)};
+    l.wo = {t[3], matrix(t[3], ints[1], dim_, heads_ * head_dim_)};
+    l.gate_up = {t[4], matrix(t[4], ints[2], 2 * ffn_, dim_)};
+    l.down = {t[5], matrix(t[5], ints[3], dim_, ffn_)};
+    if (t[6].numel()) l.qkv_bias = norm(t[6], qkv);
+    if (t[7].numel()) l.q_norm = norm(t[7], head_dim_);
+    if (t[8].numel()) l.k_norm = norm(t[8], head_dim_);
+    if (t[9].numel()) l.post_attn_norm = norm(t[9], dim_);
+    if (t[10].numel()) l.post_ffn_norm = norm(t[10], dim_);
+    l.local = ints[4] != 0;
+    layers_.push_back(std::move(l));
+  }
+
+  int64_t size() const { return static_cast<int64_t>(layers_.size()); }
+
+  // The residual stream x (n, dim), every layer applied in place, their keys and values
+  // written: position p of query i goes to (write_page[i], write_offset[i]); query i sees
+  // row[i]'s pages of page_table up to positions[i]. rope, rope_local: (positions, D/2, 2)
+  // (cos, sin) tables (rope_local used by local layers). Layers [first, first + count) run
+  // (count < 0: to the last).
+  at::Tensor forward(at::Tensor x, at::Tensor rope, at::Tensor rope_local, at::Tensor positions,
+                     at::Tensor write_page, at::Tensor write_offset, at::Tensor row,
+                     at::Tensor page_table, at::Tensor k_pool, at::Tensor v_pool,
+                     std::optional<at::Tensor> k_scale, std::optional<at::Tensor> v_scale,
+                     int64_t first, int64_t count) {
+    const int64_t last = count < 0 ? size() : first + count;
+    TORCH_CHECK(first >= 0 && first <= last && last <= size(), "layers out of range");
+    check_rows(x, dim_);
+    TORCH_CHECK(x.is_contiguous(), "x: contiguous");
+    const int64_t n = x.size(0);
+    check_pools(k_pool, v_pool, k_scale, v_scale);
+    TORCH_CHECK(v_pool.size(0) == size() && v_pool.size(2) == kv_heads_ && v_pool.size(4) == head_dim_,
+                "the pool's shape is not the model's");
+    check_plan(page_table, row, positions, n, v_pool.size(1), v_pool.size(3));
+    TORCH_CHECK(write_page.dtype() == at::kLong && write_page.numel() == n && write_page.is_contiguous() &&
+                    write_offset.dtype() == at::kLong && write_offset.numel() == n &&
+                    write_offset.is_contiguous(),
+                "write slots: int64 (n,)");
+    for (const at::Tensor* r : {&rope, &rope_local})
+      TORCH_CHECK(r->dtype() == at::kFloat && r->is_contiguous() && r->dim() == 3 &&
+                      r->size(1) == head_dim_ / 2 && r->size(2) == 2,
+                  "rope tables: float32 (positions, head dim / 2, 2)");
+    const int64_t* pos = positions.data_ptr<int64_t>();
+    const int64_t* wp = write_page.data_ptr<int64_t>();
+    const int64_t* wo = write_offset.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; i++) {
+      TORCH_CHECK(pos[i] < rope.size(0) && pos[i] < rope_local.size(0), "a position beyond the rope table");
+      TORCH_CHECK(wp[i] >= 0 && wp[i] < v_pool.size(1) && wo[i] >= 0 && wo[i] < v_pool.size(3),
+                  "a write slot outside the pool");
+    }
+    if (n == 0) return x;
+    const int64_t q_dim = heads_ * head_dim_, kv_dim = kv_heads_ * head_dim_;
+    const int64_t qkv_dim = q_dim + 2 * kv_dim;
+    at::Tensor h = at::empty({n, dim_}, at::kFloat), qkv = at::empty({n, qkv_dim}, at::kFloat);
+    at::Tensor q = at::empty({n, q_dim}, at::kFloat), attn = at::empty({n, q_dim}, at::kFloat);
+    at::Tensor gu = at::empty({n, 2 * ffn_}, at::kFloat), act = at::empty({n, ffn_}, at::kFloat);
+    at::Tensor out = at::empty({n, dim_}, at::kFloat);
+    float* xp = x.data_ptr<float>();
+    float* hp = h.data_ptr<float>();
+    float* qkvp = qkv.data_ptr<float>();
+    float* qp = q.data_ptr<float>();
+    float* ap = attn.data_ptr<float>();
+    float* gup = gu.data_ptr<float>();
+    float* actp = act.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    const Kernels* kr = kernels();
+    const int rows = static_cast<int>(n);
+    const int row_tasks = tasks_for(rows, 8);
+    auto per_row = [&](const std::function<void(int64_t)>& fn) {
+      g_pool.run(row_tasks, [&](int t) {
+        const int64_t r0 = n * t / row_tasks, r1 = n * (t + 1) / row_tasks;
+        for (int64_t r = r0; r < r1; r++) fn(r);
+      });
+    };
+    const bool quantized = k_scale.has_value();
+    const int64_t page_size = v_pool.size(3);
+    const int64_t page_elems = kv_heads_ * page_size * head_dim_;  // one page, one layer
+    for (int64_t li = first; li < last; li++) {
+      const Layer& l = layers_[li];
+      const float* table = (l.local ? rope_local : rope).data_ptr<float>();
+      const Pool5 kl = pool_layer(k_pool, k_scale, li), vl = pool_layer(v_pool, v_scale, li);
+      per_row([&](int64_t r) {
+        kr->rmsnorm(xp + r * dim_, l.attn_norm.data_ptr<float>(), static_cast<int>(dim_), eps_, hp + r * dim_);
+      });
+      linear_into(hp, rows, static_cast<int>(dim_), l.wqkv.m, qkvp, static_cast<int>(qkv_dim));
+      per_row([&](int64_t r) {
+        float* v = qkvp + r * qkv_dim;
+        if (l.qkv_bias.defined()) {
+          const float* b = l.qkv_bias.data_ptr<float>();
+          for (int64_t i = 0; i < qkv_dim; i++) v[i] = v[i] + b[i];
+        }
+        float* qr = qp + r * q_dim;
+        std::copy(v, v + q_dim, qr);
+        float* kr_ = v + q_dim;
+        const float* rot = table + pos[r] * head_dim_;
+        for (int64_t hh = 0; hh < heads_ + kv_heads_; hh++) {
+          float* head = hh < heads_ ? qr + hh * head_dim_ : kr_ + (hh - heads_) * head_dim_;
+          const at::Tensor& nw = hh < heads_ ? l.q_norm : l.k_norm;
+          if (nw.defined())
+            kr->rmsnorm(head, nw.data_ptr<float>(), static_cast<int>(head_dim_), eps_, head);
+          rotate(head, rot, static_cast<int>(head_dim_), neox_);
+        }
+        write_kv(kl, vl, quantized, page_elems, page_size, wp[r], wo[r], kr_, kr_ + kv_dim);
+      });
+      attend(qp, ap, n, heads_, k_pool, v_pool, kl, vl, page_table.data_ptr<int64_t>(),
+             page_table.size(1), row.data_ptr<int64_t>(), pos, l.local ? window_ : 0, scale_, softcap_);
+      linear_into(ap, rows, static_cast<int>(q_dim), l.wo.m, op, static_cast<int>(dim_));
+      per_row([&](int64_t r) {
+        float* o = op + r * dim_;
+        if (l.post_attn_norm.defined())
+          kr->rmsnorm(o, l.post_attn_norm.data_ptr<float>(), static_cast<int>(dim_), eps_, o);
+        float* xr = xp + r * dim_;
+        for (int64_t i = 0; i < dim_; i++) xr[i] = xr[i] + o[i];
+        kr->rmsnorm(xr, l.ffn_norm.data_ptr<float>(), static_cast<int>(dim_), eps_, hp + r * dim_);
+      });
+      linear_into(hp, rows, static_cast<int>(dim_), l.gate_up.m, gup, static_cast<int>(2 * ffn_));
+      per_row([&](int64_t r) {
+        kr->gated(gup + r * 2 * ffn_, static_cast<int>(ffn_), gelu_ ? 1 : 0, actp + r * ffn_);
+      });
+      linear_into(actp, rows, static_cast<int>(ffn_), l.down.m, op, static_cast<int>(dim_));
+      per_row([&](int64_t r) {
+        float* o = op + r * dim_;
+        if (l.post_ffn_norm.defined())
+          kr->rmsnorm(o, l.post_ffn_norm.data_ptr<float>(), static_cast<int>(dim_), eps_, o);
+        float* xr = xp + r * dim_;
+        for (int64_t i = 0; i < dim_; i++) xr[i] = xr[i] + o[i];
+      });
+    }
+    return x;
+  }
+
+ private:
+  static at::Tensor norm(const at::Tensor& t, int64_t n) {
+    TORCH_CHECK(t.dtype() == at::kFloat && t.numel() == n && t.device().is_cpu(),
+                "a float32 vector of ", n);
+    return t.contiguous();
+  }
+
+  // A position's keys and values (each kv heads x head dim) into slot (page, offset): as
+  // they are, or as int8 with a scale a head (max |x| / 127; x / scale rounded to nearest,
+  // ties to even: what `_model._quantize` computes).
+  // Keys go transposed: element d of slot `offset` at [d][offset] of the head's page.
+  void write_kv(Pool5 k, Pool5 v, bool quantized, int64_t page_elems, int64_t page_size,
+                int64_t page, int64_t offset, const float* keys, const float* values) const {
+    for (int64_t g = 0; g < kv_heads_; g++) {
+      const int64_t head = page * page_elems + g * page_size * head_dim_;  // the head's page
+      for (int which = 0; which < 2; which++) {
+        const float* src = (which == 0 ? keys : values) + g * head_dim_;
+        const Pool5& dst = which == 0 ? k : v;
+        // element i's place: keys [i][offset], values [offset][i]
+        const int64_t start = which == 0 ? head + offset : head + offset * head_dim_;
+        const int64_t step = which == 0 ? page_size : 1;
+        float s = 1.0f, div = 1.0f;
+        if (quantized) {
+          float amax = 0.0f;
+          for (int64_t i = 0; i < head_dim_; i++) amax = std::max(amax, std::fabs(src[i]));
+          s = amax / 127.0f;
+          div = s > 0.0f ? s : 1.0f;
+          const_cast<float*>(dst.scale)[(page * kv_heads_ + g) * page_size + offset] = s;
+        }
+        for (int64_t i = 0; i < head_dim_; i++) {
+          if (quantized) {
+            int8_t* q = const_cast<int8_t*>(static_cast<const int8_t*>(dst.data));
+            q[start + i * step] =
+                static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(src[i] / div))));
+          } else {
+            const_cast<float*>(static_cast<const float*>(dst.data))[start + i * step] = src[i];
+          }
+        }
+      }
+    }
+  }
+
+  int64_t dim_, heads_, kv_heads_, head_dim_, ffn_, window_;
+  bool neox_, gelu_;
+  float eps_;
+  double scale_, softcap_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+}  // namespace ninfer
+
+TORCH_LIBRARY(ninfer, m) {
+  m.def("configure(str isa, int threads, int spin_us) -> str", &ninfer::configure);
+  m.def("supports(str isa) -> bool", &ninfer::supports);
+  m.def("pack_format(str[] types) -> int", &ninfer::pack_format);
+  m.def("pack(Tensor[] raws, str[] types, int k, int format) -> Tensor", &ninfer::pack);
+  m.def("linear(Tensor x, Tensor packed, int format, int n) -> Tensor", &ninfer::linear);
+  m.def("dequant(Tensor packed, int format, int n, int k, Tensor rows) -> Tensor", &ninfer::dequant);
+  m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor", &ninfer::rmsnorm);
+  m.def("elementwise(Tensor x, int fn) -> Tensor", &ninfer::elementwise);
+  m.def(
+      "attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor? k_scale, Tensor? v_scale, int layer, "
+      "Tensor page_table, Tensor row, Tensor position, int window, float scale, float softcap) -> Tensor",
+      &ninfer::attention);
+  m.class_<ninfer::Layers>("Layers")
+      .def(torch::init<std::vector<int64_t>, std::vector<double>>())
+      .def("add_layer", &ninfer::Layers::add_layer)
+      .def("size", &ninfer::Layers::size)
+      .def("forward", &ninfer::Layers::forward);
+}

@@ -1,0 +1,385 @@
+// Packing GGUF tensors into the kernels' panels (api.h), once at load, without changing a
+// value: each GGML type's block is read as codes with a scale (and an offset) per group of
+// 16 inputs, exactly as llama.cpp's reference dequantizer (the `gguf` package) reads it:
+//
+//   Q4_0  d * (q - 8)        -> U4H  code q, scale d, offset -8d (exact in half)
+//   Q4_1  d * q + m          -> U4H
+//   Q4_K  (d sc) q - dmin m  -> U4F  (d sc and dmin m are exact products in float)
+//   Q8_0  d * q              -> I8H
+//   Q5_0  d * (q - 16)       -> I8H  code q - 16
+//   Q5_1  d * q + m          -> I8HM
+//   Q5_K  (d sc) q - dmin m  -> I8FM
+//   Q6_K  (d sc) (q - 32)    -> I8F16
+//   Q3_K  (d (sc - 32)) q    -> I8F16
+//   Q2_K  (d sc) q - dmin m  -> I8FM16
+//   F16                      -> F16;  BF16, F32 -> F32
+//
+// Several tensors stacked along their outputs (Q, K and V as one matrix) take the format
+// of their types when it is one, else I8FM16 (every quantized type fits it), else F32.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "api.h"
+
+namespace ninfer {
+
+inline float half_to_float(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {
+      exp = 113;
+      while (!(man & 0x400u)) {
+        man <<= 1;
+        exp--;
+      }
+      bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// The half float equal to f; false when there is none (f is not exactly a half).
+inline bool float_to_half_exact(float f, uint16_t* out) {
+  if (f == 0.0f) {
+    *out = std::signbit(f) ? 0x8000u : 0;
+    return true;
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  int exp = static_cast<int>((bits >> 23) & 0xff) - 127;
+  uint32_t man = bits & 0x7fffffu;
+  uint16_t h;
+  if (exp > 15) return false;
+  if (exp >= -14) {
+    if (man & 0x1fffu) return false;
+    h = static_cast<uint16_t>(sign | ((exp + 15) << 10) | (man >> 13));
+  } else {  // a half subnormal: man * 2^-24
+    if (exp < -24) return false;
+    uint32_t full = man | 0x800000u;
+    int shift = 13 + (-14 - exp);
+    if (full & ((1u << shift) - 1)) return false;
+    h = static_cast<uint16_t>(sign | (full >> shift));
+  }
+  if (half_to_float(h) != f) return false;
+  *out = h;
+  return true;
+}
+
+inline float bf16_to_float(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// One row of a tensor as groups of 16 inputs: codes with a scale and an offset each (a
+// quantized type), or plain values (F16, BF16, F32).
+struct Row {
+  bool dense = false;
+  std::vector<int8_t> codes;   // k
+  std::vector<float> scale;    // k / 16
+  std::vector<float> offset;   // k / 16
+  std::vector<float> values;   // k (dense)
+  std::vector<uint16_t> half;  // k (F16, kept as stored)
+};
+
+inline int type_block(const std::string& t) {
+  if (t == "Q4_0" || t == "Q4_1" || t == "Q5_0" || t == "Q5_1" || t == "Q8_0") return 32;
+  if (t == "Q2_K" || t == "Q3_K" || t == "Q4_K" || t == "Q5_K" || t == "Q6_K") return 256;
+  if (t == "F16" || t == "BF16" || t == "F32") return 1;
+  throw std::invalid_argument("no native packing for tensor type " + t);
+}
+
+inline int type_bytes(const std::string& t) {
+  static const struct {
+    const char* name;
+    int bytes;
+  } sizes[] = {{"Q4_0", 18}, {"Q4_1", 20}, {"Q5_0", 22}, {"Q5_1", 24}, {"Q8_0", 34},
+               {"Q2_K", 84}, {"Q3_K", 110}, {"Q4_K", 144}, {"Q5_K", 176}, {"Q6_K", 210},
+               {"F16", 2},   {"BF16", 2},   {"F32", 4}};
+  for (const auto& s : sizes)
+    if (t == s.name) return s.bytes;
+  throw std::invalid_argument("no native packing for tensor type " + t);
+}
+
+inline int natural_format(const std::string& t) {
+  if (t == "Q4_0" || t == "Q4_1") return FMT_U4H;
+  if (t == "Q4_K") return FMT_U4F;
+  if (t == "Q8_0" || t == "Q5_0") return FMT_I8H;
+  if (t == "Q5_1") return FMT_I8HM;
+  if (t == "Q5_K") return FMT_I8FM;
+  if (t == "Q6_K" || t == "Q3_K") return FMT_I8F16;
+  if (t == "Q2_K") return FMT_I8FM16;
+  if (t == "F16") return FMT_F16;
+  if (t == "BF16" || t == "F32") return FMT_F32;
+  throw std::invalid_argument("no native packing for tensor type " + t);
+}
+
+inline uint16_t rd16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// Q4_K and Q5_K: the 6-bit scale and offset of sub-block j (of 8) of a super-block.
+inline void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+inline void unpack_row(const std::string& t, const uint8_t* src, int k, Row* row) {
+  const int g16 = k / 16;
+  if (t == "F16" || t == "BF16" || t == "F32") {
+    row->dense = true;
+    row->values.resize(k);
+    if (t == "F16") row->half.resize(k);
+    for (int i = 0; i < k; i++) {
+      if (t == "F32") {
+        std::memcpy(&row->values[i], src + 4 * i, 4);
+      } else if (t == "F16") {
+        row->half[i] = rd16(src + 2 * i);
+        row->values[i] = half_to_float(row->half[i]);
+      } else {
+        row->values[i] = bf16_to_float(rd16(src + 2 * i));
+      }
+    }
+    return;
+  }
+  row->codes.assign(k, 0);
+  row->scale.assign(g16, 0.0f);
+  row->offset.assign(g16, 0.0f);
+  int8_t* c = row->codes.data();
+  float* sc = row->scale.data();
+  float* of = row->offset.data();
+  if (t == "Q4_0" || t == "Q4_1" || t == "Q5_0" || t == "Q5_1" || t == "Q8_0") {
+    const int bytes = type_bytes(t);
+    for (int b = 0; b < k / 32; b++) {
+      const uint8_t* p = src + b * bytes;
+      const float d = half_to_float(rd16(p));
+      float m = 0.0f;
+      const uint8_t* qs;
+      uint32_t qh = 0;
+      int8_t* out = c + b * 32;
+      if (t == "Q8_0") {
+        for (int i = 0; i < 32; i++) out[i] = static_cast<int8_t>(p[2 + i]);
+      } else {
+        if (t == "Q4_0") {
+          qs = p + 2;
+          m = -8.0f * d;
+        } else if (t == "Q4_1") {
+          m = half_to_float(rd16(p + 2));
+          qs = p + 4;
+        } else if (t == "Q5_0") {
+          std::memcpy(&qh, p + 2, 4);
+          qs = p + 6;
+        } else {
+          m = half_to_float(rd16(p + 2));
+          std::memcpy(&qh, p + 4, 4);
+          qs = p + 8;
+        }
+        for (int i = 0; i < 16; i++) {
+          int lo = qs[i] & 15, hi = qs[i] >> 4;
+          if (t == "Q5_0" || t == "Q5_1") {
+            lo |= ((qh >> i) & 1) << 4;
+            hi |= ((qh >> (i + 16)) & 1) << 4;
+          }
+          if (t == "Q5_0") {
+            lo -= 16;
+            hi -= 16;
+          }
+          out[i] = static_cast<int8_t>(lo);
+          out[i + 16] = static_cast<int8_t>(hi);
+        }
+      }
+      sc[2 * b] = sc[2 * b + 1] = d;
+      of[2 * b] = of[2 * b + 1] = m;
+    }
+    return;
+  }
+  const int bytes = type_bytes(t);
+  for (int b = 0; b < k / 256; b++) {
+    const uint8_t* p = src + b * bytes;
+    int8_t* out = c + b * 256;
+    float* bsc = sc + b * 16;
+    float* bof = of + b * 16;
+    if (t == "Q4_K" || t == "Q5_K") {
+      const float d = half_to_float(rd16(p)), dmin = half_to_float(rd16(p + 2));
+      const uint8_t* scales = p + 4;
+      const uint8_t* qh = p + 16;
+      const uint8_t* qs = t == "Q4_K" ? p + 16 : p + 48;
+      for (int j = 0; j < 8; j++) {
+        int s, m;
+        scale_min_k4(j, scales, &s, &m);
+        bsc[2 * j] = bsc[2 * j + 1] = d * static_cast<float>(s);
+        bof[2 * j] = bof[2 * j + 1] = -(dmin * static_cast<float>(m));
+        const int chunk = j / 2, shift = (j % 2) * 4;
+        for (int l = 0; l < 32; l++) {
+          int q = (qs[chunk * 32 + l] >> shift) & 15;
+          if (t == "Q5_K") q |= ((qh[l] >> j) & 1) << 4;
+          out[j * 32 + l] = static_cast<int8_t>(q);
+        }
+      }
+    } else if (t == "Q6_K") {
+      const uint8_t* ql = p;
+      const uint8_t* qh = p + 128;
+      const int8_t* scales = reinterpret_cast<const int8_t*>(p + 192);
+      const float d = half_to_float(rd16(p + 208));
+      for (int j = 0; j < 16; j++) {
+        bsc[j] = d * static_cast<float>(scales[j]);
+        bof[j] = 0.0f;
+      }
+      // index i of the super-block: half h = i / 128, then ql's nibble (i % 128) / 64
+      for (int i = 0; i < 256; i++) {
+        const int h = i / 128, r = i % 128, l = r % 32, quarter = r / 32;
+        const int lo = (ql[h * 64 + (quarter % 2) * 32 + l] >> ((quarter / 2) * 4)) & 15;
+        const int hi = (qh[h * 32 + l] >> (quarter * 2)) & 3;
+        out[i] = static_cast<int8_t>((lo | (hi << 4)) - 32);
+      }
+    } else if (t == "Q3_K") {
+      const uint8_t* hmask = p;
+      const uint8_t* qs = p + 32;
+      const uint8_t* s = p + 96;
+      const float d = half_to_float(rd16(p + 108));
+      for (int j = 0; j < 16; j++) {
+        const int lo = (s[j % 8] >> ((j / 8) * 4)) & 15;
+        const int hi = (s[8 + j % 4] >> ((j / 4) * 2)) & 3;
+        bsc[j] = d * static_cast<float>((lo | (hi << 4)) - 32);
+        bof[j] = 0.0f;
+      }
+      for (int i = 0; i < 256; i++) {
+        const int h = i / 128, r = i % 128, l = r % 32, quarter = r / 32;
+        const int lo = (qs[h * 32 + l] >> (quarter * 2)) & 3;
+        const int high = (hmask[l] >> (h * 4 + quarter)) & 1;
+        out[i] = static_cast<int8_t>(lo - (high ? 0 : 4));
+      }
+    } else if (t == "Q2_K") {
+      const uint8_t* scales = p;
+      const uint8_t* qs = p + 16;
+      const float d = half_to_float(rd16(p + 80)), dmin = half_to_float(rd16(p + 82));
+      for (int j = 0; j < 16; j++) {
+        bsc[j] = d * static_cast<float>(scales[j] & 15);
+        bof[j] = -(dmin * static_cast<float>(scales[j] >> 4));
+      }
+      for (int i = 0; i < 256; i++) {
+        const int h = i / 128, r = i % 128, l = r % 32, quarter = r / 32;
+        out[i] = static_cast<int8_t>((qs[h * 32 + l] >> (quarter * 2)) & 3);
+      }
+    } else {
+      throw std::invalid_argument("no native packing for tensor type " + t);
+    }
+  }
+}
+
+inline int format_block(int f) { return f == FMT_I8F16 || f == FMT_I8FM16 ? 16 : 32; }
+inline bool format_half(int f) { return f == FMT_U4H || f == FMT_I8H || f == FMT_I8HM; }
+inline bool format_min(int f) {
+  return f == FMT_U4H || f == FMT_U4F || f == FMT_I8HM || f == FMT_I8FM || f == FMT_I8FM16;
+}
+inline bool format_dense(int f) { return f == FMT_F16 || f == FMT_F32; }
+inline int format_code_bytes(int f) {
+  if (f == FMT_U4H || f == FMT_U4F) return 8;
+  if (f == FMT_F16) return 32;
+  if (f == FMT_F32) return 64;
+  return 16;
+}
+inline size_t format_block_bytes(int f) {
+  const int scale = format_dense(f) ? 0 : 16 * (format_half(f) ? 2 : 4);
+  return static_cast<size_t>(scale + (format_min(f) ? scale : 0) + format_block(f) * format_code_bytes(f));
+}
+inline size_t packed_bytes(int f, int n, int k) {
+  return static_cast<size_t>((n + 15) / 16) * (k / format_block(f)) * format_block_bytes(f);
+}
+
+// The format a stack of tensors of these types is packed in.
+inline int stack_format(const std::vector<std::string>& types) {
+  int f = natural_format(types[0]);
+  bool same = true, dense = false;
+  for (const auto& t : types) {
+    same = same && natural_format(t) == f;
+    dense = dense || format_dense(natural_format(t));
+  }
+  if (same) return f;
+  return dense ? FMT_F32 : FMT_I8FM16;
+}
+
+// Write row `n` (of the whole matrix) into the packed buffer of format f.
+inline void pack_row(const Row& row, int f, int n, int k, uint8_t* out) {
+  if ((row.dense ? row.values.size() : row.codes.size()) != static_cast<size_t>(k))
+    throw std::invalid_argument("a row of another length");
+  const int qb = format_block(f), nb = k / qb;
+  const size_t bb = format_block_bytes(f);
+  const int p = n / 16, lane = n % 16;
+  const int scale_bytes = format_dense(f) ? 0 : 16 * (format_half(f) ? 2 : 4);
+  const int min_bytes = format_min(f) ? scale_bytes : 0;
+  const int cb = format_code_bytes(f);
+  for (int b = 0; b < nb; b++) {
+    uint8_t* blk = out + (static_cast<size_t>(p) * nb + b) * bb;
+    uint8_t* codes = blk + scale_bytes + min_bytes;
+    if (format_dense(f)) {
+      if (f == FMT_F16 && (!row.dense || row.half.empty()))
+        throw std::invalid_argument("F16 packing of a tensor that is not F16");
+      for (int i = 0; i < qb; i++) {
+        const int kk = b * qb + i;
+        if (f == FMT_F16) {
+          std::memcpy(codes + i * cb + lane * 2, &row.half[kk], 2);
+          continue;
+        }
+        // a quantized row stacked with dense ones: its values, as the reference
+        // computes them (code * scale is exact; one rounding with the offset)
+        const float v = row.dense ? row.values[kk]
+                                  : std::fma(static_cast<float>(row.codes[kk]), row.scale[kk / 16],
+                                             row.offset[kk / 16]);
+        std::memcpy(codes + i * cb + lane * 4, &v, 4);
+      }
+      continue;
+    }
+    if (row.dense) throw std::invalid_argument("a dense tensor in a quantized format");
+    const int g = b * qb / 16;
+    if (qb == 32 && (row.scale[g] != row.scale[g + 1] || row.offset[g] != row.offset[g + 1]))
+      throw std::invalid_argument("a 32-input block with two scales");
+    const float d = row.scale[g], m = row.offset[g];
+    if (format_half(f)) {
+      uint16_t hd, hm;
+      if (!float_to_half_exact(d, &hd) || (format_min(f) && !float_to_half_exact(m, &hm)))
+        throw std::invalid_argument("a scale that is not a half float");
+      std::memcpy(blk + lane * 2, &hd, 2);
+      if (format_min(f)) std::memcpy(blk + scale_bytes + lane * 2, &hm, 2);
+    } else {
+      std::memcpy(blk + lane * 4, &d, 4);
+      if (format_min(f)) std::memcpy(blk + scale_bytes + lane * 4, &m, 4);
+    }
+    if (!format_min(f) && m != 0.0f) throw std::invalid_argument("an offset in a format without");
+    for (int i = 0; i < qb; i++) {
+      const int8_t q = row.codes[b * qb + i];
+      if (cb == 8) {  // U4: lane l < 8 in the low nibble of byte l, else the high of l - 8
+        if (q < 0 || q > 15) throw std::invalid_argument("a 4-bit code out of range");
+        uint8_t& byte = codes[i * cb + (lane % 8)];
+        byte = static_cast<uint8_t>(lane < 8 ? (byte & 0xF0) | q : (byte & 0x0F) | (q << 4));
+      } else {
+        codes[i * cb + lane] = static_cast<uint8_t>(q);
+      }
+    }
+  }
+}
+
+}  // namespace ninfer

@@ -1,0 +1,308 @@
+"""ninfer's native kernels (ninfer/engine/csrc) against float64 references of the file's
+values, and against themselves: each operator gives the same bits in its plain, AVX2 and
+AVX-512 builds (where this CPU runs them), for any number of rows, threads or queries
+sharing a call; packing keeps every value the file stores, exactly."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from ninfer.engine import _native
+from ninfer.engine._kernels import ISAS, build_kernels, load_kernels
+from ninfer.engine._model import KVPages
+from ninfer.engine._native import Packed
+
+OPS: Any = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels() -> Iterator[None]:
+    """The library as ./dev.sh builds it (a failed build fails here, where a compiler
+    is found: the suite never passes by skipping the kernels)."""
+    global OPS
+    built = build_kernels(None, progress=lambda _m: None)
+    assert built.path is not None, built.reason
+    load_kernels(built.path)
+    OPS = torch.ops.ninfer
+    OPS.configure("default", 1, 100)
+    yield
+    OPS.configure(_best_isa(), 2, 100)
+
+
+def _isas() -> list[str]:
+    """The builds this CPU can run."""
+    return [isa for isa in ISAS if bool(torch.ops.ninfer.supports(isa))]
+
+
+def _best_isa() -> str:
+    return _isas()[-1]
+
+
+QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+# K-quant block sizes and where each block's float16 scales sit (llama.cpp's structs).
+K_QUANTS = {"Q2_K": (84, (80, 82)), "Q3_K": (110, (108,)), "Q4_K": (144, (0, 2)),
+            "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}  # fmt: skip
+DENSE = ["F32", "F16", "BF16"]
+TYPES = QUANTIZED + sorted(K_QUANTS) + DENSE
+
+
+def raw_tensor(kind: str, rows: int, cols: int, seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
+    """A tensor of `kind` as a file stores it, (rows, bytes a row) uint8, and its values
+    by the `gguf` package's reference dequantizer (float32, (rows, cols))."""
+    rng = np.random.default_rng(seed)
+    t = gguf.GGMLQuantizationType[kind]
+    if kind in K_QUANTS:  # random blocks: any bit pattern is valid once its scales are
+        size, f16_at = K_QUANTS[kind]
+        blocks = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
+        for at in f16_at:
+            scales = (rng.standard_normal(len(blocks)) * 0.01).astype(np.float16)
+            blocks[:, at : at + 2] = scales.view(np.uint8).reshape(-1, 2)
+        raw = blocks.reshape(rows, -1)
+    else:
+        data = (rng.standard_normal((rows, cols)) * 0.5).astype(np.float32)
+        if kind == "F32":
+            raw = data.view(np.uint8)
+        elif kind == "F16":
+            raw = data.astype(np.float16).view(np.uint8)
+        else:
+            raw = gguf.quants.quantize(data, t)
+    values = gguf.quants.dequantize(raw, t).reshape(rows, cols).astype(np.float32)
+    return torch.from_numpy(np.ascontiguousarray(raw)), values
+
+
+def pack(parts: list[tuple[str, torch.Tensor]], cols: int) -> Packed:
+    kinds = [k for k, _ in parts]
+    fmt = int(OPS.pack_format(kinds))
+    data = OPS.pack([r for _, r in parts], kinds, cols, fmt)
+    return Packed(data, fmt, sum(int(r.shape[0]) for _, r in parts), cols, tuple(kinds))
+
+
+def _rel(fast: torch.Tensor, ref: torch.Tensor) -> float:
+    """The worst row's |fast - ref| / |ref| (ref float64)."""
+    return float(((fast.double() - ref).norm(dim=-1) / ref.norm(dim=-1)).max())
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_packing_keeps_every_value_of_the_file(kind: str) -> None:
+    """Every value of a packed matrix (rows of odd count: a panel half full) is the
+    `gguf` package's reference value, bit for bit, in every build."""
+    raw, values = raw_tensor(kind, 37, 512)
+    m = pack([(kind, raw)], 512)
+    for isa in _isas():
+        OPS.configure(isa, 1, 100)
+        np.testing.assert_array_equal(m.rows(torch.arange(37)).numpy(), values)
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_a_matmul_is_float64_close_and_the_same_bits_everywhere(kind: str) -> None:
+    """x W^T within 2e-6 of float64 of the file's values, and the same bits in every
+    build, at every row count (a row alone, in 2..17 rows, anywhere among 64) and every
+    thread count."""
+    raw, values = raw_tensor(kind, 96 + 5, 512, seed=3)
+    m = pack([(kind, raw)], 512)
+    x = torch.randn(64, 512, generator=torch.Generator().manual_seed(1))
+    ref = x.double() @ torch.from_numpy(values).double().T
+    OPS.configure("default", 1, 100)
+    whole = m(x)
+    assert _rel(whole, ref) < 2e-6
+    for isa in _isas():
+        for threads in (1, 2, 3):
+            OPS.configure(isa, threads, 100)
+            assert torch.equal(m(x), whole), (isa, threads)
+            for rows in (*range(1, 18), 33):
+                for start in (0, 7):
+                    part = m(x[start : start + rows])
+                    assert torch.equal(part, whole[start : start + rows]), (isa, rows, start)
+
+
+def test_a_stack_of_mixed_types_keeps_each_ones_values() -> None:
+    """Q, K and V of three types stacked as one matrix (a Q4_K_M file's mix), or a
+    quantized matrix beside a dense one: one format holds every value exactly."""
+    for kinds in (["Q4_K", "Q5_0", "Q6_K"], ["Q4_1", "Q8_0", "F16"], ["Q4_0", "BF16"]):
+        parts = [raw_tensor(k, 16 * (i + 1) + 3, 256, seed=i) for i, k in enumerate(kinds)]
+        m = pack([(k, raw) for k, (raw, _) in zip(kinds, parts, strict=True)], 256)
+        values = np.concatenate([v for _, v in parts])
+        np.testing.assert_array_equal(m.rows(torch.arange(m.out_features)).numpy(), values)
+        x = torch.randn(5, 256)
+        assert _rel(m(x), x.double() @ torch.from_numpy(values).double().T) < 2e-6
+
+
+def test_two_threads_calling_at_once_each_get_their_own_answer() -> None:
+    """Calls from two threads at once (the pool runs one call at a time: the other runs
+    on its caller's thread) give each caller exactly its answer."""
+    raw, _ = raw_tensor("Q4_1", 256, 512)
+    m = pack([("Q4_1", raw)], 512)
+    OPS.configure(_best_isa(), 2, 100)
+    xs = [torch.randn(3, 512) for _ in range(2)]
+    want = [m(x) for x in xs]
+    bad: list[int] = []
+
+    def hammer(i: int) -> None:
+        for _ in range(300):
+            if not torch.equal(m(xs[i]), want[i]):
+                bad.append(i)
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not bad
+
+
+@pytest.mark.parametrize("fn", [0, 1, 2, 3], ids=["exp", "tanh", "silu", "gelu_tanh"])
+def test_the_vector_functions_are_float64_close_and_the_same_bits_everywhere(fn: int) -> None:
+    """exp, tanh, SiLU and GELU (tanh form) within a few float32 ulps of float64 over
+    their range (exp: to -inf and past its overflow), identical in every build."""
+    x = torch.cat([
+        torch.linspace(-100, 100, 20001), torch.linspace(-1e-3, 1e-3, 2001),
+        torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.5, -87.2, 0.6249, 0.6251, -0.6251]),
+    ])  # fmt: skip
+    if fn == 0:  # exp also meets -inf (masked scores)
+        x = torch.cat([x, torch.tensor([float("-inf")])])
+    x64 = x.double()
+    ref = {
+        0: torch.exp(x64),
+        1: torch.tanh(x64),
+        2: torch.nn.functional.silu(x64),
+        3: torch.nn.functional.gelu(x64, approximate="tanh"),
+    }[fn]
+    OPS.configure("default", 1, 100)
+    out = OPS.elementwise(x, fn)
+    for isa in _isas():
+        OPS.configure(isa, 1, 100)
+        assert torch.equal(OPS.elementwise(x, fn), out), isa
+    finite = torch.isfinite(ref) & (ref.abs() < 3e38)
+    err = (out.double()[finite] - ref[finite]).abs()
+    scale = ref[finite].abs().clamp_min(1e-37)
+    # relative (8 ulp: GELU's cubic rounds on the way) where the value is not tiny;
+    # absolute near 0
+    assert float((err / scale)[ref[finite].abs() > 1e-3].max()) < 1e-6
+    assert float(err.max()) < 1e-6 * max(1.0, float(ref[finite].abs().max()))
+    if fn == 0:
+        assert out[x == float("-inf")].eq(0).all()
+        assert torch.isinf(OPS.elementwise(torch.tensor([89.0]), 0)).all()
+
+
+def test_rmsnorm_is_float64_close_and_the_same_bits_everywhere() -> None:
+    x = torch.randn(9, 640) * 30
+    w = torch.rand(640) + 0.5
+    ref = x.double() / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    OPS.configure("default", 1, 100)
+    out = OPS.rmsnorm(x, w, 1e-6)
+    assert _rel(out, ref) < 1e-6
+    for isa in _isas():
+        OPS.configure(isa, 1, 100)
+        assert torch.equal(OPS.rmsnorm(x, w, 1e-6), out)
+
+
+def _pool(layers: int, pages: int, kv_heads: int, head_dim: int, int8: bool) -> KVPages:
+    from ninfer.engine._gguf import ModelArgs
+
+    args = ModelArgs(
+        architecture="llama", n_layers=layers, dim=64, n_heads=kv_heads, n_kv_heads=kv_heads,
+        head_dim=head_dim, ffn_dim=64, vocab_size=8, context_length=4096, rope_base=1e4,
+        norm_eps=1e-5,
+    )  # fmt: skip
+    kv = KVPages.allocate(
+        args, n_pages=pages, page_size=16, dtype=torch.float32, device="cpu",
+        kv_dtype="int8" if int8 else "auto", keys_transposed=True,
+    )  # fmt: skip
+    kv.zero_pages(list(range(kv.scratch_page + 1)))
+    return kv
+
+
+def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         positions: torch.Tensor, window: int, scale: float,
+                         softcap: float) -> torch.Tensor:  # fmt: skip
+    """One row's queries q (N, H, D) at `positions` over its keys and values (P, G, D)."""
+    H, G = q.shape[1], k.shape[1]
+    kh = k.double().repeat_interleave(H // G, 1).transpose(0, 1)  # (H, P, D)
+    vh = v.double().repeat_interleave(H // G, 1).transpose(0, 1)
+    scores = q.double().transpose(0, 1) @ kh.transpose(1, 2) * scale  # (H, N, P)
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    key = torch.arange(k.shape[0])
+    behind = positions.view(-1, 1) - key.view(1, -1)
+    visible = (behind >= 0) & ((behind < window) if window > 0 else True)
+    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), -1)
+    return (probs @ vh).transpose(0, 1)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "window", "softcap", "int8"),
+    [(9, 3, 64, 0, 0.0, False), (4, 1, 256, 0, 0.0, False), (4, 2, 32, 40, 0.0, False),
+     (8, 8, 16, 0, 30.0, False), (6, 2, 48, 0, 0.0, True)],
+)  # fmt: skip
+def test_attention_over_the_page_pool(heads: int, kv_heads: int, head_dim: int, window: int,
+                                      softcap: float, int8: bool) -> None:  # fmt: skip
+    """A row's queries over its keys and values on scattered pages: within 1e-5 of float64
+    (of the values the pool holds), and each query's numbers the same alone, among the
+    others, in any build and at any thread count."""
+    torch.manual_seed(0)
+    n_keys = 150
+    kv = _pool(2, 24, kv_heads, head_dim, int8)
+    pages = torch.tensor([[3, 17, 1, 9, 22, 4, 11, 14, 6, 20]])
+    positions = torch.arange(n_keys)
+    k = torch.randn(n_keys, kv_heads, head_dim)
+    v = torch.randn(n_keys, kv_heads, head_dim)
+    page, slot = pages[0, positions // 16], positions % 16
+    layer = 1
+    if int8:  # stored as int8 with a scale a position and head; the reference sees those
+        for t, store, scales in ((k, kv.k, kv.k_scale), (v, kv.v, kv.v_scale)):
+            s = t.abs().amax(-1, keepdim=True) / 127
+            q8 = torch.round(t / s).clamp(-127, 127)
+            t.copy_(q8 * s)
+            assert scales is not None
+            scales[layer, page, :, slot] = s
+            if store is kv.k:
+                store[layer, page, :, :, slot] = q8.to(torch.int8)
+            else:
+                store[layer, page, :, slot] = q8.to(torch.int8)
+    else:
+        kv.k[layer, page, :, :, slot] = k
+        kv.v[layer, page, :, slot] = v
+    q = torch.randn(n_keys, heads, head_dim)
+    scale = head_dim**-0.5
+    ref = _reference_attention(q, k, v, positions, window, scale, softcap)
+    row = torch.zeros(n_keys, dtype=torch.long)
+
+    def run(idx: torch.Tensor) -> torch.Tensor:
+        return _native.attention(q[idx], kv, layer, pages, row[idx], positions[idx],
+                                 window=window, scale=scale, softcap=softcap)  # fmt: skip
+
+    OPS.configure("default", 1, 100)
+    every = torch.arange(n_keys)
+    out = run(every)
+    assert _rel(out.reshape(-1, head_dim), ref.reshape(-1, head_dim)) < 1e-5
+    for isa in _isas():
+        for threads in (1, 2):
+            OPS.configure(isa, threads, 100)
+            assert torch.equal(run(every), out), (isa, threads)
+            some = torch.tensor([149, 3, 77, 16, 15, 0])
+            assert torch.equal(run(some), out[some]), (isa, threads)
+
+
+def test_the_engine_runs_on_the_native_kernels_by_default(tiny_gguf: Any) -> None:
+    """The server's start (`start_kernels` with the default settings) loads the library
+    and configures the build torch dispatches to; the model loads onto it."""
+    from ninfer.engine import EngineConfig
+    from ninfer.engine._kernels import torch_isa
+    from ninfer.engine._runtime import start_kernels
+
+    choice = start_kernels(EngineConfig(threads=2), lambda _m: None)
+    assert choice.native
+    assert (choice.isa, choice.threads) == (torch_isa(), 2)
+    assert choice.describe() == f"native {torch_isa()}, 2 threads"
+    torch_only = start_kernels(EngineConfig(kernels="torch"), lambda _m: None)
+    assert (torch_only.native, torch_only.reason) == (False, "--kernels torch")
+    bf16 = start_kernels(EngineConfig(dtype="bfloat16"), lambda _m: None)
+    assert not bf16.native
+    assert "float32" in bf16.reason
