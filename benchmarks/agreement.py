@@ -1,7 +1,8 @@
 """Top-1 agreement of greedy next tokens with an exact float64 reference, per mode and CPU.
 
     .venv/bin/python benchmarks/agreement.py [--model NAME|PATH] [--tokens 2048]
-        [--text FILE] [--modes int4,dense,dense-bfloat16] [--capabilities native,avx2,default]
+        [--text FILE] [--modes native,int4,dense,dense-bfloat16]
+        [--capabilities native,avx2,default]
         [--llama-server PATH] [--json out.json]
 
 Teacher-forced over a fixed text (by default the GPL-3 text Debian ships in
@@ -40,8 +41,9 @@ CAPABILITIES = {
     "default": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
                 "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
 }  # fmt: skip
-MODES = {"int4": ("float32", "int4"), "dense": ("float32", "dense"),
-         "dense-bfloat16": ("bfloat16", "dense")}  # fmt: skip
+# mode: (dtype, weights on torch's kernels; "native": ninfer's native kernels, the default)
+MODES = {"native": ("float32", "native"), "int4": ("float32", "int4"),
+         "dense": ("float32", "dense"), "dense-bfloat16": ("bfloat16", "dense")}  # fmt: skip
 NEAR_TIE = 0.1
 CHUNK = 256
 
@@ -82,20 +84,28 @@ def ninfer_argmax(
     path: str, tokens: list[int], dtype: str, weights: str, kv_dtype: str = "auto"
 ) -> list[int]:
     """ninfer's argmax at each position (in this process), prefilled in chunks, with the
-    KV cache stored as `kv_dtype` (--kv-dtype)."""
+    KV cache stored as `kv_dtype` (--kv-dtype); weights "native": on the native kernels
+    (the build torch dispatches to)."""
     import torch
 
     from ninfer.engine._kvpool import pages_for
     from ninfer.engine._loader import load_model
     from ninfer.engine._model import KVPages
 
+    native = weights == "native"
+    if native:
+        from ninfer.engine import EngineConfig
+        from ninfer.engine._runtime import start_kernels
+
+        assert start_kernels(EngineConfig(), lambda _m: None).native
     m = load_model(path, dtype=getattr(torch, dtype), device="cpu",
-                   max_positions=len(tokens) + 16, weights=weights).transformer  # fmt: skip
+                   max_positions=len(tokens) + 16, weights="int4" if native else weights,
+                   native=native).transformer  # fmt: skip
     n_pages = pages_for(len(tokens), 16)
     out: list[int] = []
     with torch.inference_mode():
         kv = KVPages.allocate(m.args, n_pages=n_pages, page_size=16, dtype=m.dtype, device="cpu",
-                              kv_dtype=kv_dtype)  # fmt: skip
+                              kv_dtype=kv_dtype, keys_transposed=native)  # fmt: skip
         kv.zero_pages(list(range(1, n_pages + 1)))
         for start in range(0, len(tokens), CHUNK):
             chunk = tokens[start : start + CHUNK]
@@ -164,7 +174,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
-    ap.add_argument("--modes", default="int4,dense,dense-bfloat16")
+    ap.add_argument("--modes", default="native,int4,dense,dense-bfloat16")
     ap.add_argument("--capabilities", default="native,avx2,default")
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
     ap.add_argument("--json", default=None)

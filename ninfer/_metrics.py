@@ -138,7 +138,13 @@ class _Levels(Collector):
             "ninfer_spec_decode_num_accepted_tokens",
             "Drafted tokens kept: each saved a decode step.",
         )
+        solo = CounterMetricFamily(
+            "ninfer_kernel_solo_calls",
+            "Native kernel calls run on the engine thread alone because the kernels' threads "
+            "waited on each other (other processes taking the cores; docs/engine.md).",
+        )
         if eng is not None:
+            solo.add_metric([], eng.kernel_solo_calls)
             drafts.add_metric([], eng.spec_rounds)
             drafted.add_metric([], eng.drafted_tokens)
             accepted.add_metric([], eng.accepted_tokens)
@@ -153,7 +159,7 @@ class _Levels(Collector):
             hits.add_metric([], eng.cached_prompt_tokens)
             queries.add_metric([], eng.cached_prompt_tokens + eng.prefill_tokens)
         yield from (used, free, usage, prompt, generation, steps, hits, queries, step, prefill)
-        yield from (drafts, drafted, accepted)
+        yield from (drafts, drafted, accepted, solo)
 
 
 class Metrics:

@@ -391,6 +391,9 @@ class EngineStatistics:
     spec_rounds: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    # Native kernel calls run on the engine thread alone, cumulative: the kernels' threads
+    # were waiting on each other while other processes took the cores (0 on torch's).
+    kernel_solo_calls: int = 0
 
 
 @attrs.frozen

@@ -213,6 +213,7 @@ class Engine:
         # token is kept, over every row (a new row's prior).
         self._row_cost = 9.0
         self._spec_prior = 0.5
+        self._kernel_solo_calls = 0  # from the native kernels' pool (`_step`)
 
     # ---- thread-safe API -------------------------------------------------------------
 
@@ -329,6 +330,7 @@ class Engine:
                 spec_rounds=self._spec_rounds,
                 drafted_tokens=self._drafted,
                 accepted_tokens=self._accepted,
+                kernel_solo_calls=self._kernel_solo_calls,
             )
 
     # ---- the engine thread ------------------------------------------------------------
@@ -338,8 +340,7 @@ class Engine:
         try:
             with torch.inference_mode():
                 self._state = "loading"
-                loaded = self._loader()
-                self._setup(loaded)
+                self._setup(self._loader())  # (no name kept: the file's map goes with it)
                 if self._transformer.native is not None:
                     # The native kernels have their own threads; torch's ops between their
                     # calls (sampling, a step's bookkeeping) are small, and on torch's
@@ -685,6 +686,8 @@ class Engine:
             self._decode_step()
         else:
             self._last_decode_end = None  # the next step's interval starts anew
+        if self._transformer.native is not None and self._steps % 64 == 0:
+            self._kernel_solo_calls = int(torch.ops.ninfer.pool_stats()[2])
         with self._stats_lock:
             self._steps += 1
             now = time.monotonic()

@@ -29,7 +29,7 @@ from ninfer.engine._invariance import attention_row_quantum
 from ninfer.engine._native import NativeLayers, Packed, pack_tensors
 
 __all__ = [
-    "WEIGHT_MODES", "Dense", "Embedding", "Int4", "KVPages", "Linear", "Transformer",
+    "WEIGHT_MODES", "Dense", "Embedding", "Int4", "KVPages", "Linear", "Rotations", "Transformer",
     "load_transformer",
 ]  # fmt: skip
 
@@ -409,7 +409,8 @@ def _rope_table(
 ) -> torch.Tensor:
     """(length, D/2) complex64 rotations for positions 0..length-1. `factors` (D/2,)
     divide the frequencies: Llama 3's rope scaling, as its GGUF stores it (rope_freqs);
-    `scale` divides every position (linear scaling); `base` replaces the model's."""
+    `scale` divides every position (linear scaling); `base` replaces the model's. A
+    position's rotation does not depend on `length`."""
     half = args.head_dim // 2
     theta = args.rope_base if base is None else base
     inv = 1.0 / (theta ** (torch.arange(0, half, dtype=torch.float64) * 2 / args.head_dim))
@@ -418,6 +419,52 @@ def _rope_table(
         inv = inv / factors.to(torch.float64)
     angles = torch.outer(torch.arange(length, dtype=torch.float64), inv)
     return torch.polar(torch.ones_like(angles), angles).to(torch.complex64).to(device)
+
+
+# Positions a rotation table covers at first; it doubles as longer rows come.
+_ROPE_FIRST = 1024
+
+
+@attrs.define(eq=False)
+class Rotations:
+    """The rotary table of a model (`_rope_table`), made for the positions rows have
+    reached so far (doubling, up to `limit`): a model whose context is 32,768 does not hold
+    tables for all of it from the start (Gemma 3's two were 128 MB with their float
+    copies), only for what its requests use."""
+
+    args: ModelArgs
+    limit: int  # positions a row can have (the context, or less)
+    device: str
+    factors: torch.Tensor | None = None
+    base: float | None = None
+    scale: float = 1.0
+    _table: torch.Tensor | None = attrs.field(default=None, init=False)  # (L, D/2) complex64
+    _pairs: torch.Tensor | None = attrs.field(default=None, init=False)  # (L, D/2, 2) float32
+
+    def _cover(self, positions: int) -> torch.Tensor:
+        """The table for at least `positions` positions."""
+        if self._table is None or self._table.shape[0] < positions:
+            length = min(self.limit, max(_ROPE_FIRST, positions, 2 * self.length))
+            self._table = _rope_table(self.args, length, self.device, self.factors,
+                                      base=self.base, scale=self.scale)  # fmt: skip
+            self._pairs = None
+        return self._table
+
+    @property
+    def length(self) -> int:
+        return 0 if self._table is None else int(self._table.shape[0])
+
+    def at(self, positions: torch.Tensor) -> torch.Tensor:
+        """The rotations of `positions` (any shape): complex64, shape + (D/2,)."""
+        return self._cover(int(positions.max()) + 1)[positions]
+
+    def pairs(self, positions: int) -> torch.Tensor:
+        """(L, D/2, 2) float32 (cos, sin) for at least `positions` positions: what the
+        native layers read."""
+        table = self._cover(positions)
+        if self._pairs is None:
+            self._pairs = torch.view_as_real(table).contiguous()
+        return self._pairs
 
 
 def _float(x: torch.Tensor) -> torch.Tensor:
@@ -660,19 +707,16 @@ class Transformer:
     layers: list[Layer]
     norm: torch.Tensor  # (dim,)
     lm_head: Linear  # (vocab, dim), the embedding's values when tied
-    rope: torch.Tensor  # (max_positions, D/2) complex64
+    rope: Rotations  # the rotations of positions 0..max_positions-1
     dtype: torch.dtype
     device: str
-    rope_local: torch.Tensor | None = None  # the local layers' rotations when they differ
+    rope_local: Rotations | None = None  # the local layers' rotations when they differ
     packed: bool = False  # --weights int4: matmuls may take bfloat16 inputs
     # Attention pads its query rows to a multiple of this (measured at load:
     # `_invariance.attention_row_quantum`).
     attn_quantum: int = 1
     # The layers on ninfer's native kernels (every matrix `Packed`), when they run there.
     native: NativeLayers | None = None
-    # The rotary tables as (positions, D/2, 2) float32 (cos, sin): what the native layers
-    # read; made on first use.
-    _rope_pairs: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(
         self,
@@ -738,8 +782,10 @@ class Transformer:
         N = positions.numel()
         slots = kv.slots(page.view(N, 1), offset.view(N, 1))  # where the new keys go
         # Each position's rotation (N, 1, 1, D/2): every head alike.
-        rot = self.rope[positions].view(N, 1, 1, -1)
-        rot_local = rot if self.rope_local is None else self.rope_local[positions].view(N, 1, 1, -1)
+        rot = self.rope.at(positions).view(N, 1, 1, -1)
+        rot_local = rot
+        if self.rope_local is not None:
+            rot_local = self.rope_local.at(positions).view(N, 1, 1, -1)
 
         # The residual stream as (N, dim) rows: the matmuls' own layout, so that no
         # layer reshapes to and from it.
@@ -825,13 +871,9 @@ class Transformer:
         x = self.embedding(tokens).view(N, a.dim).float().contiguous()
         if a.embed_scale != 1.0:
             x = x * a.embed_scale
-        if self._rope_pairs is None:
-            local = self.rope if self.rope_local is None else self.rope_local
-            self._rope_pairs = (
-                torch.view_as_real(self.rope).contiguous(),
-                torch.view_as_real(local).contiguous(),
-            )
-        rope, rope_local = self._rope_pairs
+        reach = int(positions.max()) + 1
+        rope = self.rope.pairs(reach)
+        rope_local = rope if self.rope_local is None else self.rope_local.pairs(reach)
         native.forward(x, rope, rope_local, positions.contiguous(), write_page.contiguous(),
                        (positions % S).contiguous(), row.contiguous(), table, kv)  # fmt: skip
         out, start = [], 0
@@ -852,7 +894,6 @@ class Transformer:
             gguf, dtype=self.dtype, device=self.device, native=False
         )
         self.native = None
-        self._rope_pairs = None
         self.packed = weights == "int4" and self.device == "cpu"
 
     def layer_maps(self) -> list[Linear]:
@@ -1056,8 +1097,8 @@ def load_transformer(
         layers=layers,
         norm=norm("output_norm.weight"),
         lm_head=lm_head,
-        rope=_rope_table(a, max_positions, device, rope_freqs, scale=a.rope_scale),
-        rope_local=_rope_table(a, max_positions, device, base=a.local_rope_base)
+        rope=Rotations(a, max_positions, device, rope_freqs, scale=a.rope_scale),
+        rope_local=Rotations(a, max_positions, device, base=a.local_rope_base)
         if a.sliding_window > 0
         else None,
         dtype=dtype,

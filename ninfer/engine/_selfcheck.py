@@ -272,9 +272,8 @@ class SelfCheck:
         kv = self._scratch(16)
         table, positions, write_page, offsets = self._prompt_plan(N, kv.page_size)
         x = self._x().clone().contiguous()
-        local = model.rope if model.rope_local is None else model.rope_local
-        rope = torch.view_as_real(model.rope).contiguous()
-        rope_local = torch.view_as_real(local).contiguous()
+        rope = model.rope.pairs(N)
+        rope_local = rope if model.rope_local is None else model.rope_local.pairs(N)
         worst = 0.0
         for i in range(model.args.n_layers):
             before = x.double()
@@ -310,7 +309,7 @@ class SelfCheck:
         table = self.model.rope
         if lay.local and self.model.rope_local is not None:
             table = self.model.rope_local
-        rot = table[positions].to(torch.complex128).view(N, 1, D // 2)
+        rot = table.at(positions).to(torch.complex128).view(N, 1, D // 2)
         q, k = _rotate64(q, rot, a.rope_neox), _rotate64(k, rot, a.rope_neox)
         scale = D**-0.5 if a.attn_scale is None else a.attn_scale
         window = a.sliding_window if lay.local else 0

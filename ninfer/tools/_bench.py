@@ -133,6 +133,7 @@ class LevelResult:
             "ttft_p95": pct(ttft, 95),
             "itl_p50": pct(gaps, 50),
             "itl_p95": pct(gaps, 95),
+            "itl_p99": pct(gaps, 99),
             "e2e_p50": pct(total, 50),
             "e2e_p95": pct(total, 95),
         }

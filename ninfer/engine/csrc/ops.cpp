@@ -65,6 +65,13 @@ std::string configure(std::string isa, int64_t threads, int64_t spin_us) {
 
 bool supports(std::string isa) { return cpu_has(isa); }
 
+// The pool: its threads, how many times other processes' load sent it solo, and the calls
+// it ran alone because of that.
+std::vector<int64_t> pool_stats() {
+  return {g_pool.threads(), static_cast<int64_t>(g_pool.solo_spells()),
+          static_cast<int64_t>(g_pool.solo_calls())};
+}
+
 // Tasks for `units` units of work: a few per thread, so a thread that is late costs little.
 int tasks_for(int units, int min_units) {
   const int by_size = std::max(1, units / std::max(1, min_units));
@@ -568,6 +575,7 @@ class Layers : public torch::CustomClassHolder {
 TORCH_LIBRARY(ninfer, m) {
   m.def("configure(str isa, int threads, int spin_us) -> str", &ninfer::configure);
   m.def("supports(str isa) -> bool", &ninfer::supports);
+  m.def("pool_stats() -> int[]", &ninfer::pool_stats);
   m.def("pack_format(str[] types) -> int", &ninfer::pack_format);
   m.def("pack(Tensor[] raws, str[] types, int k, int format) -> Tensor", &ninfer::pack);
   m.def("linear(Tensor x, Tensor packed, int format, int n) -> Tensor", &ninfer::linear);

@@ -9,7 +9,7 @@
 //
 // Where other processes take the cores, a worker is often taken off its core in the
 // middle of a task, and the calling thread waits for it: the pool measures that wait, and
-// when it grows past a quarter of the calls' time it runs the next SOLO_CALLS calls on the
+// when it grows past WAIT_SHARE of the calls' time it runs the next SOLO_CALLS calls on the
 // calling thread alone (then tries the workers again). The numbers are the same either way.
 //
 // One call at a time: a second thread calling while one call runs gets its tasks run on
@@ -65,7 +65,10 @@ class Pool {
     if (tasks <= 0) return;
     std::unique_lock<std::mutex> caller(call_mu_, std::try_to_lock);
     if (workers_.empty() || tasks == 1 || !caller.owns_lock() || solo_left_ > 0) {
-      if (caller.owns_lock() && solo_left_ > 0) solo_left_--;
+      if (caller.owns_lock() && solo_left_ > 0) {
+        solo_left_--;
+        solo_calls_++;
+      }
       for (int i = 0; i < tasks; i++) fn(i);
       return;
     }
@@ -91,20 +94,24 @@ class Pool {
     const auto end = std::chrono::steady_clock::now();
     const double total = std::chrono::duration<double>(end - began).count();
     const double waited = std::chrono::duration<double>(end - mine).count();
-    wait_share_ = 0.9 * wait_share_ + 0.1 * (total > 0 ? waited / total : 0.0);
-    if (wait_share_ > 0.25) {
+    wait_share_ = 0.98 * wait_share_ + 0.02 * (total > 0 ? waited / total : 0.0);
+    if (wait_share_ > WAIT_SHARE) {
       solo_left_ = SOLO_CALLS;
       wait_share_ = 0.0;
       solo_spells_++;
     }
   }
 
-  // How many times the pool went solo (for the engine's statistics).
+  // How many times the pool went solo, and the calls it ran so (the engine's statistics).
   uint64_t solo_spells() const { return solo_spells_; }
+  uint64_t solo_calls() const { return solo_calls_; }
 
-  // Calls run on the calling thread alone once waiting for the workers took over a
-  // quarter of the time: about ten decode steps of SmolLM2.
-  static constexpr int SOLO_CALLS = 2048;
+  // Calls run on the calling thread alone once waiting for the workers took over
+  // WAIT_SHARE of the recent calls' time (a moving average over about fifty calls: a worker
+  // preempted now and then by the server's own event loop does not trip it; another
+  // process holding a core does): about three decode steps of SmolLM2.
+  static constexpr int SOLO_CALLS = 512;
+  static constexpr double WAIT_SHARE = 0.35;
 
  private:
   // Claim and run tasks of call `gen` until none is left.
@@ -156,6 +163,7 @@ class Pool {
   double wait_share_ = 0.0;  // recent share of a call's time spent waiting for workers
   int solo_left_ = 0;  // calls still to run alone
   uint64_t solo_spells_ = 0;
+  uint64_t solo_calls_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
