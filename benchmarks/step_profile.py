@@ -98,8 +98,9 @@ def main() -> None:
         str(path), dtype=torch.float32, device="cpu", max_positions=4096, native=native
     )
     kv = KVPages.allocate(
-        loaded.transformer.args, n_pages=512, page_size=PAGE, dtype=torch.float32, device="cpu"
-    )
+        loaded.transformer.args, n_pages=512, page_size=PAGE, dtype=torch.float32, device="cpu",
+        keys_transposed=native,  # the native layers' layout
+    )  # fmt: skip
     kv.k.zero_()
     kv.v.zero_()
     for rows in (int(r) for r in args.rows.split(",")):

@@ -13,11 +13,14 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ninfer.engine import _native
 from ninfer.engine._kernels import ISAS, build_kernels, load_kernels
 from ninfer.engine._model import KVPages
 from ninfer.engine._native import Packed
+from ninfer.engine._sampling import native_top_p_kept, top_p_kept
 
 OPS: Any = None
 
@@ -306,3 +309,23 @@ def test_the_engine_runs_on_the_native_kernels_by_default(tiny_gguf: Any) -> Non
     bf16 = start_kernels(EngineConfig(dtype="bfloat16"), lambda _m: None)
     assert not bf16.native
     assert "float32" in bf16.reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    top_p=st.floats(0.01, 0.999),
+    sharpness=st.floats(0.1, 8.0),
+    ties=st.booleans(),
+)
+def test_native_top_p_keeps_what_the_torch_definition_keeps(
+    seed: int, top_p: float, sharpness: float, ties: bool
+) -> None:
+    """The native top-p (one pass, a sort of the candidates) keeps exactly the ids of
+    `top_p_kept` (tests/test_sampling.py holds that to a sort of the whole row), ties
+    included."""
+    logits = torch.randn(5000, generator=torch.Generator().manual_seed(seed)) * sharpness
+    if ties:
+        logits = torch.round(logits)
+    probs = torch.softmax(logits, dim=-1)
+    assert torch.equal(native_top_p_kept(probs, top_p), top_p_kept(probs, top_p))

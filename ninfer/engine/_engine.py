@@ -635,7 +635,11 @@ class Engine:
         active = _Active(
             handle=handle,
             request=request,
-            sampler=RowSampler.create(request.sampling, self.model.identity.vocab_size),
+            sampler=RowSampler.create(
+                request.sampling,
+                self.model.identity.vocab_size,
+                native_top_p=self._transformer.native is not None,
+            ),
             text=TextStream(decode=tok.decode, stops=request.stop),
             submitted=submitted,
         )
