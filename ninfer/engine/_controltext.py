@@ -74,17 +74,20 @@ class ControlText:
             return [self.escape_all(v) for v in value]
         return value
 
-    def split(self, rendered: str) -> list[str | int]:
+    def split(self, rendered: str, *, escaped: bool = True) -> list[str | int]:
         """A rendered prompt as plain pieces (unescaped: the client's text as sent,
-        the template's as written) and the ids of the control tokens between them."""
+        the template's as written) and the ids of the control tokens between them.
+        With `escaped=False` the text was never escaped (a raw prompt, whose control
+        tokens' texts are meant): its pieces are kept as they are."""
         out: list[str | int] = []
         start = 0
+        piece = self.unescape if escaped else str
         if self._find is not None:
             for m in self._find.finditer(rendered):
                 if m.start() > start:
-                    out.append(self.unescape(rendered[start : m.start()]))
+                    out.append(piece(rendered[start : m.start()]))
                 out.append(self.ids[m.group(0)])
                 start = m.end()
         if start < len(rendered):
-            out.append(self.unescape(rendered[start:]))
+            out.append(piece(rendered[start:]))
         return out
