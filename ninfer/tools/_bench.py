@@ -103,8 +103,10 @@ class LevelResult:
         ok = [s for s in self.samples if s.ok]
         cut = [s for s in self.samples if not s.finished]
         tokens = sum(s.tokens for s in ok)
-        # Throughput counts every token received in the level, a cut stream's too.
-        received = tokens + sum(s.tokens for s in cut)
+        # Throughput counts every token received in the level: a cut stream's too, and
+        # a failed one's before it broke (a server that drops a connection after its
+        # last token still did that work).
+        received = sum(s.tokens for s in self.samples if s.status == 200)
         ttft = sorted(s.ttft for s in ok if s.ttft is not None)
         total = sorted(s.total for s in ok if s.total is not None)
         gaps = sorted(g for s in ok for g in s.gaps)
