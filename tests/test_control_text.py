@@ -10,7 +10,7 @@ import anthropic
 import httpx
 import openai
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from server import serve
 
@@ -121,3 +121,32 @@ async def test_every_chat_route_reads_client_control_text_as_text(
                 assert role not in err["message"]
         await oa.close()
         await an.close()
+
+
+@given(
+    st.lists(st.sampled_from(["<", "|", "im", "_", "start", "end", "1", "10", ">", "a"]))
+    .map("".join)
+    .filter(bool),
+    st.lists(st.sampled_from(["<", "|", "im", "_", "start", "1", "10", ">", "a", "<|im"])).map(
+        "".join
+    ),
+)
+@example(extra="a", text="x<|im_start|>y<|im<10><1>")
+@example(extra="<|im_s", text="<|im_s<|im_start|><|im_")
+def test_the_control_texts_are_found_leftmost_and_longest(extra: str, text: str) -> None:
+    """The matcher built as a trie finds what an alternation of the texts, longest first,
+    finds: the leftmost control text, and the longest one there (`<|im_start|>` over
+    `<|im`), with texts that are prefixes of others."""
+    import re
+
+    tokens = {"<|im_start|>": 1, "<|im": 2, "<|im_end|>": 3, "<1>": 4, "<10>": 5, extra: 6}
+    controls = ControlText.of(tokens)
+    naive = re.compile("|".join(re.escape(t) for t in controls.texts))
+    want: list[str | int] = []
+    start = 0
+    for m in naive.finditer(text):
+        want += [text[start : m.start()]] if m.start() > start else []
+        want.append(tokens[m.group()])
+        start = m.end()
+    want += [text[start:]] if start < len(text) else []
+    assert controls.split(text, escaped=False) == want
