@@ -119,8 +119,8 @@ class _Levels(Collector):
         )
         step = GaugeMetricFamily(
             "ninfer_decode_step_seconds",
-            "Recent seconds between consecutive decode steps (moving average; 0 until "
-            "measured): the pace Retry-After estimates use.",
+            "Recent seconds between consecutive decode steps (the median of the last 32; 0 "
+            "until measured): the pace Retry-After estimates use.",
         )
         prefill = GaugeMetricFamily(
             "ninfer_prefill_seconds_per_token",

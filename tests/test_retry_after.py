@@ -129,3 +129,21 @@ async def test_a_client_told_to_come_back_is_let_in(tiny_gguf: Path, tmp_path: P
         stats = sched.statistics()
         assert stats.promises_kept_total >= 1
     assert 1 <= len(returns) <= 3
+
+
+def test_one_slow_step_does_not_move_the_pace() -> None:
+    """The pace Retry-After is told from is the median of the recent decode steps: a
+    step held up 50x (a collection, a thread off its core) leaves it where it was,
+    where a moving average multiplied it (the test above once failed on it: a client
+    told 2.2 s for a place back in 0.25 s)."""
+    from ninfer.engine._engine import PACE_STEPS, StepPace
+
+    pace = StepPace()
+    assert pace.seconds() == 0.0
+    for _ in range(PACE_STEPS - 1):
+        pace.add(0.001)
+    pace.add(0.05)
+    assert pace.seconds() == 0.001
+    for _ in range(PACE_STEPS):  # a slower pace that lasts is taken up
+        pace.add(0.004)
+    assert pace.seconds() == 0.004

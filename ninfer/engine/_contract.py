@@ -380,7 +380,8 @@ class EngineStatistics:
     pages_cached: int  # full prompt pages indexed in the prefix cache (held or idle)
     generated_tokens: int  # cumulative tokens sampled
     # Recent pace, for estimates (0.0 until measured): seconds between consecutive decode
-    # steps while decoding (prefill chunks between them included; a moving average), and
+    # steps while decoding (prefill chunks between them included; the median of the last
+    # 32), and
     # prefill seconds per prompt token (decaying sums of seconds over tokens).
     decode_step_seconds: float = 0.0
     prefill_seconds_per_token: float = 0.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import queue
+import statistics
 import sys
 import threading
 import time
@@ -74,6 +75,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PREFILL_RATE_MIN_TOKENS = 64
 # How many recent steps `slowest_recent_step` looks at.
 RECENT_STEPS = 64
+# The decode pace (`decode_step_seconds`, what Retry-After is estimated from) is the
+# median of this many recent intervals between decode steps: one slow step (a
+# collection, a thread taken off its core) moved a moving average 8x on a fast model
+# and told refused clients seconds where a place came back in a quarter of one.
+PACE_STEPS = 32
 # Rows of the pass whose cost is measured against one row's (_measure_row_cost).
 ROW_COST_ROWS = 17
 # A prefill chunk deep into a long prompt is never cut below this many tokens.
@@ -184,7 +190,7 @@ class Engine:
         self._prefill_passes = 0
         self._cached_tokens = 0
         self._generated = 0
-        self._step_ema = 0.0  # seconds between consecutive decode steps
+        self._pace = StepPace()  # seconds between consecutive decode steps
         # tokens a decode step gives a row (1 without speculation; a moving average)
         self._row_tokens_ema = 1.0
         # prefill seconds and tokens, decaying sums: their ratio weighs each chunk by its
@@ -320,7 +326,7 @@ class Engine:
                 cached_prompt_tokens=self._cached_tokens,
                 pages_cached=pool.cached if pool else 0,
                 generated_tokens=self._generated,
-                decode_step_seconds=self._step_ema,
+                decode_step_seconds=self._pace.seconds(),
                 decode_tokens_per_row=self._row_tokens_ema,
                 prefill_seconds_per_token=(
                     self._prefill_seconds / self._prefill_counted
@@ -933,7 +939,8 @@ class Engine:
         self._decode_rows += len(rows)
         now = time.perf_counter()
         if self._last_decode_end is not None:
-            self._step_ema = _ema(self._step_ema, now - self._last_decode_end)
+            with self._stats_lock:
+                self._pace.add(now - self._last_decode_end)
         self._last_decode_end = now
         before = self._generated
         for a, token, lp in zip(plain, tokens, scored, strict=True):
@@ -1177,6 +1184,20 @@ def _page_row(a: _Active, width: int) -> list[int]:
 def _reserved_pages(request: GenerationRequest, page_size: int) -> int:
     """The pages a request holds from the start of its prefill (`reserved_pages`)."""
     return reserved_pages(len(request.prompt_ids), request.reserved_tokens, page_size)
+
+
+class StepPace:
+    """The decode pace: the median of the last PACE_STEPS intervals between decode
+    steps (0.0 until one is measured), so that one slow step does not move it."""
+
+    def __init__(self) -> None:
+        self._intervals: deque[float] = deque(maxlen=PACE_STEPS)
+
+    def add(self, seconds: float) -> None:
+        self._intervals.append(seconds)
+
+    def seconds(self) -> float:
+        return statistics.median(self._intervals) if self._intervals else 0.0
 
 
 def _ema(previous: float, sample: float, weight: float = 0.2) -> float:
