@@ -282,12 +282,12 @@ def test_a_model_with_no_exact_attention_does_not_become_ready(
     assert "attention" in str(exc)
 
 
-def test_the_check_runs_on_the_real_default_model_within_its_tolerances(
-    real_gguf: Path,
-) -> None:
-    """SmolLM2's every fast path passes, each within its tolerance, on the CPU at hand
-    (the suite runs this under ATEN_CPU_CAPABILITY=default and avx2 too)."""
-    m = load_model(str(real_gguf), dtype=torch.float32, device="cpu", max_positions=512)
+def _check_the_real_model(real_gguf: Path, *, native_kernels: bool) -> dict[str, PathCheck]:
+    """SmolLM2's whole self-check (kernels, prefill together, decode batches,
+    speculation) on torch's kernels or the native ones: each path's result."""
+    m = load_model(
+        str(real_gguf), dtype=torch.float32, device="cpu", max_positions=512, native=native_kernels
+    )
     assert m.source is not None
     with torch.inference_mode():
         check = SelfCheck(m.transformer, m.source, probe_tokens(m.tokenizer, 49152))
@@ -295,12 +295,20 @@ def test_the_check_runs_on_the_real_default_model_within_its_tolerances(
         assert check.together(16)
         assert check.decode_batch(16, lambda n: n)
         assert check.speculative(16, lambda n: n)
-    paths = {r.path: r for r in check.results}
+    return {r.path: r for r in check.results}
+
+
+def test_the_check_runs_on_the_real_default_model_within_its_tolerances(
+    real_gguf: Path,
+) -> None:
+    """SmolLM2's every fast path passes, each within its tolerance, on the CPU at hand
+    (the suite runs this under ATEN_CPU_CAPABILITY=default and avx2 too)."""
+    paths = _check_the_real_model(real_gguf, native_kernels=False)
     assert set(paths) == {
         "dequantizer", "embedding", "int4_kernel", "head", "attention", "prefill_together",
         "decode_batch", "speculative",
     }  # fmt: skip
-    assert all(r.ok for r in check.results), check.results
+    assert all(r.ok for r in paths.values()), paths
     assert paths["int4_kernel"].error < paths["int4_kernel"].tolerance / 2
 
 
@@ -314,21 +322,11 @@ def test_the_native_check_runs_on_the_real_default_model_within_its_tolerances(
 
     choice = start_kernels(EngineConfig(), lambda _m: None)
     assert choice.native, choice.reason
-    m = load_model(
-        str(real_gguf), dtype=torch.float32, device="cpu", max_positions=512, native=True
-    )
-    assert m.source is not None
-    with torch.inference_mode():
-        check = SelfCheck(m.transformer, m.source, probe_tokens(m.tokenizer, 49152))
-        check.kernels()
-        assert check.together(16)
-        assert check.decode_batch(16, lambda n: n)
-        assert check.speculative(16, lambda n: n)
-    paths = {r.path: r for r in check.results}
+    paths = _check_the_real_model(real_gguf, native_kernels=True)
     assert set(paths) == NATIVE_PATHS | {
         "dequantizer", "embedding", "prefill_together", "decode_batch", "speculative",
     }  # fmt: skip
-    assert all(r.ok for r in check.results), check.results
+    assert all(r.ok for r in paths.values()), paths
     assert paths["native_matmul"].error < paths["native_matmul"].tolerance / 2
     assert paths["native_layers"].error < paths["native_layers"].tolerance / 2
 

@@ -222,9 +222,8 @@ class SelfCheck:
             worst = max(worst, float((fast.double() - torch.cat(ref).double()).abs().max()))
         return worst
 
-    def _native_attention(self) -> float:
-        """Layer 0's attention over the probe rows (causal) on the native kernels, the
-        keys and values in a page pool, against float64."""
+    def _probe_qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer 0's queries, keys and values of the probe rows: (N, heads, head dim)."""
         a = self.model.args
         if "qkv" not in self._inputs:
             self._layer_inputs(0)
@@ -233,6 +232,14 @@ class SelfCheck:
         q = qkv[:, : H * D].view(N, H, D)
         k = qkv[:, H * D : H * D + G * D].view(N, G, D)
         v = qkv[:, H * D + G * D :].view(N, G, D)
+        return q, k, v
+
+    def _native_attention(self) -> float:
+        """Layer 0's attention over the probe rows (causal) on the native kernels, the
+        keys and values in a page pool, against float64."""
+        a = self.model.args
+        q, k, v = self._probe_qkv()
+        N, D = len(self.tokens), a.head_dim
         kv = self._scratch(16)
         table, positions, write_page, offsets = self._prompt_plan(N, kv.page_size)
         kv.k[0, write_page, :, :, offsets] = k.float()  # transposed: (.., D, S)
@@ -477,14 +484,9 @@ class SelfCheck:
     def _attention(self) -> None:
         """Layer 0's attention over the probe rows (causal), against float64."""
         a = self.model.args
-        if "qkv" not in self._inputs:
-            self._layer_inputs(0)
-        qkv = self._inputs["qkv"]
+        q, k, v = self._probe_qkv()
         N, H, G, D = len(self.tokens), a.n_heads, a.n_kv_heads, a.head_dim
-        q = qkv[:, : H * D].view(N, H, D)
-        k = qkv[:, H * D : H * D + G * D].view(N, G, D)
-        v = qkv[:, H * D + G * D :].view(N, G, D)
-        causal = torch.ones(N, N, dtype=torch.bool, device=qkv.device).tril()
+        causal = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
         fast = _attention(
             q.float().transpose(0, 1).unsqueeze(0),  # (1, H, N, D)
             k.float().transpose(0, 1).unsqueeze(0),  # (1, G, N, D)

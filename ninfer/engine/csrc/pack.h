@@ -26,31 +26,10 @@
 #include <vector>
 
 #include "api.h"
+#include "half.h"
 
 namespace ninfer {
 
-inline float half_to_float(uint16_t h) {
-  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {
-      exp = 113;
-      while (!(man & 0x400u)) {
-        man <<= 1;
-        exp--;
-      }
-      bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 // The half float equal to f; false when there is none (f is not exactly a half).
 inline bool float_to_half_exact(float f, uint16_t* out) {

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "half.h"
+
 #if defined(NINFER_ISA_AVX512) || defined(NINFER_ISA_AVX2)
 #include <immintrin.h>
 #endif
@@ -150,28 +152,6 @@ static inline V16 vdiv(V16 a, V16 b) { NINFER_LANES(a.v[i] / b.v[i]); }
 // x86's max/min: the second operand when either is NaN or both are zeros
 static inline V16 vmax(V16 a, V16 b) { NINFER_LANES(a.v[i] > b.v[i] ? a.v[i] : b.v[i]); }
 static inline V16 vmin(V16 a, V16 b) { NINFER_LANES(a.v[i] < b.v[i] ? a.v[i] : b.v[i]); }
-static inline float half_to_float(uint16_t h) {
-  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: normalize
-      exp = 113;
-      while (!(man & 0x400u)) {
-        man <<= 1;
-        exp--;
-      }
-      bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 static inline V16 vload_half(const uint16_t* p) { NINFER_LANES(half_to_float(p[i])); }
 static inline V16 vnibbles(const uint8_t* p) {
   NINFER_LANES(static_cast<float>(i < 8 ? (p[i] & 15) : (p[i - 8] >> 4)));
