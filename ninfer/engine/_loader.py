@@ -10,7 +10,6 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -111,39 +110,32 @@ def load_model(
     prime_vector_math()  # before any of torch's math runs on two threads
     t0 = time.perf_counter()
     progress(f"reading {path}")
+    sha = file_sha256(path)
     gguf = open_gguf(path)
-    progress(f"parsed {len(gguf.tensors)} tensors ({time.perf_counter() - t0:.1f}s)")
+    tokenizer = tokenizer_from_metadata(gguf.metadata, chat_template=chat_template)
+    progress(
+        f"parsed {len(gguf.tensors)} tensors, vocabulary {tokenizer.vocab_size} "
+        f"({time.perf_counter() - t0:.1f}s)"
+    )
     model_id = _model_id(gguf.metadata, path)
     kernels = "native" if native else "torch"
     unsupported = native_unsupported(gguf.args, dtype, device) if native else None
     if unsupported is not None:
         kernels = f"torch (the native kernels cannot run this model: {unsupported})"
         progress(f"kernels: {kernels}")
-    # The file's digest and the tokenizer are made on other threads while the weights
-    # load: hashing and packing release the interpreter lock, and Gemma 3's tokenizer
-    # (262,144 pieces, 515k merges) is 3.5 s of start-up on its own.
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ninfer-load") as pool:
-        sha = pool.submit(file_sha256, path)
-        tokenizer_built = pool.submit(
-            tokenizer_from_metadata, gguf.metadata, chat_template=chat_template
-        )
-        transformer = load_transformer(
-            gguf, dtype=dtype, device=device, max_positions=max_positions, weights=weights,
-            native=native and unsupported is None,
-        )  # fmt: skip
-        tokenizer = tokenizer_built.result()
+    transformer = load_transformer(
+        gguf, dtype=dtype, device=device, max_positions=max_positions, weights=weights,
+        native=native and unsupported is None,
+    )  # fmt: skip
     trim_heap()
     elapsed = time.perf_counter() - t0
     a = transformer.args
     held = "the file's blocks, native kernels" if transformer.native else f"{weights} weights"
-    progress(
-        f"loaded {a.n_layers} layers as {dtype} ({held}) on {device}, vocabulary "
-        f"{tokenizer.vocab_size}, in {elapsed:.1f}s"
-    )
+    progress(f"loaded {a.n_layers} layers as {dtype} ({held}) on {device} in {elapsed:.1f}s")
     identity = ModelIdentity(
         model_id=model_id,
         architecture=a.architecture,
-        sha256=sha.result(),
+        sha256=sha,
         context_length=a.context_length,
         vocab_size=a.vocab_size,
         path=path,
