@@ -150,3 +150,13 @@ def test_the_control_texts_are_found_leftmost_and_longest(extra: str, text: str)
         start = m.end()
     want += [text[start:]] if start < len(text) else []
     assert controls.split(text, escaped=False) == want
+
+
+def test_control_texts_nested_too_deep_for_a_trie_still_split() -> None:
+    """A vocabulary whose control texts nest deeper than Python's recursion allows
+    (a, aa, aaa, ...; one text of 3,000 characters) is matched by the plain
+    alternation instead: leftmost, longest."""
+    nested = ControlText.of({"a" * k: k for k in range(1, 1500)})
+    assert nested.split("b" + "a" * 2000 + "b", escaped=False) == ["b", 1499, 501, "b"]
+    long = "<x" + "y" * 3000 + ">"
+    assert ControlText.of({long: 7}).split(f"q{long}q", escaped=False) == ["q", 7, "q"]

@@ -66,7 +66,12 @@ class ControlText:
     def of(cls, tokens: Mapping[str, int]) -> ControlText:
         """From each control token's text and id."""
         texts = tuple(sorted((t for t in tokens if t), key=lambda t: (-len(t), t)))
-        find = re.compile(_trie_pattern(texts)) if texts else None
+        find = None
+        if texts:
+            try:
+                find = re.compile(_trie_pattern(texts))
+            except RecursionError:  # texts nested a thousand deep: the plain alternation
+                find = re.compile("|".join(re.escape(t) for t in texts))
         index = {t: i for i, t in enumerate(texts)}
         return cls(texts=texts, ids=dict(tokens), find=find, index=index)
 
