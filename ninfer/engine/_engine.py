@@ -416,14 +416,6 @@ class Engine:
         self.max_context = min(cfg.max_context or ctx, ctx)
         self._sizing = self._size_pool(loaded)
         n_pages = self._sizing.tokens // cfg.page_size
-        self._kv = KVPages.allocate(
-            loaded.transformer.args,
-            n_pages=n_pages,
-            page_size=cfg.page_size,
-            dtype=loaded.transformer.dtype,
-            device=cfg.device,
-            kv_dtype=cfg.kv_dtype,
-        )
         self._pool = PagePool(n_pages=n_pages, page_size=cfg.page_size)
         self.model = loaded
         model = loaded.transformer
@@ -437,11 +429,11 @@ class Engine:
                 refused = "torch (the self-check refused the native kernels)"
                 loaded = attrs.evolve(loaded, kernels=refused)
                 self.model = loaded
-        if self._kv.keys_transposed != (model.native is not None):  # the layers' own layout
-            self._kv = KVPages.allocate(
-                model.args, n_pages=n_pages, page_size=cfg.page_size, dtype=model.dtype,
-                device=cfg.device, kv_dtype=cfg.kv_dtype, keys_transposed=model.native is not None,
-            )  # fmt: skip
+        # After the kernel check: the native layers keep their keys transposed, torch's not.
+        self._kv = KVPages.allocate(
+            model.args, n_pages=n_pages, page_size=cfg.page_size, dtype=model.dtype,
+            device=cfg.device, kv_dtype=cfg.kv_dtype, keys_transposed=model.native is not None,
+        )  # fmt: skip
         sizes = invariant_batch_sizes(model.row_maps(), max_rows=cfg.max_batch, device=cfg.device)
         # Narrowing rounds those matrices' inputs and weights to bfloat16, and oneDNN's
         # bfloat16 matmuls give a row a result that depends on how many rows a prefill

@@ -113,9 +113,10 @@ def library_dir(cache: Path | None) -> list[Path]:
 def find_built(cache: Path | None) -> Path | None:
     """The library built from these sources with this torch and compiler, if any."""
     compiler = _compiler()
-    if compiler is None:
-        return None
-    key = _digest(compiler)
+    return _built(cache, _digest(compiler)) if compiler is not None else None
+
+
+def _built(cache: Path | None, key: str) -> Path | None:
     for d in library_dir(cache):
         path = d / key / LIBRARY
         if path.is_file():
@@ -128,13 +129,13 @@ def build_kernels(cache: Path | None, *, progress: Callable[[str], None] = print
     compiled side by side, then linked. Never raises for a failed build: the reason is
     returned (the compiler's last lines)."""
     started = time.perf_counter()
-    found = find_built(cache)
-    if found is not None:
-        return KernelBuild(found)
     compiler = _compiler()
     if compiler is None:
         return KernelBuild(None, "no C++ compiler found (set CXX, or install g++)")
     key = _digest(compiler)
+    found = _built(cache, key)
+    if found is not None:
+        return KernelBuild(found)
     target_dir = None
     for d in library_dir(cache):
         try:
@@ -185,7 +186,8 @@ def build_kernels(cache: Path | None, *, progress: Callable[[str], None] = print
 
 
 def _run_all(jobs: list[tuple[str, list[str]]]) -> str:
-    """Run the commands two at a time; the first failure's name and last lines, or ''."""
+    """Run the commands, as many at a time as there are CPUs (at most one each); the
+    first failure's name and last lines, or ''."""
     running: list[tuple[str, subprocess.Popen[str]]] = []
     failure = ""
     pending = list(jobs)

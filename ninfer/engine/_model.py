@@ -359,19 +359,19 @@ class KVPages:
         page = torch.tensor(pages, dtype=torch.long, device=self.k.device)
         offset = torch.tensor(offsets, dtype=torch.long, device=self.k.device)
         for t in self._tensors():
-            if t is self.k and self.keys_transposed:
-                t[:, page, :, :, offset] = 0
-            else:
-                t[:, page, :, offset] = 0
+            self._by_slot(t)[:, page, :, offset] = 0
 
     def copy_rows(self, source: int, target: int, rows: int) -> None:
         """Every layer's keys and values of the first `rows` slots of page `source`
         into page `target`."""
         for t in self._tensors():
-            if t is self.k and self.keys_transposed:
-                t[:, target, :, :, :rows] = t[:, source, :, :, :rows]
-            else:
-                t[:, target, :, :rows] = t[:, source, :, :rows]
+            s = self._by_slot(t)
+            s[:, target, :, :rows] = s[:, source, :, :rows]
+
+    def _by_slot(self, t: torch.Tensor) -> torch.Tensor:
+        """One of the pool's tensors with a page's slots as its fourth axis: a view of the
+        transposed keys (layers, pages, kv heads, slots, head dim), the others as they are."""
+        return t.transpose(3, 4) if t is self.k and self.keys_transposed else t
 
     def zero_pages(self, pages: list[int]) -> None:
         idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)

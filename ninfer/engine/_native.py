@@ -30,6 +30,7 @@ __all__ = [
     "NativeLayers",
     "Packed",
     "attention",
+    "device_unsupported",
     "native_unsupported",
     "pack_tensors",
 ]
@@ -110,12 +111,20 @@ def attention(
     return out
 
 
-def native_unsupported(args: ModelArgs, dtype: torch.dtype, device: str) -> str | None:
-    """Why the native layers cannot run this model here (None: they can)."""
+def device_unsupported(device: str, dtype: torch.dtype) -> str | None:
+    """Why the native kernels cannot run on `device` in `dtype` (None: they can)."""
     if device != "cpu":
         return f"device {device} (the native kernels are CPU kernels)"
     if dtype != torch.float32:
-        return f"dtype {dtype} (the native kernels compute in float32)"
+        return f"dtype {str(dtype).removeprefix('torch.')} (the native kernels compute in float32)"
+    return None
+
+
+def native_unsupported(args: ModelArgs, dtype: torch.dtype, device: str) -> str | None:
+    """Why the native layers cannot run this model here (None: they can)."""
+    why = device_unsupported(device, dtype)
+    if why is not None:
+        return why
     for name, value in (("dim", args.dim), ("ffn_dim", args.ffn_dim), ("head_dim", args.head_dim)):
         if value % 16:
             return f"{name} {value} is not a multiple of 16"

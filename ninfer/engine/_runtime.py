@@ -18,6 +18,7 @@ from ninfer.engine._engine import DTYPES, Engine
 from ninfer.engine._errors import ConfigError
 from ninfer.engine._kernels import build_kernels, load_kernels, torch_isa
 from ninfer.engine._loader import LoadedModel, load_model
+from ninfer.engine._native import device_unsupported
 
 __all__ = [
     "KERNEL_SPIN_US",
@@ -86,12 +87,8 @@ def start_kernels(config: EngineConfig, progress: Callable[[str], None]) -> Kern
     threads = config.threads or cpu_count()
     if config.kernels == "torch":
         return KernelChoice(False, reason="--kernels torch")
-    why = None
-    if config.device != "cpu":
-        why = f"--device {config.device}: the native kernels are CPU kernels"
-    elif config.dtype != "float32":
-        why = f"--dtype {config.dtype}: the native kernels compute in float32"
-    elif config.page_size % 16:
+    why = device_unsupported(config.device, DTYPES[config.dtype])
+    if why is None and config.page_size % 16:
         why = f"pages of {config.page_size} tokens: the native attention reads keys 16 at a time"
     if why is None:
         cache = Path(config.kernel_cache) if config.kernel_cache else None
@@ -137,10 +134,8 @@ def create_engine(
             chat_template=config.chat_template,
             progress=progress,
         )
-        if loaded.transformer.native is not None:
-            return attrs.evolve(loaded, kernels=kernels.describe())
-        if loaded.kernels != "torch":  # the model, not the library, kept it off them
-            return loaded
+        if loaded.transformer.native is None and loaded.kernels != "torch":
+            return loaded  # the model, not the library, kept it off them: said so
         return attrs.evolve(loaded, kernels=kernels.describe())
 
     return Engine(load, config, sink, log=log)

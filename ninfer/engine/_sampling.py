@@ -46,7 +46,8 @@ class RowSampler:
     counts: torch.Tensor | None  # (V,) float32 counts of output tokens, when penalized
     bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids, values) of logit_bias
     constraint: Constraint | None = None  # the request's grammar, when it has one
-    # `top_p_kept`, or the native kernels' copy of it (the same ids; `use_native_top_p`)
+    # `top_p_kept`, or the native kernels' copy of it (the same ids; `create`'s
+    # `native_top_p`)
     top_p: Callable[[torch.Tensor, float], torch.Tensor] = attrs.field(
         default=lambda probs, p: top_p_kept(probs, p)
     )

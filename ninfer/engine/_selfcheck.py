@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from ninfer.engine import _native
 from ninfer.engine._contract import PathCheck
 from ninfer.engine._errors import EngineError
-from ninfer.engine._gguf import GGUFFile, decode_blocks
+from ninfer.engine._gguf import GGUFFile, ModelArgs, decode_blocks
 from ninfer.engine._kvpool import pages_for
 from ninfer.engine._model import (
     LAYER_TENSORS,
@@ -227,12 +227,7 @@ class SelfCheck:
         a = self.model.args
         if "qkv" not in self._inputs:
             self._layer_inputs(0)
-        qkv = self._inputs["qkv"]
-        N, H, G, D = len(self.tokens), a.n_heads, a.n_kv_heads, a.head_dim
-        q = qkv[:, : H * D].view(N, H, D)
-        k = qkv[:, H * D : H * D + G * D].view(N, G, D)
-        v = qkv[:, H * D + G * D :].view(N, G, D)
-        return q, k, v
+        return _split_qkv(self._inputs["qkv"], a)
 
     def _native_attention(self) -> float:
         """Layer 0's attention over the probe rows (causal) on the native kernels, the
@@ -300,7 +295,7 @@ class SelfCheck:
         """Layer i in float64 on x (N, dim) float64 at `positions`: the file's matrices,
         the model's norms and rotation table (its values), attention written out."""
         a, lay = self.model.args, self.model.layers[i]
-        N, H, G, D = x.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
+        N, H, D = x.shape[0], a.n_heads, a.head_dim
 
         def rms(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             return v / torch.sqrt((v * v).mean(dim=-1, keepdim=True) + a.norm_eps) * w.double()
@@ -308,9 +303,7 @@ class SelfCheck:
         qkv = rms(x, lay.attn_norm) @ self._reference(i, "wqkv").T
         if lay.qkv_bias is not None:
             qkv = qkv + lay.qkv_bias.double()
-        q = qkv[:, : H * D].reshape(N, H, D)
-        k = qkv[:, H * D : H * D + G * D].reshape(N, G, D)
-        v = qkv[:, H * D + G * D :].reshape(N, G, D)
+        q, k, v = _split_qkv(qkv, a)
         if lay.q_norm is not None and lay.k_norm is not None:
             q, k = rms(q, lay.q_norm), rms(k, lay.k_norm)
         table = self.model.rope
@@ -638,6 +631,15 @@ class SelfCheck:
             torch.tensor([[p] for _, p, _ in rows] + [[0]] * pad, device=dev),
             torch.tensor(table, device=dev),
         )
+
+
+def _split_qkv(qkv: torch.Tensor, a: ModelArgs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of stacked Q, K, V outputs (N, (H + 2G) D) as q (N, H, D), k and v (N, G, D)."""
+    N, H, G, D = qkv.shape[0], a.n_heads, a.n_kv_heads, a.head_dim
+    q = qkv[:, : H * D].reshape(N, H, D)
+    k = qkv[:, H * D : H * D + G * D].reshape(N, G, D)
+    v = qkv[:, H * D + G * D :].reshape(N, G, D)
+    return q, k, v
 
 
 def _rotate64(x: torch.Tensor, rot: torch.Tensor, neox: bool) -> torch.Tensor:
