@@ -13,6 +13,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from conftest import HANG_GUARD_S
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,11 +153,12 @@ def test_two_threads_calling_at_once_each_get_their_own_answer() -> None:
             if not torch.equal(m(xs[i]), want[i]):
                 bad.append(i)
 
-    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=hammer, args=(i,), daemon=True) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(HANG_GUARD_S)
+    assert not any(t.is_alive() for t in threads), "a caller hung in the pool"
     assert not bad
 
 
