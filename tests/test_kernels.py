@@ -313,6 +313,25 @@ def test_the_engine_runs_on_the_native_kernels_by_default(tiny_gguf: Any) -> Non
     assert "float32" in bf16.reason
 
 
+def test_without_a_compiler_the_server_says_so_and_runs_torchs_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A machine with no C++ compiler and no built library: --kernels auto goes on with
+    torch's kernels and the console says why; --kernels native refuses to start."""
+    from ninfer.engine import EngineConfig, _kernels
+    from ninfer.engine._errors import ConfigError
+    from ninfer.engine._runtime import start_kernels
+
+    monkeypatch.setattr(_kernels, "_compiler", lambda: None)
+    said: list[str] = []
+    choice = start_kernels(EngineConfig(), said.append)
+    assert not choice.native
+    assert "no C++ compiler" in choice.reason
+    assert said == [f"kernels: torch's ({choice.reason})"]
+    with pytest.raises(ConfigError, match="no C\\+\\+ compiler"):
+        start_kernels(EngineConfig(kernels="native"), said.append)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     seed=st.integers(0, 2**31),
