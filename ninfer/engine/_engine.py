@@ -54,6 +54,7 @@ from ninfer.engine._grammar import (
     Constraint,
     GrammarLimitReached,
     GrammarVocabulary,
+    TokenDigits,
     grammar_tokenizer,
 )
 from ninfer.engine._invariance import invariant_batch_sizes, rows_independent_of_count
@@ -181,6 +182,7 @@ class Engine:
         self._decoding: list[_Active] = []
         self._by_id: dict[int, _Active] = {}
         self._lltokenizer: Any = None  # llguidance's token table, on first use
+        self._token_digits: Any = None  # the digit cap's (TokenDigits), built with it
         self._lltokenizer_lock = threading.Lock()
         self._events: list[tuple[RequestHandle, Event]] = []
         self._steps = 0
@@ -655,7 +657,10 @@ class Engine:
                     matcher = cast(Any, grammar.matcher).deep_copy()
                 else:
                     matcher = Constraint.compile(self._grammar_tokenizer(), grammar)
-                active.sampler.constraint = Constraint(matcher, self._vocab_size)
+                self._grammar_tokenizer()  # (and the digit table beside it)
+                active.sampler.constraint = Constraint(
+                    matcher, self._vocab_size, self._token_digits
+                )
             except Exception:
                 self._fail(active, "grammar")
 
@@ -671,6 +676,7 @@ class Engine:
             if self._lltokenizer is None:
                 assert self.model is not None
                 vocab = GrammarVocabulary.of(self.model.tokenizer)
+                self._token_digits = TokenDigits(vocab, self._vocab_size)
                 self._lltokenizer = grammar_tokenizer(vocab, self._vocab_size)
             return self._lltokenizer
 

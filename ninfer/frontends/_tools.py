@@ -30,7 +30,12 @@ import attrs
 import llguidance
 import orjson
 
-from ninfer.frontends._structured import json_schema_grammar, think_first
+from ninfer.frontends._structured import (
+    closed_objects,
+    json_schema_grammar,
+    rebased,
+    think_first,
+)
 from protocols import ApiError
 
 __all__ = [
@@ -150,9 +155,12 @@ def _lark_string(text: str) -> str:
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:
+    """A call's JSON: the tool's name, and its arguments under its parameters' schema
+    (whose `$ref`s, pydantic's `#/$defs/...`, then point inside `arguments`)."""
+    arguments = rebased(closed_objects(tool.parameters), "#/properties/arguments")
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+        "properties": {"name": {"const": tool.name}, "arguments": arguments},
         "required": ["name", "arguments"],
         "additionalProperties": False,
         "x-guidance": _CALL_STYLE,
@@ -171,7 +179,8 @@ def tool_grammar(
     if text_schema is not None:
         json_schema_grammar(text_schema, param=text_param)
     if text_schema is not None:
-        text_rule = "text: %json " + orjson.dumps({**text_schema, "x-guidance": _COMPACT}).decode()
+        text_json = {**closed_objects(text_schema), "x-guidance": _COMPACT}
+        text_rule = "text: %json " + orjson.dumps(text_json).decode()
     else:
         text_rule = "text: TEXT"
     lines = ["%llguidance {}"]
