@@ -79,6 +79,56 @@ async def test_json_object_and_streaming(tiny_gguf: Path, tmp_path: Path) -> Non
             assert "".join(parts) == expected
 
 
+def longest_digit_run_outside_strings(text: str) -> int:
+    """The most digits in a row in a JSON text (complete or not), strings left out."""
+    longest = run = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            in_string, escaped = (ch != '"' or escaped), (ch == "\\" and not escaped)
+        elif ch.isdigit():
+            run += 1
+            longest = max(longest, run)
+        else:
+            run, in_string = 0, ch == '"'
+    return longest
+
+
+class Reading(pydantic.BaseModel):
+    """A plain model: pydantic writes no `additionalProperties` for it."""
+
+    station: int
+    celsius: float
+
+
+async def test_a_plain_schema_gets_its_keys_and_numbers_that_end(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """A schema as pydantic writes it (JSON Schema's open object) and `json_object`,
+    sampled from the random-weight model at temperature 1: only the declared keys come
+    back, and no number has more than 15 digits before or after its point, whatever
+    the weights want (docs/api.md, Structured outputs)."""
+    plain = {"type": "json_schema",
+             "json_schema": {"name": "r", "schema": Reading.model_json_schema()}}  # fmt: skip
+    assert "additionalProperties" not in plain["json_schema"]["schema"]  # type: ignore[index]
+    with trio.fail_after(120):
+        async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
+            name = (await http.get("/v1/models")).json()["data"][0]["id"]
+            for fmt in (plain, {"type": "json_object"}):
+                for seed in range(6):
+                    r = await http.post("/v1/chat/completions", json={
+                        "model": name, "messages": [{"role": "user", "content": "reading"}],
+                        "max_tokens": 200, "temperature": 1.0, "seed": seed,
+                        "response_format": fmt})  # fmt: skip
+                    assert r.status_code == 200, r.text
+                    text = r.json()["choices"][0]["message"]["content"]
+                    assert longest_digit_run_outside_strings(text) <= 15, text
+                    if fmt is plain:
+                        assert r.json()["choices"][0]["finish_reason"] == "stop", text
+                        assert Reading.model_validate_json(text)
+                        assert set(json.loads(text)) == {"station", "celsius"}
+
+
 async def test_a_constrained_row_is_the_same_alone_and_batched(
     tiny_gguf: Path, tmp_path: Path
 ) -> None:
