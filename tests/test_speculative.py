@@ -532,11 +532,17 @@ ROUTES: list[tuple[str, dict[str, Any]]] = [
 
 @pytest.mark.realmodel
 async def test_every_route_answers_the_same_with_speculation(
-    real_gguf: Path, tmp_path: Path
+    real_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each protocol's route, streamed or not, free, seeded, constrained by a schema or a
     tool, all at once: the bytes of each answer's content with --spec ngram are those
-    without (ids, times and the request log differ; the words do not)."""
+    without (ids, times and the request log differ; the words do not).
+
+    The pass-cost ratio that decides how much drafting pays is pinned to this 2-core
+    machine's quiet figure: measured on a loaded machine it came out near 1, nothing was
+    drafted among 8 rows, and the comparison proved nothing (it decides only how much
+    is drafted, never what is computed)."""
+    monkeypatch.setattr(Engine, "_measure_row_cost", lambda self: setattr(self, "_row_cost", 9.0))
     import httpx
     import orjson
     import trio
