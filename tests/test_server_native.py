@@ -498,6 +498,36 @@ async def test_tokenize_and_detokenize_in_both_servers_shapes(
             assert r.json()["error"]["param"] == param, r.text
 
 
+async def test_tokenize_and_detokenize_take_no_more_than_a_context(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """A text of more tokens than the context is refused by /tokenize as a prompt of
+    that length is (422 context_length_exceeded naming the field, with the count),
+    and /detokenize takes at most a context's worth of ids (422 naming `tokens`);
+    a context's worth exactly is answered (docs/api.md)."""
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        assert srv.app.serving is not None
+        context = srv.app.serving.model.max_context
+        word = "hello "
+        per_word = len((await c.post("/tokenize", json={"content": word * 10})).json()["tokens"])
+        fits = word * ((context - 16) * 10 // per_word)
+        assert (await c.post("/tokenize", json={"content": fits})).status_code == 200
+        for field in ("content", "prompt"):
+            r = await c.post("/tokenize", json={field: fits + word * 10})
+            assert r.status_code == 422, r.text
+            error = r.json()["error"]
+            assert (error["type"], error["param"]) == ("context_length_exceeded", field)
+            assert str(context) in error["message"]
+        ids = (await c.post("/tokenize", json={"content": "x"})).json()["tokens"][:1]
+        whole = await c.post("/detokenize", json={"tokens": ids * context})
+        assert whole.status_code == 200
+        assert len(whole.json()["content"]) == context
+        r = await c.post("/detokenize", json={"tokens": ids * (context + 1)})
+        assert r.status_code == 422, r.text
+        assert (r.json()["error"]["type"], r.json()["error"]["param"]) == (
+            "invalid_request", "tokens")  # fmt: skip
+
+
 async def test_each_request_has_an_access_line_unless_turned_off(
     tiny_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

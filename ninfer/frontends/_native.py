@@ -143,6 +143,14 @@ class TokenizeFrontend(Routed):
             self.ctx.check_model(req.model)
         text, param = req.text()
         ids = await self.tokens(text, prompt_param=param)
+        context = self.ctx.model.max_context
+        if len(ids) > context:  # docs/api.md: as a prompt of that length would be
+            raise ApiError(
+                "context_length_exceeded",
+                f"the text is {len(ids)} tokens, more than the context of {context} holds",
+                param=param,
+                code="context_length_exceeded",
+            )
         tok = self.ctx.model.tokenizer
         added = tok.encode("")  # what the model puts before every prompt (its BOS), if any
         if not req.bos() and added and ids[: len(added)] == added:
@@ -157,6 +165,15 @@ class TokenizeFrontend(Routed):
         req = await self.decode(body, self._codec.parse_detokenize)
         if req.model is not None:
             self.ctx.check_model(req.model)
+        context = self.ctx.model.max_context
+        if len(req.tokens) > context:  # as /tokenize's texts: no more than a context
+            raise ApiError(
+                "invalid_request",
+                f"tokens has {len(req.tokens)} ids; at most {context} (the context) are "
+                "taken",
+                param="tokens",
+                code="invalid_value",
+            )
         vocab = self.ctx.model.identity.vocab_size
         for i, token in enumerate(req.tokens):
             if not 0 <= token < vocab:
@@ -166,9 +183,19 @@ class TokenizeFrontend(Routed):
                     param=f"tokens[{i}]",
                 )
         tok = self.ctx.model.tokenizer
-        raw = b"".join(tok.token_bytes(t) for t in req.tokens)
-        text = raw.decode("utf-8", errors="replace")
-        return self.dialect.encoder.json(DetokenizeResponse(text, text))
+
+        def text_of() -> bytes:
+            raw = b"".join(tok.token_bytes(t) for t in req.tokens)
+            text = raw.decode("utf-8", errors="replace")
+            return self.dialect.encoder.json(DetokenizeResponse(text, text))
+
+        if len(req.tokens) <= _INLINE_TOKENS:
+            return text_of()
+        return await self.ctx.offload(text_of)  # (a context's worth: milliseconds)
+
+
+# Up to this many ids are turned into text on the event loop; more, on a worker thread.
+_INLINE_TOKENS = 1024
 
 
 def _piece(raw: bytes) -> str:
