@@ -268,7 +268,10 @@ class Metrics:
         elif event == "request_cancelled":
             self.cancelled.labels(fields["stage"]).inc()
         elif event == "request_error":
-            self.errors.inc()
+            if fields["status"] >= 500:
+                self.errors.inc()
+            else:  # the client's fault, found while decoding (a schema past the grammar's limits)
+                self.invalid.labels(str(fields["status"]), fields["type"]).inc()
 
     def inter_token(self, seconds: float, tokens: int) -> None:
         """`tokens` arrived `seconds` after the previous ones: one sample per token."""

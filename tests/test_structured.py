@@ -239,7 +239,8 @@ async def test_a_schema_past_the_grammar_engines_limits_is_a_400(
 ) -> None:
     """An anyOf of 3,000 objects compiles, but llguidance stops where decoding reaches
     it (a row of at most 2,000 items): answered 400 naming the schema, whole or as the
-    stream's error event, where it was a 500 internal_error; the server goes on."""
+    stream's error event, where it was a 500 internal_error, and counted as a refusal,
+    not a server fault; the server goes on."""
     schema = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "integer"}},
                          "required": [f"k{i}"]} for i in range(3000)]}  # fmt: skip
     fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
@@ -262,6 +263,12 @@ async def test_a_schema_past_the_grammar_engines_limits_is_a_400(
             assert "internal_error" not in streamed.text
             ok = await http.post("/v1/chat/completions", json={**body, "response_format": None})
             assert ok.status_code == 200
+            # The client's fault: a refusal in the metrics, not a failure of the server.
+            metrics = (await http.get("/metrics")).text
+            assert "\nninfer_request_errors_total 0.0\n" in metrics
+            assert 'ninfer_request_rejections_total{status="400",type="invalid_request"} 2.0' in (
+                metrics
+            )
     records = [r for r in srv.log_records() if r["event"] == "request_error"]
     assert [r["status"] for r in records] == [400, 400]
 
