@@ -309,8 +309,14 @@ class App:
             if route is None:
                 raise ApiError("not_found", "no such endpoint")
             handler = route.methods.get(method)
+            if handler is None and method == "HEAD":
+                # HEAD is GET without the body (RFC 9110, 9.3.2): Hypercorn sends the
+                # headers and drops the body (a load balancer's or uptime probe's HEAD).
+                handler = route.methods.get("GET")
             if handler is None:
-                allowed = tuple(sorted(route.methods))
+                allowed = tuple(
+                    sorted(route.methods) + (["HEAD"] if "GET" in route.methods else [])
+                )
                 raise ApiError(
                     "method_not_allowed",
                     f"{method} is not allowed here; use {', '.join(allowed)}",

@@ -202,6 +202,20 @@ async def test_version(tiny_gguf: Path, tmp_path: Path) -> None:
     assert not [rec for rec in srv.log_records() if rec.get("endpoint") == "/version"]
 
 
+async def test_head_is_get_without_the_body(tiny_gguf: Path, tmp_path: Path) -> None:
+    """HEAD on a GET route (a balancer's or uptime checker's probe) answers the GET's
+    status and headers with no body, over a real socket; a route without GET still
+    says which methods it has."""
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        for path in ("/health", "/ready", "/v1/models"):
+            got, head = await c.get(path), await c.head(path)
+            assert (head.status_code, head.content) == (got.status_code, b""), path
+            assert head.headers["content-type"] == got.headers["content-type"]
+        r = await c.head(GEN)
+        assert (r.status_code, r.headers["allow"]) == (405, "POST")
+        assert (await c.get("/health")).status_code == 200  # the connection goes on
+
+
 async def test_api_key(tmp_path: Path) -> None:
     """Who may ask what (the app over a fake engine: the key is checked before any
     route's work)."""
