@@ -150,12 +150,13 @@ class ResponsesStreamOptions:
     include_obfuscation: bool | None = None  # accepted; no padding field is ever added
 
 
+# The Responses API's reasoning efforts (none turns thinking off, any other on).
+_EFFORTS = ["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
 @attrs.frozen
 class ResponsesReasoning:
-    effort: str | None = attrs.field(
-        default=None,
-        metadata=schema(enum=["none", "minimal", "low", "medium", "high", "xhigh", "max"]),
-    )
+    effort: str | None = attrs.field(default=None, metadata=schema(enum=_EFFORTS))
     summary: str | None = None
     generate_summary: str | None = None
 
@@ -322,6 +323,9 @@ def _check_features(req: ResponsesRequest | InputTokensRequest) -> None:
     fmt = req.text.format if req.text else None
     if fmt is not None:
         _check_text_format(fmt)
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    if effort is not None and effort not in _EFFORTS:
+        raise _invalid("reasoning.effort", f"reasoning.effort must be one of {', '.join(_EFFORTS)}")
     if req.reasoning is not None and (req.reasoning.summary or req.reasoning.generate_summary):
         raise _unsupported("reasoning.summary", "reasoning summaries are not produced here")
     if req.truncation == "auto":

@@ -164,6 +164,7 @@ async def test_stream_events_in_order(tiny_gguf: Path, tmp_path: Path) -> None:
         ({"background": True}, "background", "unsupported_parameter"),
         ({"include": ["message.output_text.logprobs"]}, "include[0]", "unsupported_parameter"),
         ({"reasoning": {"effort": "high"}}, "reasoning.effort", "unsupported_parameter"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "invalid_value"),
         ({"text": {"format": {"type": "xml"}}}, "text.format.type", "invalid_value"),
         ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
         ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
