@@ -106,6 +106,13 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
     assert len(ready) == 1
     assert "load_s=" in ready[0]
     assert "since_start_s=" in ready[0]
+    # load_s counts all that ready waited for: reading the file and the self-check too.
+    load_s = float(re.search(r"load_s=([0-9.]+)", ready[0])[1])  # type: ignore[index]
+    read_s = float(next(re.search(r" in ([0-9.]+)s$", line)[1]  # type: ignore[index]
+                        for line in lines if " loaded " in line))  # fmt: skip
+    check_s = float(next(re.search(r"seconds=([0-9.]+)", line)[1]  # type: ignore[index]
+                         for line in lines if " self_check " in line))  # fmt: skip
+    assert load_s + 0.06 >= read_s + check_s, (load_s, read_s, check_s)
     listening = next(i for i, line in enumerate(lines) if "listening on http://" in line)
     assert listening < lines.index(ready[0])  # the port opens first, and says so
     assert [s for s, _ in results] == [200] * 6

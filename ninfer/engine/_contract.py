@@ -532,7 +532,7 @@ class ServedModel:
 
     identity: ModelIdentity
     tokenizer: Tokenizer
-    load_seconds: float
+    load_seconds: float  # reading the file, the self-check and warming up: until ready
     max_context: int  # tokens a request may span (prompt plus output)
     page_size: int  # tokens per KV page
     kv_pages: int  # pages in the pool

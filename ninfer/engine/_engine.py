@@ -181,6 +181,7 @@ class Engine:
         self._waiting: deque[_Active] = deque()
         self._decoding: list[_Active] = []
         self._by_id: dict[int, _Active] = {}
+        self._load_seconds = 0.0  # from reading the file to ready (run sets it)
         self._lltokenizer: Any = None  # llguidance's token table, on first use
         self._token_digits: Any = None  # the digit cap's (TokenDigits), built with it
         self._lltokenizer_lock = threading.Lock()
@@ -286,7 +287,7 @@ class Engine:
         return ServedModel(
             identity=self.model.identity,
             tokenizer=self.model.tokenizer,
-            load_seconds=self.model.load_seconds,
+            load_seconds=self._load_seconds,
             max_context=self.max_context,
             page_size=self.config.page_size,
             kv_pages=self._pool.n_pages,
@@ -348,6 +349,7 @@ class Engine:
         try:
             with torch.inference_mode():
                 self._state = "loading"
+                began = time.perf_counter()
                 self._setup(self._loader())  # (no name kept: the file's map goes with it)
                 if self._transformer.native is not None:
                     # The native kernels have their own threads; torch's ops between their
@@ -359,6 +361,8 @@ class Engine:
                 self._warm_up()
                 if self._spec != "none":
                     self._measure_row_cost()
+                # Reading, the self-check, warming up: all that `ready` waited for.
+                self._load_seconds = time.perf_counter() - began
                 self._state = "ready"
                 on_ready(self.served())
                 self._loop()
