@@ -169,8 +169,7 @@ class TokenizeFrontend(Routed):
         if len(req.tokens) > context:  # as /tokenize's texts: no more than a context
             raise ApiError(
                 "invalid_request",
-                f"tokens has {len(req.tokens)} ids; at most {context} (the context) are "
-                "taken",
+                f"tokens has {len(req.tokens)} ids; at most {context} (the context) are taken",
                 param="tokens",
                 code="invalid_value",
             )
@@ -184,14 +183,15 @@ class TokenizeFrontend(Routed):
                 )
         tok = self.ctx.model.tokenizer
 
-        def text_of() -> bytes:
+        def text_of() -> str:
             raw = b"".join(tok.token_bytes(t) for t in req.tokens)
-            text = raw.decode("utf-8", errors="replace")
-            return self.dialect.encoder.json(DetokenizeResponse(text, text))
+            return raw.decode("utf-8", errors="replace")
 
         if len(req.tokens) <= _INLINE_TOKENS:
-            return text_of()
-        return await self.ctx.offload(text_of)  # (a context's worth: milliseconds)
+            text = text_of()
+        else:
+            text = await self.ctx.offload(text_of)  # (a context's worth: milliseconds)
+        return self.dialect.encoder.json(DetokenizeResponse(text, text))
 
 
 # Up to this many ids are turned into text on the event loop; more, on a worker thread.
