@@ -136,12 +136,14 @@ async def serve_generation(
             ticket = ctx.scheduler.enter(
                 returning=_returning(scope),
                 promise=header(scope, b"x-ninfer-no-promise") is None,
+                token=_retry_token(scope),
             )
         except Overloaded as exc:
             raise ApiError(
                 "server_overloaded",
                 "the server is at capacity; retry after the time in Retry-After",
                 retry_after=exc.retry_after,
+                retry_token=exc.token,
             ) from None
         with ticket:
             await run.serve(ticket)
@@ -170,6 +172,17 @@ def _returning(scope: HTTPScope) -> bool | None:
     if count is None:
         return None
     return count.strip() != b"0"
+
+
+def _retry_token(scope: HTTPScope) -> str | None:
+    """The promise a retry claims (`ninfer-retry-token`, as the 429 gave it; any other
+    value, `new` on a first attempt, says the client speaks tokens and holds none), or
+    None for a client that does not send the header (docs/scheduler.md, "Tokens")."""
+    value = header(scope, b"ninfer-retry-token")
+    if value is None:
+        return None
+    token = value.strip()
+    return token.decode("ascii") if 0 < len(token) <= 64 and token.isascii() else ""
 
 
 def _logged_sampling(req: GenerationRequest) -> dict[str, Any]:

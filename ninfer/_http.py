@@ -324,7 +324,7 @@ def with_cors(send: ASGISendCallable, origin: bytes) -> ASGISendCallable:
                 (
                     b"access-control-expose-headers",
                     b"x-request-id, request-id, retry-after, retry-after-ms, server-timing, "
-                    b"x-ninfer-max-tokens-clamped",
+                    b"x-ninfer-max-tokens-clamped, ninfer-retry-token",
                 )
             )
             message = {**message, "headers": headers}
@@ -385,6 +385,8 @@ def refusal_headers(err: ApiError, dialect: Dialect, request_id: str) -> Headers
     headers: Headers = [(dialect.request_id_header, request_id.encode())]
     if err.retry_after is not None:
         headers.extend(retry_after_headers(err.retry_after))
+    if err.retry_token is not None:
+        headers.append((b"ninfer-retry-token", err.retry_token.encode()))
     if err.allow:
         headers.append((b"allow", ", ".join(err.allow).encode()))
     if err.kind in ("payload_too_large", "request_timeout", "bad_request"):

@@ -72,6 +72,7 @@ class ApiError(ProtocolError):
         param: str | None = None,
         code: str | None = None,
         retry_after: float | None = None,
+        retry_token: str | None = None,
         allow: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message)
@@ -80,6 +81,7 @@ class ApiError(ProtocolError):
         self.param = param
         self.code = code  # a finer machine code where a protocol has one (unknown_parameter)
         self.retry_after = retry_after  # seconds; written as Retry-After and retry-after-ms
+        self.retry_token = retry_token  # the promise of a place, as ninfer-retry-token
         self.allow = allow
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 from scheduler._admission import (
     RETRY_AFTER_MAX_S,
     RETRY_AFTER_MIN_S,
+    TOKEN_GRACE_S,
     AdmissionController,
     SchedulerStatistics,
     ServiceTime,
@@ -15,6 +16,7 @@ from scheduler._errors import Overloaded, SchedulerError
 __all__ = [
     "RETRY_AFTER_MAX_S",
     "RETRY_AFTER_MIN_S",
+    "TOKEN_GRACE_S",
     "AdmissionController",
     "Overloaded",
     "SchedulerError",

@@ -34,12 +34,22 @@ margin). A caller that arrives at its moment before its place is back keeps its 
 and is told again (with the wide margin). A promise lapses `grace` seconds after its
 moment (a caller that gave up), and its place goes to the next. A caller that says it
 is a first attempt (`returning=False`) never takes a promised place.
+
+Tokens. Each promise has a token, given with the refusal. A caller that speaks tokens
+(it sends one, or asks for one, with each attempt) is held to its promise: its place
+is taken only by the retry that returns its token, a return before the moment is told
+the rest of its wait and makes no new promise (a caller holds one promise, however
+often it asks), and the promise lapses `token_grace` after its moment (such a caller
+returns on time: one that gave up holds its place for less). Only the promises of
+callers that do not speak tokens are taken by the clock, as above: a caller that
+returns without a token cannot take a place promised to one that has it.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -52,6 +62,7 @@ from scheduler._errors import Overloaded
 __all__ = [
     "RETRY_AFTER_MAX_S",
     "RETRY_AFTER_MIN_S",
+    "TOKEN_GRACE_S",
     "AdmissionController",
     "SchedulerStatistics",
     "ServiceTime",
@@ -71,6 +82,8 @@ RETRY_AFTER_MAX_S = 60.0
 PROMISE_MARGIN_S = 0.25
 PROMISE_MARGIN_FRACTION = 0.05
 PROMISE_GRACE_S = 2.0
+# A token's promise lapses sooner: its caller reads retry-after-ms, not whole seconds.
+TOKEN_GRACE_S = 0.5
 # The most promises outstanding at once (a flood of refusals past it is told, not held).
 MAX_PROMISES = 4096
 
@@ -98,6 +111,8 @@ class SchedulerStatistics:
 class _Promise:
     due: float  # when the caller was told to come back (trio time)
     lapses: float
+    token: str  # given with the refusal
+    bound: bool  # taken only with its token (its caller speaks tokens)
 
 
 @attrs.define(eq=False)
@@ -154,7 +169,9 @@ class AdmissionController:
     margin: float = PROMISE_MARGIN_S
     margin_fraction: float = PROMISE_MARGIN_FRACTION
     grace: float = PROMISE_GRACE_S
+    token_grace: float = TOKEN_GRACE_S
     _promises: deque[_Promise] = attrs.field(factory=deque)  # in the order made
+    _by_token: dict[str, _Promise] = attrs.field(factory=dict)
     _kept_total: int = 0
     _lapsed_total: int = 0
 
@@ -166,29 +183,41 @@ class AdmissionController:
     def capacity(self) -> int:
         return self.max_running + self.max_pending
 
-    def enter(self, *, returning: bool | None = None, promise: bool = True) -> Ticket:
+    def enter(
+        self,
+        *,
+        returning: bool | None = None,
+        promise: bool = True,
+        token: str | None = None,
+    ) -> Ticket:
         """Take a place now, or raise `Overloaded` at once when none is left for this
-        caller (see Promises in the module docstring). `returning`: whether the caller
-        says it is retrying (None: it does not say); `promise=False`: a refusal holds no
-        place (the caller will not come back here: a balancer retries it elsewhere)."""
+        caller (see Promises and Tokens in the module docstring). `returning`: whether
+        the caller says it is retrying (None: it does not say); `promise=False`: a
+        refusal holds no place (the caller will not come back here: a balancer retries
+        it elsewhere); `token`: the token of the caller's promise, or "" for a caller
+        that speaks tokens and holds none (None: it does not speak them)."""
         now = trio.current_time()
         self._lapse(now)
         free = self.capacity - self._in_system
-        if returning is not False:
-            due = [p for p in self._promises if p.due <= now]
-            if due:
-                # The latest moment passed is the likeliest to be this caller's (a
-                # client that honours Retry-After returns just after it).
-                claimed = due[-1]
-                if free > 0:
-                    self._promises.remove(claimed)
-                    self._kept_total += 1
-                    return self._take(now)
-                # Its place is not back yet: it keeps its turn and is told again.
-                told = self._promise_in(self._promises.index(claimed) + 1, again=True)
-                claimed.due, claimed.lapses = now + told, now + told + self.grace
+        mine = self._by_token.get(token) if token else None
+        if mine is not None:
+            if mine.due > now:  # early: the rest of its wait, and no second promise
                 self._rejected_total += 1
-                raise Overloaded(told)
+                raise Overloaded(_clamp(mine.due - now), mine.token)
+            return self._claim(mine, now, free)
+        if returning is not False and token is None:
+            # Which caller this is, the clock cannot tell: it takes the oldest due
+            # promise whose place is back, else is told again as the latest moment
+            # passed (the likeliest to be its own: a client that honours Retry-After
+            # returns just after it). One pass: a flood's arrivals each look.
+            ready = latest = None
+            for i, p in enumerate(self._promises):
+                if p.due <= now and not p.bound:
+                    latest = p
+                    if ready is None and i < free:
+                        ready = p
+            if latest is not None:
+                return self._claim(ready or latest, now, free)
         if free > len(self._promises) or (free > 0 and self._backfills(now, free)):
             return self._take(now)
         self._rejected_total += 1
@@ -196,8 +225,27 @@ class AdmissionController:
         # A place past the estimate's horizon is no promise (the figures it would be made
         # of mean little), and promises are bounded: each costs every arrival a look.
         if promise and told < RETRY_AFTER_MAX_S and len(self._promises) < MAX_PROMISES:
-            self._promises.append(_Promise(due=now + told, lapses=now + told + self.grace))
+            bound = token is not None
+            grace = self.token_grace if bound else self.grace
+            made = _Promise(now + told, now + told + grace, secrets.token_urlsafe(12), bound)
+            self._promises.append(made)
+            self._by_token[made.token] = made
+            raise Overloaded(told, made.token)
         raise Overloaded(told)
+
+    def _claim(self, claimed: _Promise, now: float, free: int) -> Ticket:
+        """A due promise's caller is back: its place (the free places are held for the
+        oldest promises first), or, not back yet, its turn kept and told again."""
+        if free > self._promises.index(claimed):
+            self._promises.remove(claimed)
+            del self._by_token[claimed.token]
+            self._kept_total += 1
+            return self._take(now)
+        told = self._promise_in(self._promises.index(claimed) + 1, again=True)
+        grace = self.token_grace if claimed.bound else self.grace
+        claimed.due, claimed.lapses = now + told, now + told + grace
+        self._rejected_total += 1
+        raise Overloaded(told, claimed.token)
 
     def _take(self, now: float) -> Ticket:
         self._in_system += 1
@@ -207,8 +255,10 @@ class AdmissionController:
 
     def _lapse(self, now: float) -> None:
         kept = deque(p for p in self._promises if p.lapses >= now)
-        self._lapsed_total += len(self._promises) - len(kept)
-        self._promises = kept
+        if len(kept) < len(self._promises):
+            self._lapsed_total += len(self._promises) - len(kept)
+            self._promises = kept
+            self._by_token = {p.token: p for p in kept}
 
     def _backfills(self, now: float, free: int) -> bool:
         """Whether a newcomer may take a free place held for a promise (backfilling):

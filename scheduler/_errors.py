@@ -15,8 +15,10 @@ class SchedulerError(Exception):
 
 class Overloaded(SchedulerError):
     """Every place (running plus pending) is taken. `retry_after` is the estimate, in
-    seconds, of when a place will be free for this caller (see `retry_after`)."""
+    seconds, of when a place will be free for this caller; `token` names the promise
+    of that place, when one is held (a retry that returns it claims that place)."""
 
-    def __init__(self, retry_after: float) -> None:
+    def __init__(self, retry_after: float, token: str | None = None) -> None:
         super().__init__(f"server is at capacity; retry after {retry_after:.3f}s")
         self.retry_after = retry_after
+        self.token = token

@@ -10,6 +10,7 @@ the real model.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from pathlib import Path
 
@@ -129,6 +130,57 @@ async def test_a_client_told_to_come_back_is_let_in(tiny_gguf: Path, tmp_path: P
         stats = sched.statistics()
         assert stats.promises_kept_total >= 1
     assert 1 <= len(returns) <= 3
+
+
+async def test_a_token_holds_its_place_against_a_poller(tiny_gguf: Path, tmp_path: Path) -> None:
+    """One place, taken. A client that speaks tokens (`ninfer-retry-token: new`) is
+    refused with a token; asking again at once with it is told the rest of the same
+    wait and makes no second promise; a poller that retries every few milliseconds
+    without a token never gets in before it; the client, back with its token when
+    told, gets in (docs/scheduler.md, "Tokens")."""
+    settings = {"max_concurrency": 1, "max_pending_requests": 0, "pending_timeout_ms": 600_000}
+    long = {"prompt": "held", "max_new_tokens": 60, "ignore_eos": True}
+    short = {"prompt": "back", "max_new_tokens": 2}
+    async with serve(tiny_gguf, tmp_path, **settings) as srv, srv.client() as c:
+        assert (await c.post(GEN, json=long)).status_code == 200  # the engine's pace
+        sched = srv.app.scheduler
+        assert sched is not None
+        while sched.statistics().in_system:
+            await trio.lowlevel.checkpoint()
+        order: list[str] = []
+        with trio.fail_after(120):
+            async with trio.open_nursery() as n:
+                n.start_soon(functools.partial(c.post, GEN, json=long))
+                while sched.statistics().running == 0:
+                    await trio.lowlevel.checkpoint()
+                r = await c.post(GEN, json=short, headers={"ninfer-retry-token": "new"})
+                assert r.status_code == 429, r.text
+                token = r.headers["ninfer-retry-token"]
+                again = await c.post(GEN, json=short, headers={"ninfer-retry-token": token})
+                assert again.status_code == 429
+                assert again.headers["ninfer-retry-token"] == token
+                assert int(again.headers["retry-after-ms"]) <= int(r.headers["retry-after-ms"])
+                assert sched.statistics().promised == 1
+                done = trio.Event()
+
+                async def poller() -> None:
+                    while not done.is_set():
+                        p = await c.post(GEN, json=short, headers={"x-stainless-retry-count": "1"})
+                        if p.status_code == 200:
+                            order.append("poller")
+                            return
+                        await trio.sleep(0.005)
+
+                n.start_soon(poller)
+                for _ in range(10):
+                    await trio.sleep(int(r.headers["retry-after-ms"]) / 1000)
+                    r = await c.post(GEN, json=short, headers={"ninfer-retry-token": token})
+                    if r.status_code == 200:
+                        order.append("token")
+                        break
+                    assert r.headers["ninfer-retry-token"] == token
+                done.set()
+    assert order[:1] == ["token"], order
 
 
 def test_one_slow_step_does_not_move_the_pace() -> None:

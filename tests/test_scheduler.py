@@ -11,6 +11,7 @@ import trio.testing
 from scheduler import (
     RETRY_AFTER_MAX_S,
     RETRY_AFTER_MIN_S,
+    TOKEN_GRACE_S,
     AdmissionController,
     Overloaded,
     Ticket,
@@ -309,6 +310,44 @@ async def test_a_promised_place_is_held_for_the_caller_that_returns(
     ctl.enter()
     stats = ctl.statistics()
     assert (stats.promised, stats.promises_kept_total, stats.promises_lapsed_total) == (1, 2, 1)
+
+
+async def test_a_tokens_place_goes_to_its_token_and_polling_gains_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """One slot, no queue, the running request ends at 3 s. A caller that speaks
+    tokens is refused with a token and promised the place. Asking again early with
+    the token is told the rest of its wait and makes no second promise, however often
+    it asks; nobody without the token takes the place (a poller that returns without
+    it is a newcomer, whatever the clock says); the token takes it at its moment. An
+    unclaimed token's promise lapses TOKEN_GRACE_S after its moment."""
+    ctl, t0, a = await _one_running(unknown=3.0, seconds=3.0)
+    with pytest.raises(Overloaded) as e:
+        ctl.enter(token="")
+    token, told = e.value.token, e.value.retry_after
+    assert token
+    assert told == pytest.approx(3.0)
+    for k in range(1, 10):  # a poller with its token, every 0.25 s
+        await trio.sleep_until(t0 + 0.25 * k)
+        with pytest.raises(Overloaded) as e:
+            ctl.enter(token=token, returning=True)
+        assert (e.value.token, e.value.retry_after) == (token, pytest.approx(3.0 - 0.25 * k))
+    assert ctl.statistics().promised == 1
+    a.release()
+    await trio.sleep_until(t0 + 3.0)
+    with pytest.raises(Overloaded) as e:  # the clock's claim: not a token's promise
+        ctl.enter(returning=True)
+    assert e.value.token != token
+    assert ctl.enter(token=token).admitted is False  # its place
+    assert ctl.statistics().promises_kept_total == 1
+    # The newcomer refused at 3 s spoke no tokens: the clock may take its place. A
+    # token caller refused now is promised the place after it; it never comes back,
+    # and its promise lapses TOKEN_GRACE_S (not PROMISE_GRACE_S) after its moment.
+    with pytest.raises(Overloaded) as e:
+        ctl.enter(token="new")
+    due = trio.current_time() + e.value.retry_after
+    await trio.sleep_until(due + TOKEN_GRACE_S + 0.01)
+    assert ctl.statistics().promises_lapsed_total >= 1
 
 
 async def test_a_queue_held_by_units_frees_places_in_fifo_order(
