@@ -81,8 +81,10 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], path: str, timeout: flo
 
 @contextlib.contextmanager
 def _running(
-    cmd: list[str], url: str, ready_path: str, log: Path, env: dict[str, str]
+    cmd: list[str], url: str, ready_path: str, log: Path, env: dict[str, str] | None = None
 ) -> Iterator[tuple[subprocess.Popen[bytes], float]]:
+    """The server `cmd` started (with `env`, else this process's environment), ready at
+    `ready_path`; stopped on leaving."""
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:

@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/retry_after.py [--model NAME|PATH] [--levels 2,10]
         [--duration-s 40] [--max-tokens 32] [--max-concurrency 4] [--max-pending 4]
-        [--threads 2] [--json out.json]
+        [--threads 2] [--token] [--poller none|token|clock|sdk] [--squatters 0.25]
+        [--json out.json]
 
 Starts `ninfer serve` on a loopback port, then for each level runs level x capacity
 clients (capacity = max concurrency + max pending) in a closed loop for --duration-s:
@@ -19,7 +20,14 @@ Prints, per level, how many were let in at their first return, their second, and
 later, and the error |told - real| (median, p90, worst; real = the wait from the
 first refusal to the attempt let in); the last line is JSON. The targets (issue 28):
 everyone in at the first or second return; median error under 1 s at 2x and under
-10% of the median wait at 10x. Not part of the test suite.
+10% of the median wait at 10x.
+
+Who games it (issue 41): --token makes the clients speak `ninfer-retry-token`;
+--poller adds one client that retries 0.1 s after every 429 (with its token, without,
+or without and saying it retries); --squatters makes that fraction of the clients give
+up after each 429 (their promise unclaimed) and send a new request after the told
+wait. It prints how many requests each role's clients were served (mean per client);
+the chains and waits above are the obedient clients' only. Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -53,11 +61,18 @@ class Chain:
     returns: int  # attempts after the first, the one let in included
 
 
-async def _level(url: str, clients: int, args: argparse.Namespace) -> tuple[list[Chain], int]:
-    """Run the closed loop; return every refused request's chain and how many requests
-    were served."""
+async def _level(
+    url: str, clients: int, args: argparse.Namespace
+) -> tuple[list[Chain], int, dict[str, list[int]]]:
+    """Run the closed loop; return every obedient client's refused requests' chains,
+    how many requests they were served, and how many each client of each role was."""
     chains: list[Chain] = []
     served = 0
+    squatters = round(args.squatters * clients)
+    roles = ["obedient"] * (clients - squatters) + ["squatter"] * squatters
+    if args.poller != "none":
+        roles.append("poller")
+    by_role: dict[str, list[int]] = {role: [] for role in roles}
     stop_at = trio.current_time() + args.duration_s
     body = {
         "model": args.model_id,
@@ -69,30 +84,48 @@ async def _level(url: str, clients: int, args: argparse.Namespace) -> tuple[list
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
 
-        async def client() -> None:
+        async def client(role: str) -> None:
             nonlocal served
+            mine = 0
+            # Who speaks tokens: obedient clients and squatters with --token, the poller
+            # with --poller token.
+            speaks = args.poller == "token" if role == "poller" else args.token
             while trio.current_time() < stop_at:
                 first: tuple[float, float] | None = None  # (refused at, told)
                 attempts = 0
+                token = "new" if speaks else None
                 while True:
                     sent = trio.current_time()
-                    r = await http.post("/v1/chat/completions", json=body)
+                    headers = {}
+                    if token is not None:
+                        headers["ninfer-retry-token"] = token
+                    if role == "poller" and args.poller == "sdk" and attempts:
+                        headers["x-stainless-retry-count"] = str(attempts)
+                    r = await http.post("/v1/chat/completions", json=body, headers=headers)
                     if r.status_code not in (429, 503):
                         r.raise_for_status()
                         break
                     told = int(r.headers["retry-after-ms"]) / 1000
+                    if speaks:
+                        token = r.headers.get("ninfer-retry-token", token)
                     if first is None:
                         first = (trio.current_time(), told)
                     attempts += 1
-                    await trio.sleep(told)
-                served += 1
-                if first is not None:
-                    chains.append(Chain(told=first[1], real=sent - first[0], returns=attempts))
+                    if role == "squatter":  # gives up; a new request after the wait
+                        token = "new" if speaks else None
+                        first, attempts = None, 0
+                    await trio.sleep(0.1 if role == "poller" else told)
+                mine += 1
+                if role == "obedient":
+                    served += 1
+                    if first is not None:
+                        chains.append(Chain(told=first[1], real=sent - first[0], returns=attempts))
+            by_role[role].append(mine)
 
         async with trio.open_nursery() as n:
-            for _ in range(clients):
-                n.start_soon(client)
-    return chains, served
+            for role in roles:
+                n.start_soon(client, role)
+    return chains, served, by_role
 
 
 def _pace(url: str) -> dict[str, float]:
@@ -141,6 +174,21 @@ def main() -> None:
     ap.add_argument("--max-pending", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--token",
+        action="store_true",
+        help="clients send ninfer-retry-token (new, then the token given)",
+    )
+    ap.add_argument(
+        "--poller",
+        choices=["none", "token", "clock", "sdk"],
+        default="none",
+        help="one more client that retries 0.1 s after every 429: with its "
+        "token, without, or without and with x-stainless-retry-count",
+    )
+    ap.add_argument("--squatters", type=float, default=0.0,
+                    help="this fraction of the clients gives up after each 429 and sends "
+                    "a new request after the wait it was told")  # fmt: skip
     args = ap.parse_args()
     model_path = resolve_model(args.model, cache_dir(None, {}), progress=print)
     capacity = args.max_concurrency + args.max_pending
@@ -163,10 +211,14 @@ def main() -> None:
             for level in (float(x) for x in args.levels.split(",")):
                 clients = max(1, round(level * capacity))
                 began = time.monotonic()
-                chains, served = trio.run(_level, url, clients, args)
+                chains, served, by_role = trio.run(_level, url, clients, args)
                 row = {**_row(level, clients, chains, served, time.monotonic() - began),
                        **_pace(url)}  # fmt: skip
+                row["served_by_role"] = by_role
                 results.append(row)
+                each = ", ".join(f"{role} {statistics.mean(n):.1f} (of {len(n)})"
+                                 for role, n in by_role.items())  # fmt: skip
+                print(f"served per client: {each}", flush=True)
                 print(
                     f"{level:g}x capacity ({clients} clients): {served} served "
                     f"({row['served_per_s']:.2f}/s), {len(chains)} refused at least once; "
