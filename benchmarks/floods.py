@@ -15,8 +15,8 @@ first. The floods (issue 28's):
 - responses_60k: Responses with 60,000 input Items
 - tools_20k: chat completions with 20,000 tools (1.7 MB)
 - wrong_model_60k: chat completions with 60,000 messages and an unknown model
-- prompt_logprobs_7300: one client, /v1/completions echo with logprobs on a
-  7,300-token prompt (the other client idle)
+- prompt_logprobs_880, prompt_logprobs_7300: one client, /v1/completions echo with
+  logprobs on an 880- and a 7,300-token prompt (the other client idle)
 - pattern_6: six chat completions whose schema has a string of pattern a{100000}
 
 The last line is JSON. Not part of the test suite.
@@ -70,6 +70,9 @@ def _floods() -> dict[str, tuple[int, Callable[[], tuple[str, dict[str, Any]]]]]
                                                            "tools": tools, "max_tokens": 4})),
         "wrong_model_60k": (2, lambda: ("/v1/chat/completions",
                                         {"model": "nope", "messages": tiny, "max_tokens": 4})),
+        "prompt_logprobs_880": (1, lambda: ("/v1/completions", {
+            "model": MODEL, "prompt": long_prompt[: len(long_prompt) // 730 * 80],
+            "max_tokens": 1, "echo": True, "logprobs": 1})),
         "prompt_logprobs_7300": (1, lambda: ("/v1/completions", {
             "model": MODEL, "prompt": long_prompt, "max_tokens": 1, "echo": True,
             "logprobs": 1})),

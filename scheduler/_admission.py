@@ -42,7 +42,10 @@ the rest of its wait and makes no new promise (a caller holds one promise, howev
 often it asks), and the promise lapses `token_grace` after its moment (such a caller
 returns on time: one that gave up holds its place for less). Only the promises of
 callers that do not speak tokens are taken by the clock, as above: a caller that
-returns without a token cannot take a place promised to one that has it.
+returns without a token cannot take a place promised to one that has it. And places
+are held for tokens' promises first: a promise without a token cannot be told from a
+poller's tenth (each of its refusals made one, and each is taken by its next poll), so
+where both wait, the promises that can be proved come first.
 """
 
 from __future__ import annotations
@@ -211,17 +214,20 @@ class AdmissionController:
             # passed (the likeliest to be its own: a client that honours Retry-After
             # returns just after it). One pass: a flood's arrivals each look.
             ready = latest = None
-            for i, p in enumerate(self._promises):
+            for i, p in enumerate(self._order()):
                 if p.due <= now and not p.bound:
                     latest = p
                     if ready is None and i < free:
                         ready = p
             if latest is not None:
                 return self._claim(ready or latest, now, free)
-        if free > len(self._promises) or (free > 0 and self._backfills(now, free)):
+        # The places a caller waits behind: every promise's, or, for one that speaks
+        # tokens, the tokens' (they come first).
+        ahead = len(self._promises) if token is None else sum(p.bound for p in self._promises)
+        if free > ahead or (free > 0 and self._backfills(now, free)):
             return self._take(now)
         self._rejected_total += 1
-        told = self._promise_in(len(self._promises) - free + 1)
+        told = self._promise_in(ahead - free + 1)
         # A place past the estimate's horizon is no promise (the figures it would be made
         # of mean little), and promises are bounded: each costs every arrival a look.
         if promise and told < RETRY_AFTER_MAX_S and len(self._promises) < MAX_PROMISES:
@@ -236,12 +242,13 @@ class AdmissionController:
     def _claim(self, claimed: _Promise, now: float, free: int) -> Ticket:
         """A due promise's caller is back: its place (the free places are held for the
         oldest promises first), or, not back yet, its turn kept and told again."""
-        if free > self._promises.index(claimed):
+        turn = self._order().index(claimed)
+        if free > turn:
             self._promises.remove(claimed)
             del self._by_token[claimed.token]
             self._kept_total += 1
             return self._take(now)
-        told = self._promise_in(self._promises.index(claimed) + 1, again=True)
+        told = self._promise_in(turn + 1, again=True)
         grace = self.token_grace if claimed.bound else self.grace
         claimed.due, claimed.lapses = now + told, now + told + grace
         self._rejected_total += 1
@@ -252,6 +259,16 @@ class AdmissionController:
         ticket = Ticket(controller=self, arrival=now, seq=next(self._seq))
         self._live[ticket.seq] = ticket
         return ticket
+
+    def _order(self) -> list[_Promise]:
+        """The promises in the order free places are held for them: tokens' first (a
+        place promised to a token can be taken by nobody else; one promised without can
+        be taken by any caller without a token, a poller's many included), each kind in
+        the order made."""
+        bound = [p for p in self._promises if p.bound]
+        if not bound:
+            return list(self._promises)
+        return bound + [p for p in self._promises if not p.bound]
 
     def _lapse(self, now: float) -> None:
         kept = deque(p for p in self._promises if p.lapses >= now)
@@ -268,7 +285,7 @@ class AdmissionController:
         (unless the newcomer is larger than those before it)."""
         if self.service_time is None:
             return False
-        first_due = min(p.due for p in list(self._promises)[:free]) - now
+        first_due = min(p.due for p in self._order()[:free]) - now
         _, done = self._forward(0, extra=None, like_joiner=True)
         if done is None:
             return False
@@ -386,7 +403,7 @@ class AdmissionController:
         # A free place held for a promise is taken at the promise's moment by a request
         # like those waiting: it joins the queue then.
         now_t = trio.current_time()
-        held = list(self._promises)[: max(0, self.capacity - self._in_system)]
+        held = self._order()[: max(0, self.capacity - self._in_system)]
         arrivals = deque(sorted(max(0.0, p.due - now_t) for p in held))
         if extra is not None:
             waiting.append((extra, 1, 0.0, True))
