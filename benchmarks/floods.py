@@ -7,7 +7,8 @@ Starts `ninfer serve` on a loopback port (SmolLM2 by default) and, for each floo
 below, runs it from two clients for --seconds while a third streams a long chat
 completion and a fourth asks GET /health every 20 ms. Prints per flood: the
 flood's requests and their statuses, /health latency (p50, p99, worst) and the
-stream's gaps between chunks (p50, worst); a baseline without a flood comes
+stream's gaps between chunks (p50, worst; and p50, p90 of those that ended while a
+flood request was in flight); a baseline without a flood comes
 first. The floods (issue 28's):
 
 - count_tokens_60k: /v1/messages/count_tokens with 60,000 tiny messages (3.7 MB)
@@ -81,18 +82,22 @@ def _floods() -> dict[str, tuple[int, Callable[[], tuple[str, dict[str, Any]]]]]
     }  # fmt: skip
 
 
-async def _flood(url: str, name: str, seconds: float) -> dict[int, int]:
-    """One flooding client: the named request in a loop for `seconds`; its statuses."""
+async def _flood(url: str, name: str, seconds: float) -> dict[str, Any]:
+    """One flooding client: the named request in a loop for `seconds`; its statuses and
+    when each of its requests was in flight (wall-clock seconds)."""
     path, body = _floods()[name][1]()
     content = json.dumps(body).encode()
     headers = {"content-type": "application/json"}
     statuses: Counter[int] = Counter()
+    flights: list[tuple[float, float]] = []
     stop_at = trio.current_time() + seconds
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
         while trio.current_time() < stop_at:
+            sent = time.time()
             r = await http.post(path, content=content, headers=headers)
+            flights.append((sent, time.time()))
             statuses[r.status_code] += 1
-    return dict(statuses)
+    return {"statuses": dict(statuses), "flights": flights}
 
 
 def _q(values: list[float], q: float) -> float:
@@ -103,6 +108,8 @@ def _q(values: list[float], q: float) -> float:
 async def _measure(url: str, seconds: float, flood: tuple[str, int] | None) -> dict[str, Any]:
     health: list[float] = []
     gaps: list[float] = []
+    gap_ends: list[float] = []  # wall clock
+    flights: list[tuple[float, float]] = []
     statuses: Counter[int] = Counter()
     stop = trio.Event()
     limits = httpx.Limits(max_connections=16)
@@ -122,10 +129,13 @@ async def _measure(url: str, seconds: float, flood: tuple[str, int] | None) -> d
             while not stop.is_set():
                 async with http.stream("POST", "/v1/chat/completions", json=body) as r:
                     last = None
-                    async for _ in r.aiter_lines():
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data:"):
+                            continue  # (the blank line after each event is no gap)
                         now = time.perf_counter()
                         if last is not None:
                             gaps.append(now - last)
+                            gap_ends.append(time.time())
                         last = now
                         if stop.is_set():
                             break
@@ -136,6 +146,7 @@ async def _measure(url: str, seconds: float, flood: tuple[str, int] | None) -> d
             await trio.sleep(1.0)  # the stream under way
             health.clear()
             gaps.clear()
+            gap_ends.clear()
             if flood is not None:  # in processes of their own: their JSON is not ours
                 name, clients = flood
                 cmd = [sys.executable, __file__, "--worker", name, "--url", url,
@@ -143,12 +154,16 @@ async def _measure(url: str, seconds: float, flood: tuple[str, int] | None) -> d
 
                 async def worker() -> None:
                     done = await trio.run_process(cmd, capture_stdout=True)
-                    statuses.update({int(k): v for k, v in json.loads(done.stdout).items()})
+                    got = json.loads(done.stdout)
+                    statuses.update({int(k): v for k, v in got["statuses"].items()})
+                    flights.extend((a, b) for a, b in got["flights"])
 
                 for _ in range(clients):
                     n.start_soon(worker)
             await trio.sleep(seconds)
             stop.set()
+    during = [g for g, end in zip(gaps, gap_ends, strict=True)
+              if any(a <= end <= b for a, b in flights)]  # fmt: skip
     return {
         "flood_statuses": dict(statuses),
         "health_p50_ms": 1000 * _q(health, 0.5),
@@ -156,6 +171,9 @@ async def _measure(url: str, seconds: float, flood: tuple[str, int] | None) -> d
         "health_max_ms": 1000 * max(health, default=float("nan")),
         "stream_gap_p50_ms": 1000 * _q(gaps, 0.5),
         "stream_gap_max_ms": 1000 * max(gaps, default=float("nan")),
+        # the gaps that ended while a flood request was in flight
+        "stream_gap_in_flight_p50_ms": 1000 * _q(during, 0.5),
+        "stream_gap_in_flight_p90_ms": 1000 * _q(during, 0.9),
     }
 
 
@@ -189,7 +207,10 @@ def main() -> None:
                     f"{name}: statuses {row['flood_statuses']}; /health p50 "
                     f"{row['health_p50_ms']:.1f} ms, p99 {row['health_p99_ms']:.1f} ms, max "
                     f"{row['health_max_ms']:.1f} ms; stream gap p50 "
-                    f"{row['stream_gap_p50_ms']:.1f} ms, max {row['stream_gap_max_ms']:.1f} ms",
+                    f"{row['stream_gap_p50_ms']:.1f} ms, max {row['stream_gap_max_ms']:.1f} ms; "
+                    f"while a flood request was in flight p50 "
+                    f"{row['stream_gap_in_flight_p50_ms']:.1f} ms, p90 "
+                    f"{row['stream_gap_in_flight_p90_ms']:.1f} ms",
                     flush=True,
                 )
     line = json.dumps({"seconds": args.seconds, "floods": rows})

@@ -85,6 +85,10 @@ PACE_STEPS = 32
 ROW_COST_ROWS = 17
 # A prefill chunk deep into a long prompt is never cut below this many tokens.
 MIN_DEEP_CHUNK = 16
+# A prompt whose tokens are scored (prompt logprobs, echo) is background work: while
+# other requests decode, its passes come at most once every this many decode steps, so
+# that most of their tokens come at the pace they had before (docs/engine.md).
+SCORE_EVERY = 3
 # Attention's arithmetic per key is this many times less efficient than the matrices'
 # (measured on SmolLM2 on the 2-core machine: a prompt token costs 1.65 ms in the
 # matrices and 1.5 us per key it attends to, where their arithmetic says 3,070 keys a
@@ -200,6 +204,11 @@ class Engine:
         # tokens, so that the fixed cost of a tiny prompt does not pass for a rate
         self._prefill_seconds = 0.0
         self._prefill_counted = 0.0
+        # scoring prompt tokens (the head over a chunk's rows, their logprobs): seconds
+        # and tokens likewise; and the decode steps since the last scoring pass
+        self._score_seconds = 0.0
+        self._score_counted = 0.0
+        self._since_score = SCORE_EVERY
         self._last_decode_end: float | None = None
         self._last_progress = time.monotonic()
         # How long the recent steps took (what a stall is judged against).
@@ -718,9 +727,15 @@ class Engine:
         budget = float(self.config.prefill_chunk)  # in tokens at depth 0 (see _chunk_at)
         group: list[_Active] = []
         rows = 0  # of the group's pass
+        decoding = any(not x.paused for x in self._decoding)
         for a in list(self._waiting):
+            scoring = a.request.prompt_logprobs is not None
+            if scoring and decoding and self._since_score < SCORE_EVERY:
+                continue  # its next pass waits for the streams' next steps
             left = len(a.request.prompt_ids) - a.prefilled
             size = min(self._chunk_at(a.prefilled), left)
+            if scoring:  # a pass with its scoring costs what a plain pass does
+                size = max(min(MIN_DEEP_CHUNK, size), int(size * self._plain_share()))
             cost = size * (1 + a.prefilled / self._keys_per_token)
             first = budget == self.config.prefill_chunk  # (its chunk always goes)
             if (cost > budget + 1e-9 and not first) or not self._reserve(a):
@@ -730,11 +745,25 @@ class Engine:
                 group.append(a)
                 rows += size
             else:  # alone, as every prompt row's logits (prompt logprobs) need it
-                self._prefill_pass([a])
+                self._prefill_pass([a], size)
+                if scoring:
+                    self._since_score = 0
+                    if a.prefilled >= len(a.request.prompt_ids):
+                        trim_heap()  # its passes' logits: hundreds of MB, given back
             if size < left:
                 break  # its next chunk comes before anyone behind it
         if group:
             self._prefill_pass(group)
+
+    def _plain_share(self) -> float:
+        """The share of a scoring pass's tokens that costs what a plain pass of the same
+        tokens does: prefill seconds a token / (those + scoring seconds a token), as
+        measured (a half until both are)."""
+        if self._prefill_counted < PREFILL_RATE_MIN_TOKENS or self._score_counted <= 0:
+            return 0.5
+        p = self._prefill_seconds / self._prefill_counted
+        q = self._score_seconds / self._score_counted
+        return p / (p + q) if p + q > 0 else 0.5
 
     def _chunk_at(self, depth: int) -> int:
         """The most prompt tokens one prefill pass takes of a prompt already `depth`
@@ -783,16 +812,18 @@ class Engine:
         a.prefill_start = time.perf_counter()
         return True
 
-    def _prefill_pass(self, group: list[_Active]) -> None:
-        """One pass over the next chunk of each request of `group`; those whose prompt
-        is done get their first token and move on to decoding."""
+    def _prefill_pass(self, group: list[_Active], size: int | None = None) -> None:
+        """One pass over the next chunk of each request of `group` (`size`: the chunk of
+        a request alone, when cut shorter); those whose prompt is done get their first
+        token and move on to decoding."""
         dev = self.config.device
         S = self.config.page_size
         chunks = [
-            a.request.prompt_ids[a.prefilled : a.prefilled + self._chunk_at(a.prefilled)]
+            a.request.prompt_ids[a.prefilled : a.prefilled + (size or self._chunk_at(a.prefilled))]
             for a in group
         ]
         began = time.perf_counter()
+        scoring = 0.0  # seconds of it spent scoring prompt tokens
         try:
             model = self._transformer
             passes = []
@@ -812,7 +843,9 @@ class Engine:
             rows = model.logits(last)[: len(group)].float().cpu()  # (n, V)
             for a, x in zip(group, xs, strict=True):
                 if a.prompt_lps is not None:
+                    t = time.perf_counter()
                     self._score_prompt(a, a.prefilled, model.logits(x[0]).cpu())
+                    scoring += time.perf_counter() - t
         except Exception:
             for a in group:
                 self._fail(a, "prefill")
@@ -820,8 +853,13 @@ class Engine:
         tokens = sum(len(c) for c in chunks)
         self._prefill_tokens += tokens
         self._prefill_passes += 1
-        self._prefill_seconds = 0.8 * self._prefill_seconds + (time.perf_counter() - began)
+        self._prefill_seconds = 0.8 * self._prefill_seconds + (
+            time.perf_counter() - began - scoring
+        )
         self._prefill_counted = 0.8 * self._prefill_counted + tokens
+        if scoring:
+            self._score_seconds = 0.8 * self._score_seconds + scoring
+            self._score_counted = 0.8 * self._score_counted + tokens
         for i, (a, chunk) in enumerate(zip(group, chunks, strict=True)):
             a.prefilled += len(chunk)
             if a.prefilled < len(a.request.prompt_ids):
@@ -898,6 +936,7 @@ class Engine:
         rows = self._grow([a for a in self._decoding if not a.paused])
         if not rows:
             return
+        self._since_score += 1
         # Drafts only in a step of at most --max-concurrency rows: the row counts up to
         # which a pass computes each row alike were measured for those (_setup_speculation).
         drafts: list[list[int]] = [[] for _ in rows]
