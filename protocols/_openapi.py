@@ -63,6 +63,13 @@ def _errors(ref: dict[str, Any], statuses: tuple[str, ...], rid: str) -> dict[st
                 "description": "the same estimate in milliseconds (see docs/scheduler.md)",
                 "schema": {"type": "integer", "minimum": 1},
             }
+        if status == "429":
+            headers["ninfer-retry-token"] = {
+                "description": "the promise of a place held for this client, when one is: "
+                "a retry that sends it back as the request header ninfer-retry-token "
+                "claims that place (docs/scheduler.md)",
+                "schema": {"type": "string"},
+            }
         out[status] = {
             "description": "refused; see docs/errors.md",
             "headers": headers,
