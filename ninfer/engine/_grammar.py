@@ -5,7 +5,7 @@ docs/benchmarks-history.md) computes, from a grammar and the model's token bytes
 may come next. The mask is applied to the request's own logits row only, so a
 constrained row is computed exactly as it would be alone and batch invariance holds.
 
-Every grammar ninfer compiles is JSON (structured outputs, `json_object`, tool calls), and
+Every grammar ninfer compiles holds JSON (structured outputs, `json_object`, tool calls), and
 JSON's grammar lets a number run to any length: after a digit, a small model's likeliest
 token is often another digit, and its answer never ends. So each row also caps a
 number's runs of digits (NUMBER_DIGITS for the integer part and the fraction,
