@@ -106,6 +106,17 @@ def _children(node: dict[str, Any], pointer: str) -> Iterator[tuple[str, str, An
                 yield kw, f"{pointer}/{kw}/{_escape(str(name))}", name, sub
 
 
+def _put(copy: dict[str, Any], node: dict[str, Any], kw: str, key: Any, sub: Any) -> None:
+    """Set a subschema in `copy`, a shallow copy of `node` (`kw`, `key` as `_children`
+    gives them), copying the list or map that holds it once (an anyOf of thousands)."""
+    if key is None:
+        copy[kw] = sub
+        return
+    if copy[kw] is node[kw]:
+        copy[kw] = list(node[kw]) if isinstance(node[kw], list) else dict(node[kw])
+    copy[kw][key] = sub
+
+
 def _combined(node: dict[str, Any], but: str) -> bool:
     """`node` constrains the document with keywords beside `but` (and annotations)."""
     return any(k not in _ANNOTATIONS and k != but for k in node)
@@ -151,12 +162,7 @@ def closed_objects(schema: dict[str, Any]) -> dict[str, Any]:
             if new is sub:
                 continue
             out = dict(node) if out is None else out
-            if key is None:
-                out[kw] = new
-            elif isinstance(out[kw], list):
-                out[kw] = [*out[kw][:key], new, *out[kw][key + 1 :]]
-            else:
-                out[kw] = {**out[kw], key: new}
+            _put(out, node, kw, key, new)
         if (
             isinstance(node.get("properties"), dict)
             and "additionalProperties" not in node
@@ -183,13 +189,7 @@ def rebased(schema: dict[str, Any], at: str) -> dict[str, Any]:
         if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
             out["$ref"] = at + ref[1:]
         for kw, _, key, sub in _children(node, "#"):
-            new = move(sub)
-            if key is None:
-                out[kw] = new
-            elif isinstance(out[kw], list):
-                out[kw] = [*out[kw][:key], new, *out[kw][key + 1 :]]
-            else:
-                out[kw] = {**out[kw], key: new}
+            _put(out, node, kw, key, move(sub))
         return out
 
     result: dict[str, Any] = move(schema)
