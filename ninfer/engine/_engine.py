@@ -670,7 +670,7 @@ class Engine:
                     matcher = cast(Any, grammar.matcher).deep_copy()
                 else:
                     matcher = Constraint.compile(self._grammar_tokenizer(), grammar)
-                self._grammar_tokenizer()  # (and the digit table beside it)
+                # (the digit table was built with the token table `matcher` needed)
                 active.sampler.constraint = Constraint(
                     matcher, self._vocab_size, self._token_digits
                 )

@@ -89,7 +89,7 @@ class TokenDigits:
     with a byte that no number continues or ends with (a letter, a quote)."""
 
     def __init__(self, vocab: GrammarVocabulary, n_vocab: int) -> None:
-        self.spellings = list(vocab.tokens)
+        self.spellings = vocab.tokens
         ends = set(vocab.special_token_ids)
         lead = [0] * n_vocab
         self.trail = [0] * n_vocab

@@ -91,7 +91,7 @@ def _children(node: dict[str, Any], pointer: str) -> Iterator[tuple[str, str, An
     """(keyword, pointer, key, subschema) for each subschema directly under `node`
     (key: the property name or list index, None for a single schema)."""
     for kw in _ONE:
-        if kw in node:
+        if kw in node and not isinstance(node[kw], list):  # (a list of items: below)
             yield kw, f"{pointer}/{kw}", None, node[kw]
     for kw in _MANY:
         if isinstance(node.get(kw), list):
