@@ -33,6 +33,7 @@ from ninfer._lifecycle import Lifecycle, Stage, Trigger
 from ninfer._requestlog import RequestLog
 from ninfer.engine import (
     GRAMMAR_LIMIT,
+    KV_MEMORY,
     CompiledGrammar,
     Event,
     Finish,
@@ -162,6 +163,8 @@ async def serve_generation(
 
 
 _UNANSWERED = ("error", "cancelled")
+# Retry-After when a request's KV pages found no memory: engine_unavailable's (errors.md).
+KV_MEMORY_RETRY_S = 5.0
 
 
 def _returning(scope: HTTPScope) -> bool | None:
@@ -537,6 +540,12 @@ class _Run:
             # reached: its fault, named (a stream already under way ends with it).
             err = ApiError("invalid_request", GRAMMAR_LIMIT, param=grammar.param or None,
                            code="invalid_value")  # fmt: skip
+            self.life.failed(
+                status=self.frontend.dialect.status(err), kind=err.kind, message=detail
+            )
+        elif detail == KV_MEMORY:  # the machine's memory, taken by others: not a fault
+            err = ApiError("engine_unavailable", f"{KV_MEMORY}; retry later",
+                           retry_after=KV_MEMORY_RETRY_S)  # fmt: skip
             self.life.failed(
                 status=self.frontend.dialect.status(err), kind=err.kind, message=detail
             )

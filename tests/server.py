@@ -5,6 +5,7 @@ about sockets or the model."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -160,3 +161,28 @@ async def stalled_stream(url: str, rid: str) -> trio.socket.SocketType:
         b"x-request-id: " + rid.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body
     )
     return sock
+
+
+async def start_process(
+    cmd: list[str], console: bytearray | None = None, **options: Any
+) -> tuple[trio.Process, str]:
+    """Start `ninfer serve` in a process of its own (`options`: open_process's) and read
+    the URL it binds from its console (what it has printed so far is left in
+    `console`)."""
+    proc = await trio.lowlevel.open_process(cmd, stderr=subprocess.PIPE, **options)
+    assert proc.stderr is not None
+    buf = console if console is not None else bytearray()
+    while True:
+        chunk = await proc.stderr.receive_some()
+        assert chunk, buf.decode(errors="replace")
+        buf += chunk
+        for line in buf.decode(errors="replace").splitlines():
+            # said as soon as the port is open, before the model is loaded
+            if "listening on http://" in line and "the model is loading" in line:
+                return proc, line.split("listening on ")[1].split(";")[0]
+
+
+async def until_ready(c: httpx.AsyncClient) -> None:
+    # Polling another process over HTTP: there is no event to wait on.
+    while (await c.get("/ready")).status_code != 200:  # noqa: ASYNC110
+        await trio.sleep(0.05)

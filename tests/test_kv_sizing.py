@@ -17,6 +17,7 @@ from ninfer._cli import build_parser
 from ninfer._config import ConfigError, build_config, config_from_namespace
 from ninfer.engine import KV_HEADROOM_BYTES, EngineConfig
 from ninfer.engine import _engine as engine_module
+from ninfer.engine._contract import KV_MEMORY_FLOOR_BYTES
 from ninfer.engine._engine import Engine
 from ninfer.engine._loader import load_model
 from ninfer.engine._memory import _cgroup_room, available_memory
@@ -175,3 +176,74 @@ def test_a_cgroup_limit_bounds_it(tmp_path: Path, version: int) -> None:
     assert _cgroup_room(cgroup, tmp_path / "self") == 5 << 30
     (folder / limit).write_text("max\n" if version == 2 else f"{2**63 - 4096}\n")  # no limit
     assert _cgroup_room(cgroup, tmp_path / "self") is None
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_inside_a_container_the_tail_of_the_path_is_found_and_parents_bound_it(
+    tmp_path: Path, version: int
+) -> None:
+    """In a container the hierarchy is mounted at the container's own cgroup, while
+    /proc/self/cgroup names the host's path to it: the path's tail is where the folder
+    is. A parent's limit bounds its children (the least room of the chain counts)."""
+    cgroup = tmp_path / "cgroup"
+    if version == 2:
+        mount = cgroup
+        membership = "0::/kubepods/pod1/ctr/ninfer\n"
+        limit, usage = "memory.max", "memory.current"
+    else:
+        mount = cgroup / "memory"
+        membership = "4:memory:/kubepods/pod1/ctr/ninfer\n"
+        limit, usage = "memory.limit_in_bytes", "memory.usage_in_bytes"
+    child = mount / "ninfer"
+    child.mkdir(parents=True)
+    (tmp_path / "self").write_text(membership)
+    (child / limit).write_text(f"{8 << 30}\n")
+    (child / usage).write_text(f"{1 << 30}\n")
+    (mount / limit).write_text("max\n" if version == 2 else f"{2**63 - 4096}\n")
+    (mount / usage).write_text(f"{1 << 30}\n")
+    assert _cgroup_room(cgroup, tmp_path / "self") == 7 << 30
+    (mount / limit).write_text(f"{4 << 30}\n")  # the container's own limit is tighter
+    assert _cgroup_room(cgroup, tmp_path / "self") == 3 << 30
+
+
+async def test_pages_the_memory_cannot_hold_are_not_taken(
+    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the pool is sized, other processes may take the memory its untouched pages
+    would need: the pool then serves from the pages it has touched, a request that needs
+    more while none is held is refused 503 with Retry-After (the server lives on), and
+    once the memory is back it is served."""
+    spare_pages = [1000]  # beside KV_MEMORY_FLOOR_BYTES, in the fake machine
+    monkeypatch.setattr(
+        engine_module,
+        "available_memory",
+        lambda _d: (KV_MEMORY_FLOOR_BYTES + spare_pages[0] * PAGE * PER_TOKEN, "test"),
+    )
+    monkeypatch.setattr(engine_module, "MEMORY_READ_EVERY_S", 0.0)
+    small = {"prompt": "hi", "max_new_tokens": 40, "temperature": 0}
+    large = {"prompt": "hi", "max_new_tokens": 400, "temperature": 0}
+    async with serve(tiny_gguf, tmp_path, kv_capacity=256 * PAGE) as srv:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+            first = await c.post("/v1/generate", json=small)
+            assert first.status_code == 200, first.text
+            spare_pages[0] = 0  # another process took it
+            # Served from the pages touched before (another prompt: none of the first's
+            # cached pages is lent, which would hold one more page).
+            again = await c.post("/v1/generate", json={**small, "prompt": "ok"})
+            assert again.status_code == 200, again.text
+            refused = await c.post("/v1/generate", json=large)  # 26 pages: never touched
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["retry-after"] == "5"
+            error = refused.json()["error"]
+            assert error["type"] == "engine_unavailable"
+            assert error["message"] == (
+                "the server has no memory left for this request's KV cache; retry later"
+            )
+            assert (await c.get("/health")).status_code == 200
+            spare_pages[0] = 1000  # and it is back
+            served = await c.post("/v1/generate", json=large)
+            assert served.status_code == 200, served.text
+        records = srv.log_records()
+    (failed,) = [r for r in records if r["event"] == "request_error"]
+    assert failed["status"] == 503
+    assert failed["type"] == "engine_unavailable"

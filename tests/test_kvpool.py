@@ -121,3 +121,68 @@ def test_a_cached_prefix_never_lends_the_page_of_the_prompts_last_token() -> Non
     pool.release(fresh)
     shared, _part = pool.cached_prefix(other, page_keys(other, S, 1))
     assert shared == [fresh[0]]
+
+
+def test_never_used_pages_are_taken_only_within_the_memory_measured() -> None:
+    """With `room` (the pages the machine has memory for now), a pool hands out pages it
+    never touched only within it; past it, only pages it touched before, as if it were
+    that size. The room is read again whenever never-used pages are wanted (here at
+    every call; at most every `room_every_s`)."""
+    machine = [3]  # pages' worth of memory beside the pool's resident pages
+    readings = []
+
+    def measure() -> int:
+        readings.append(machine[0] - pool.touched)
+        return readings[-1]
+
+    pool = PagePool(n_pages=10, page_size=S, room=measure, room_every_s=0.0)
+    first = pool.allocate(2)
+    assert first == [1, 2]
+    assert pool.touched == 2
+    assert readings == [3]
+    assert pool.free == 1
+    assert pool.short
+    assert pool.allocate(2) is None  # measured again (still one), nothing taken
+    assert readings == [3, 1]
+    assert pool.used == 2
+    machine[0] = 2  # another process took the memory
+    pool.release(first)
+    again = pool.allocate(2)  # the touched pages come back first: no reading needed
+    assert again is not None
+    assert sorted(again) == [1, 2]
+    assert readings == [3, 1]
+    assert pool.allocate(1) is None  # read again: the one allowed before is gone
+    assert readings == [3, 1, 0]
+    assert pool.touched == 2
+    assert pool.free == 0
+    machine[0] = 100  # the memory is back
+    assert pool.allocate(8) == [3, 4, 5, 6, 7, 8, 9, 10]
+    assert not pool.short
+
+
+def test_cached_pages_are_reclaimed_when_the_memory_allows_no_new_ones() -> None:
+    pool = PagePool(n_pages=8, page_size=S, room=lambda: 2 - pool.touched, room_every_s=0.0)
+    cached = _cache(pool, [1, 2, 3, 4, 5, 6, 7, 8])  # pages 1 and 2, idle in the cache
+    assert pool.cached == 2
+    assert pool.free == 2
+    taken = pool.allocate(2)
+    assert taken is not None
+    assert sorted(taken) == cached
+    assert pool.cached == 0
+    assert pool.touched == 2
+
+
+def test_a_spare_is_kept_free_for_others() -> None:
+    pool = PagePool(n_pages=8, page_size=S, room=lambda: 4 - pool.touched, room_every_s=0.0)
+    assert pool.allocate(2, spare=3) is None  # 4 allowed: 2 taken would leave 2 < 3
+    assert pool.allocate(1, spare=3) == [1]
+    assert pool.allocate(8) is None
+    assert pool.allocate(3) == [2, 3, 4]
+
+
+def test_without_room_every_page_is_free() -> None:
+    pool = PagePool(n_pages=4, page_size=S)
+    assert pool.free == 4
+    assert not pool.short
+    assert pool.allocate(4) == [1, 2, 3, 4]
+    assert pool.touched == 4

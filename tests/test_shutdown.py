@@ -6,42 +6,19 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import orjson
 import trio
-from server import stalled_stream, validate_log
+from server import stalled_stream, start_process, until_ready, validate_log
 
 HANG_GUARD_S = 120
 
 
-async def _start(cmd: list[str], console: bytearray | None = None) -> tuple[trio.Process, str]:
-    """Start `ninfer serve` and read the URL it binds from its console (what it has
-    printed so far is left in `console`)."""
-    proc = await trio.lowlevel.open_process(cmd, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    buf = console if console is not None else bytearray()
-    while True:
-        chunk = await proc.stderr.receive_some()
-        assert chunk, buf.decode(errors="replace")
-        buf += chunk
-        for line in buf.decode(errors="replace").splitlines():
-            # said as soon as the port is open, before the model is loaded
-            if "listening on http://" in line and "the model is loading" in line:
-                return proc, line.split("listening on ")[1].split(";")[0]
-
-
 # The console's one format: local time, level, then the event (Hypercorn's lines too).
 CONSOLE_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[(info|warning|error) *\] \S")
-
-
-async def _until_ready(c: httpx.AsyncClient) -> None:
-    # Polling another process over HTTP: there is no event to wait on.
-    while (await c.get("/ready")).status_code != 200:  # noqa: ASYNC110
-        await trio.sleep(0.05)
 
 
 async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -> None:
@@ -53,9 +30,9 @@ async def test_sigterm_drains_in_a_subprocess(tiny_gguf: Path, tmp_path: Path) -
     ]  # fmt: skip
     console = bytearray()
     with trio.fail_after(HANG_GUARD_S):
-        proc, url = await _start(cmd, console)
+        proc, url = await start_process(cmd, console)
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
-            await _until_ready(c)
+            await until_ready(c)
             results: list[tuple[int, str]] = []
             first_tokens = trio.Semaphore(0)
 
@@ -143,9 +120,9 @@ async def test_a_stalled_reader_cannot_hold_the_shutdown_hostage(tmp_path: Path)
         "--write-timeout-s", "3", "--threads", "1",
     ]  # fmt: skip
     with trio.fail_after(HANG_GUARD_S):
-        proc, url = await _start(cmd)
+        proc, url = await start_process(cmd)
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
-            await _until_ready(c)
+            await until_ready(c)
             stalled = await stalled_stream(url, "stalled")
             reading: list[str] = []
             started = trio.Event()

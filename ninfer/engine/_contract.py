@@ -157,6 +157,16 @@ class SamplingPreset:
 # allocator's slack, the rest of the process and the machine).
 KV_HEADROOM_BYTES = 1 << 30
 
+# Memory the pool's pages never take on the CPU, however large the pool: a page never
+# written before is taken only while at least this much would stay available after it
+# (other processes may have taken memory since the pool was sized; docs/serving.md).
+KV_MEMORY_FLOOR_BYTES = 256 << 20
+
+# A Finish's `error` when a request's KV pages found no memory: every page the pool
+# has touched is free and still too few, and the machine has no memory for more (the
+# request is answered 503 engine_unavailable, with Retry-After).
+KV_MEMORY = "the server has no memory left for this request's KV cache"
+
 
 @attrs.frozen
 class KVSizing:

@@ -29,6 +29,8 @@ from structlog.typing import FilteringBoundLogger
 from ninfer.engine._contract import (
     GRAMMAR_LIMIT,
     KV_HEADROOM_BYTES,
+    KV_MEMORY,
+    KV_MEMORY_FLOOR_BYTES,
     CompiledGrammar,
     EngineConfig,
     EngineStatistics,
@@ -89,6 +91,9 @@ MIN_DEEP_CHUNK = 16
 # other requests decode, its passes come at most once every this many decode steps, so
 # that most of their tokens come at the pace they had before (docs/engine.md).
 SCORE_EVERY = 3
+# The least seconds between two readings of the memory left for never-used KV pages on
+# the CPU (a reading takes ~0.3 ms; the pool reads only when it takes such pages).
+MEMORY_READ_EVERY_S = 0.1
 # Attention's arithmetic per key is this many times less efficient than the matrices'
 # (measured on SmolLM2 on the 2-core machine: a prompt token costs 1.65 ms in the
 # matrices and 1.5 us per key it attends to, where their arithmetic says 3,070 keys a
@@ -209,6 +214,8 @@ class Engine:
         self._score_seconds = 0.0
         self._score_counted = 0.0
         self._since_score = SCORE_EVERY
+        # Whether reservations find no memory for their pages (said once, until they do).
+        self._memory_was_short = False
         self._last_decode_end: float | None = None
         self._last_progress = time.monotonic()
         # How long the recent steps took (what a stall is judged against).
@@ -425,13 +432,31 @@ class Engine:
             headroom_bytes=headroom,
         )
 
+    def _memory_room(self, loaded: LoadedModel) -> Callable[[], int] | None:
+        """On the CPU, how many more pages the machine has memory for now, with
+        KV_MEMORY_FLOOR_BYTES left (the pool's memory is committed page by page as
+        pages are first written, and others may take memory meanwhile); None on CUDA,
+        where the whole pool is committed when it is made."""
+        device = self.config.device
+        if device.startswith("cuda"):
+            return None
+        per_page = self.config.page_size * KVPages.bytes_per_token(
+            loaded.transformer.args, loaded.transformer.dtype, self.config.kv_dtype
+        )
+        return lambda: (available_memory(device)[0] - KV_MEMORY_FLOOR_BYTES) // per_page
+
     def _setup(self, loaded: LoadedModel) -> None:
         cfg = self.config
         ctx = loaded.identity.context_length
         self.max_context = min(cfg.max_context or ctx, ctx)
         self._sizing = self._size_pool(loaded)
         n_pages = self._sizing.tokens // cfg.page_size
-        self._pool = PagePool(n_pages=n_pages, page_size=cfg.page_size)
+        self._pool = PagePool(
+            n_pages=n_pages,
+            page_size=cfg.page_size,
+            room=self._memory_room(loaded),
+            room_every_s=MEMORY_READ_EVERY_S,
+        )
         self.model = loaded
         model = loaded.transformer
         self._keys_per_token = keys_per_token(model.args)
@@ -799,7 +824,10 @@ class Engine:
         fresh = self._pool.allocate(_reserved_pages(a.request, S) - len(shared))
         if fresh is None:
             self._pool.release(held)
+            if self._pool.short:
+                self._memory_short(a)
             return False  # pages come back when running requests finish
+        self._memory_was_short = False
         self._kv.zero_pages(fresh)
         a.pages = shared + fresh
         a.prefilled = len(shared) * S
@@ -811,6 +839,23 @@ class Engine:
         self._cached_tokens += a.cached
         a.prefill_start = time.perf_counter()
         return True
+
+    def _memory_short(self, a: _Active) -> None:
+        """`a`'s pages found no memory (`_reserve`). While requests hold pages, it waits
+        for theirs; when none does, no page will come back, and it fails (503)."""
+        assert self._pool is not None
+        pool = self._pool
+        if not self._memory_was_short:
+            self._memory_was_short = True
+            self._log.warning(
+                "kv_memory_short",
+                pages_touched=pool.touched,
+                pages_total=pool.n_pages,
+                available_bytes=available_memory(self.config.device)[0],
+                floor_bytes=KV_MEMORY_FLOOR_BYTES,
+            )
+        if pool.used == 0:
+            self._finish(a, "error", KV_MEMORY)
 
     def _prefill_pass(self, group: list[_Active], size: int | None = None) -> None:
         """One pass over the next chunk of each request of `group` (`size`: the chunk of
@@ -923,7 +968,7 @@ class Engine:
         assert self._pool is not None
         S = self.config.page_size
         owed = sum(_reserved_pages(w.request, S) for w in self._waiting if not w.pages)
-        pages = self._pool.allocate(n) if self._pool.free - n >= owed else None
+        pages = self._pool.allocate(n, spare=owed)
         if pages is None:
             return False
         self._kv.zero_pages(pages)

@@ -8,18 +8,28 @@ computing it again (reference counts per page). Where the shared pages end, an i
 page that goes on as the prompt does for some tokens lends them: their keys and values
 are copied into the prompt's own page (`share_part`). A page no request holds any more
 stays cached until its memory is needed: it counts as free, and `allocate` takes the
-least recently used of those after the never-used ones. A prompt prefilled from the end
-of its cached part computes its rest as a chunk of other rows than the whole prompt
-would; every row is computed the same in any chunk (row-invariant matmuls, attention
-in fixed key blocks), so it gets the bits it gets computed whole (docs/engine.md,
-"Prefix cache").
+least recently used of those after the released and never-used ones.
+
+A pool's memory is reserved when it is made, and becomes resident page by page as
+pages are first written. Where other processes may take the memory meanwhile (the
+CPU), a pool can be given `room`: how many more pages the machine has memory for now.
+A never-used page is then handed out only within the room measured (read again before
+never-used pages are taken, at most every `room_every_s`); past it the pool gives out
+only pages it has touched before, as if it were that size: it never pushes the machine
+into swap or the OOM killer for pages it has not touched yet.
+
+A prompt prefilled from the end of its cached part computes its rest as a chunk of
+other rows than the whole prompt would; every row is computed the same in any chunk
+(row-invariant matmuls, attention in fixed key blocks), so it gets the bits it gets
+computed whole (docs/engine.md, "Prefix cache").
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -54,7 +64,14 @@ class PagePool:
 
     n_pages: int
     page_size: int
+    # How many never-used pages the machine has memory for now (None: no limit).
+    room: Callable[[], int] | None = None
+    # The least seconds between two readings of `room`.
+    room_every_s: float = 0.1
     _free: list[int] = attrs.field(init=False)
+    _touched: int = attrs.field(init=False, default=0)  # page ids 1.._touched were used
+    _allowed: int = attrs.field(init=False, default=0)  # never-used pages `room` allows
+    _measured: float | None = attrs.field(init=False, default=None)  # when, monotonic
     _refs: dict[int, int] = attrs.field(init=False, factory=dict)
     _index: dict[bytes, int] = attrs.field(init=False, factory=dict)
     _key_of: dict[int, bytes] = attrs.field(init=False, factory=dict)
@@ -70,27 +87,65 @@ class PagePool:
 
     @property
     def free(self) -> int:
-        """Pages `allocate` can hand out: never used, released, or cached but idle."""
-        return len(self._free) + len(self._idle)
+        """Pages `allocate` can hand out: never used (within the room last measured),
+        released, or cached but idle."""
+        return len(self._free) - self._untouched + self._fresh + len(self._idle)
 
     @property
     def used(self) -> int:
-        return self.n_pages - self.free
+        """Pages held by requests."""
+        return len(self._refs)
 
     @property
     def cached(self) -> int:
         return len(self._index)
 
-    def allocate(self, n: int) -> list[int] | None:
-        """n fresh pages (contents undefined), or None (and nothing taken) when fewer are
-        free. Cached idle pages are reclaimed, least recently used first, only when the
-        free list runs out."""
-        if n > self.free:
+    @property
+    def short(self) -> bool:
+        """Whether never-used pages are left that the memory does not allow now."""
+        return self._fresh < self._untouched
+
+    @property
+    def touched(self) -> int:
+        """Pages ever handed out: the pool's resident part."""
+        return self._touched
+
+    @property
+    def _untouched(self) -> int:
+        return self.n_pages - self._touched
+
+    @property
+    def _fresh(self) -> int:
+        """Never-used pages `allocate` may hand out now."""
+        return self._untouched if self.room is None else min(self._untouched, self._allowed)
+
+    def _measure(self, need: int) -> None:
+        """Read the room again before `need` never-used pages are taken, at most every
+        `room_every_s` (memory others took since is seen within that time)."""
+        if self.room is None or need <= 0 or self._touched == self.n_pages:
+            return
+        now = time.monotonic()
+        if self._measured is None or now - self._measured >= self.room_every_s:
+            self._allowed, self._measured = max(0, self.room()), now
+
+    def allocate(self, n: int, *, spare: int = 0) -> list[int] | None:
+        """n fresh pages (contents undefined), or None (and nothing taken) when fewer
+        than n + `spare` are free. Pages used before and released come first, then
+        never-used ones, and cached idle pages are reclaimed, least recently used first,
+        only when those run out."""
+        reused = len(self._free) - self._untouched
+        self._measure(n - reused)  # never-used pages come before cached ones
+        if n + spare > self.free:
             return None
         taken = []
         for _ in range(n):
-            if self._free:
+            # Released pages are on top of the free list, never-used ones below them
+            # in ascending order: a light load touches little memory.
+            if self._free and (self._free[-1] <= self._touched or self._fresh > 0):
                 page = self._free.pop()
+                if page > self._touched:
+                    self._touched = page
+                    self._allowed -= 1
             else:
                 page, _ = self._idle.popitem(last=False)
                 self._unindex(page)

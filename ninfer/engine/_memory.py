@@ -43,9 +43,14 @@ def _meminfo_available() -> int | None:
 def _cgroup_room(
     root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")
 ) -> int | None:
-    """The process's cgroup memory limit less its usage (v2, else v1); None where no
-    limit is set or none can be read. A cgroup's own folder is tried, then the mount's
-    root (inside a container the process's cgroup is mounted there)."""
+    """The least room (limit less usage) of the process's memory cgroup and its
+    ancestors (v2, else v1); None where none sets a limit or none can be read.
+
+    Where the cgroup's folder is depends on where the hierarchy is mounted: on a host at
+    its path, inside a container at the container's part of it (the path names the
+    host's cgroups above it), so each tail of the path is tried, longest first. Limits
+    nest (a child cannot use more than its parent allows), so every folder from the one
+    found up to the mount's root is read."""
     try:
         lines = membership.read_text().splitlines()
     except OSError:
@@ -54,21 +59,31 @@ def _cgroup_room(
         number, controllers, path = line.split(":", 2)
         if number == "0" and controllers == "":  # v2 (or the unified tree of a hybrid)
             files = ("memory.max", "memory.current")
-            mounts: tuple[Path, ...] = (
-                root / path.lstrip("/"),
-                root,
-                root / "unified" / path.lstrip("/"),
-            )
+            mounts: tuple[Path, ...] = (root, root / "unified")
         elif "memory" in controllers.split(","):
             files = ("memory.limit_in_bytes", "memory.usage_in_bytes")
-            mounts = (root / "memory" / path.lstrip("/"), root / "memory")
+            mounts = (root / "memory",)
         else:
             continue
-        for folder in mounts:
-            room = _room(folder / files[0], folder / files[1])
-            if room is not None:
-                return room
+        parts = [p for p in path.split("/") if p]
+        for mount in mounts:
+            for start in range(len(parts) + 1):
+                folder = mount.joinpath(*parts[start:])
+                if (folder / files[1]).is_file():
+                    return _least_room(mount, folder, files)
     return None
+
+
+def _least_room(mount: Path, folder: Path, files: tuple[str, str]) -> int | None:
+    """The least room of `folder` and the folders above it up to `mount`."""
+    rooms = []
+    while True:
+        room = _room(folder / files[0], folder / files[1])
+        if room is not None:
+            rooms.append(room)
+        if folder == mount or mount not in folder.parents:
+            return min(rooms, default=None)
+        folder = folder.parent
 
 
 def _room(limit_file: Path, usage_file: Path) -> int | None:
