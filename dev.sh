@@ -47,6 +47,21 @@ urllib.request.urlopen(sys.argv[1] + '/torch/', timeout=5)" "$TORCH_CPU_INDEX" 2
   .venv/bin/ninfer build-kernels >/dev/null
 }
 
+js_clients() {
+  # The JavaScript clients some tests drive (tests/js: the Anthropic TypeScript SDK's
+  # tool runner), installed with npm from tests/js/package-lock.json (again only when
+  # it changes). Where npm is missing or cannot install, those tests are skipped.
+  local stamp=tests/js/node_modules/.ninfer-setup
+  if command -v npm >/dev/null 2>&1 && { [ ! -f "$stamp" ] || [ tests/js/package-lock.json -nt "$stamp" ]; }; then
+    echo "setting up tests/js: installing its packages with npm" >&2
+    if npm ci --prefix tests/js --silent --no-audit --no-fund >/dev/null; then
+      touch "$stamp"
+    else
+      echo "could not install tests/js's packages: their tests will be skipped" >&2
+    fi
+  fi
+}
+
 cmd="${1:-}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -56,6 +71,7 @@ case "$cmd" in
     ;;
   test)
     setup
+    js_clients
     echo "ruff, ruff format --check, mypy, then pytest" >&2
     .venv/bin/ruff check .
     .venv/bin/ruff format --check .

@@ -14,6 +14,7 @@ __all__ = [
     "RESPONSES_STREAM_EVENTS",
     "AnthropicError",
     "AnthropicErrorBody",
+    "AnthropicErrorDetails",
     "AnthropicStop",
     "AnthropicUsage",
     "AssistantMessage",
@@ -572,9 +573,17 @@ class CountTokensResponse:
 
 
 @attrs.frozen(kw_only=True)
+class AnthropicErrorDetails:
+    """`error.details` of the refusals Anthropic's SDKs act on by their `error_code`."""
+
+    error_code: str
+
+
+@attrs.frozen(kw_only=True)
 class AnthropicError:
     type: str
     message: str
+    details: AnthropicErrorDetails | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -189,6 +189,9 @@ class MessagesRequest:
     speed: Any = attrs.field(default=None, metadata=_REFUSED)
     diagnostics: Any = attrs.field(default=None, metadata=_REFUSED)
     context_management: Any = attrs.field(default=None, metadata=_REFUSED)
+    # Message threads (a beta the SDKs' tool runners use): refused with the code on which
+    # those runners send the turn again, whole, without it (no conversation is kept here).
+    thread: Any = attrs.field(default=None, metadata=_REFUSED)
 
     def system_text(self) -> str | None:
         return _system_text(self.system)
@@ -374,6 +377,14 @@ class AnthropicCodec:
     def parse_messages(self, body: Any) -> MessagesRequest:
         refuse_hosted_tools(body, (None, "custom"))
         req = structure(self._conv, body, MessagesRequest)
+        if req.thread is not None:
+            raise ApiError(
+                "invalid_request",
+                "message threads are not kept by this server: send the whole conversation "
+                "without thread",
+                param="thread",
+                code="thread_unsupported_request",
+            )
         self._check_conversation(req.messages, req.system, req.unsupported())
         _check_thinking(req.thinking, req.max_tokens)
         self._check_tools(req.tools, req.tool_choice)

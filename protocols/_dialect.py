@@ -21,6 +21,7 @@ from cattrs.gen import make_dict_unstructure_fn, override
 from protocols._answers import (
     AnthropicError,
     AnthropicErrorBody,
+    AnthropicErrorDetails,
     NativeError,
     NativeErrorBody,
     OpenAIError,
@@ -163,6 +164,11 @@ _ANTHROPIC_TYPES = {
 }
 
 
+# The codes Anthropic's SDKs act on, written as `error.details.error_code`: on
+# thread_unsupported_request their tool runners send the turn again without `thread`.
+_ANTHROPIC_CODES = frozenset({"thread_unsupported_request"})
+
+
 class AnthropicDialect(Dialect):
     name = "anthropic"
     request_id_header = b"request-id"
@@ -177,6 +183,10 @@ class AnthropicDialect(Dialect):
         if err.param is not None:
             message = f"{err.param}: {message.removeprefix(err.param + ' ')}"
         kind = _ANTHROPIC_TYPES.get(err.kind, "api_error")
+        details = (
+            AnthropicErrorDetails(error_code=err.code) if err.code in _ANTHROPIC_CODES else None
+        )
         return AnthropicErrorBody(
-            error=AnthropicError(type=kind, message=message), request_id=request_id
+            error=AnthropicError(type=kind, message=message, details=details),
+            request_id=request_id,
         )

@@ -44,6 +44,13 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def roomy_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a context long enough for the generic tool section (its
+    vocabulary is a few hundred pieces: about a token a character)."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("tools") / "tiny.gguf", context=4096)
+
+
+@pytest.fixture(scope="session")
 def real_gguf() -> Path:
     """The default model, fetched into the user's cache like `ninfer fetch-model` does."""
     return fetch(DEFAULT_MODEL, cache_dir(None, os.environ), progress=print)

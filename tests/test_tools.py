@@ -20,7 +20,6 @@ import trio
 from server import serve
 from test_chat_templates import QWEN25
 from test_fuzz import _check_answer
-from tinymodel import write_tiny_gguf
 
 from ninfer.engine._tokenizer import ChatTemplate
 from ninfer.frontends._reasoning import Reading
@@ -57,13 +56,6 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in CHAT_TOOL
 HANG_GUARD_S = 300  # a machine five times slower than this one
 # Greedy: what these tests assert holds for any weights; greedy makes each run the same.
 GREEDY = {"temperature": 0}
-
-
-@pytest.fixture(scope="module")
-def roomy_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model with a context long enough for the generic tool section (its
-    vocabulary is a few hundred pieces: about a token a character)."""
-    return write_tiny_gguf(tmp_path_factory.mktemp("tools") / "tiny.gguf", context=4096)
 
 
 def _check_call(name: str, arguments: str) -> None:
