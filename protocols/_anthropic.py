@@ -51,12 +51,16 @@ _REFUSED = schema(refused=True)
 
 @attrs.frozen
 class ResultBlock:
-    """A block of a tool_result's content (text only)."""
+    """A block of a tool_result's content (text only; others are refused by their type,
+    as top-level blocks are)."""
 
     type: str = attrs.field(metadata=schema(enum=["text"]))
     text: str | None = None
     cache_control: dict[str, Any] | None = None
     citations: list[dict[str, Any]] | None = None
+    # Present only so that an image or document block is refused by its type, not by
+    # its fields.
+    source: dict[str, Any] | None = attrs.field(default=None, metadata=_REFUSED)
 
 
 @attrs.frozen
@@ -332,8 +336,29 @@ class AnthropicCodec:
                                    code="missing_required_parameter")  # fmt: skip
             if b.type == "tool_use":
                 check_tool_name(b.name, f"{at}.name")
+            if b.type == "tool_result" and isinstance(b.content, list):
+                AnthropicCodec._check_result_blocks(b.content, f"{at}.content")
             if b.caller is not None and (b.type != "tool_use" or b.caller != {"type": "direct"}):
                 raise _invalid(f"{at}.caller", "only a direct caller of a tool_use is taken")
+
+    @staticmethod
+    def _check_result_blocks(blocks: list[ResultBlock], where: str) -> None:
+        """A tool_result's content blocks: text, with a text; any other type is refused
+        naming it (image and document as at the top level)."""
+        for k, rb in enumerate(blocks):
+            at = f"{where}[{k}]"
+            if rb.type != "text":
+                raise ApiError(
+                    "invalid_request",
+                    f"content blocks of {kind_name(rb.type, _BLOCK_TYPES)} are not supported "
+                    "in a tool_result here; text blocks are",
+                    param=f"{at}.type",
+                    code="unsupported_parameter",
+                )
+            if rb.text is None:
+                raise _invalid(f"{at}.text", "a text block needs its text",
+                               code="missing_required_parameter")  # fmt: skip
+            refuse_known(rb, at)
 
     @staticmethod
     def _check_tools(tools: list[AnthropicTool] | None, choice: ToolChoice | None) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
-from server import serve
+from server import serve, serve_app
 
 # Every name the tests give as `model` is served (aliases of the one model).
 NAMES = ["m", "any-label", "x"]
@@ -207,3 +207,44 @@ async def test_large_bodies_are_read_and_rendered_off_the_event_loop(
     assert all(on_loop == (size <= _base.INLINE_TURNS) for size, on_loop in turns)
     assert any(on_loop for _, on_loop in bodies)
     assert any(on_loop for _, on_loop in turns)
+
+
+_CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f",
+                                           "input": {}}]}  # fmt: skip
+_IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+_DOCUMENT = {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                            "data": "x"}}  # fmt: skip
+
+
+def _result(*blocks: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "q"}, _CALL, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": list(blocks)}]}]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("blocks", "param", "message"),
+    [
+        ([{"type": "foo", "text": "x"}], "messages[2].content[0].content[0].type",
+         "content blocks of this type are not supported in a tool_result here; text blocks are"),
+        ([{"type": "text", "text": "ok"}, {"type": "image"}],
+         "messages[2].content[0].content[1].type",
+         "content blocks of 'image' are not supported in a tool_result here; text blocks are"),
+        ([_IMAGE], "messages[2].content[0].content[0].type",
+         "content blocks of 'image' are not supported in a tool_result here; text blocks are"),
+        ([_DOCUMENT], "messages[2].content[0].content[0].type",
+         "content blocks of 'document' are not supported in a tool_result here; text blocks are"),
+        ([{"type": "text"}], "messages[2].content[0].content[0].text",
+         "a text block needs its text"),
+    ],
+)  # fmt: skip
+async def test_a_tool_results_blocks_are_checked_as_top_level_ones_are(
+    tmp_path: Path, blocks: list[dict[str, Any]], param: str, message: str
+) -> None:
+    body = {"model": "fake", "max_tokens": 4, "messages": _result(*blocks)}
+    async with serve_app(tmp_path) as srv, srv.client() as c:
+        r = await c.post("/v1/messages", json=body)
+        text = {"type": "text", "text": "sunny", "cache_control": {"type": "ephemeral"}}
+        ok = await c.post("/v1/messages", json={**body, "messages": _result(text)})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == {"type": "invalid_request_error", "message": f"{param}: {message}"}
+    assert ok.status_code == 200, ok.text
