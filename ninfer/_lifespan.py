@@ -332,15 +332,17 @@ class Lifespan:
         """`work()` on a worker thread, with the threads that tokenize long texts."""
         return await trio.to_thread.run_sync(work, limiter=self._tokenize_limiter)
 
-    async def tokenize(self, prompt: str | ChatText) -> list[int]:
-        """A prompt's ids (a rendered chat's client text never a control token), on a
+    async def tokenize(self, prompt: str | ChatText, *, special: bool = True) -> list[int]:
+        """A prompt's ids (a rendered chat's client text never a control token; a text's
+        control tokens' texts read as those tokens unless `special` is false), on a
         worker thread when it is long."""
         assert self.serving is not None
         tok = self.serving.model.tokenizer
         if isinstance(prompt, ChatText):
             length, encode = len(prompt.text), functools.partial(tok.encode_chat, prompt)
         else:
-            length, encode = len(prompt), functools.partial(tok.encode, prompt)
+            method = tok.encode if special else tok.encode_plain
+            length, encode = len(prompt), functools.partial(method, prompt)
         if length <= _INLINE_TOKENIZE_CHARS:
             return encode()
         return await trio.to_thread.run_sync(encode, limiter=self._tokenize_limiter)

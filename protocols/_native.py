@@ -69,14 +69,18 @@ class GenerateRequest:
 
 @attrs.frozen
 class TokenizeRequest:
-    """POST /tokenize, in llama.cpp's shape (`content`, `add_special`, `with_pieces`) or
-    vLLM's (`prompt`, `add_special_tokens`, `model`): one text, exactly."""
+    """POST /tokenize, in llama.cpp's shape (`content`, `add_special`, `parse_special`,
+    `with_pieces`) or vLLM's (`prompt`, `add_special_tokens`, `model`): one text,
+    exactly."""
 
     content: str | None = None
     prompt: str | None = None
     model: str | None = None
     add_special: bool | None = None  # llama.cpp's; default false
     add_special_tokens: bool | None = None  # vLLM's; default true
+    # llama.cpp's; default true: control tokens' texts in it are those tokens (false:
+    # plain text, as a chat message's are)
+    parse_special: bool = True
     with_pieces: bool = False
     messages: list[Any] | None = None  # vLLM's chat form: refused, by name
 
@@ -98,8 +102,12 @@ class TokenizeRequest:
 
 @attrs.frozen
 class TokenPiece:
+    """A token and its text; llama.cpp's shape: a string where the token's bytes are
+    valid UTF-8 on their own, else the bytes (a byte-level token holding part of a
+    character: `[229]`)."""
+
     id: int
-    piece: str
+    piece: str | list[int]
 
 
 @attrs.frozen

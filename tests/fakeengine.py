@@ -86,6 +86,9 @@ class FakeTokenizer:
     def encode_chat(self, chat: ChatText) -> list[int]:
         return self.encode(chat.text)
 
+    def encode_plain(self, text: str) -> list[int]:
+        return self.encode(text)
+
     def token_bytes(self, token_id: int) -> bytes:
         return chr(token_id - 1).encode("utf-8")
 

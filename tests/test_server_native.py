@@ -512,6 +512,29 @@ async def test_tokenize_and_detokenize_in_both_servers_shapes(
             assert r.json()["error"]["param"] == param, r.text
 
 
+async def test_tokenize_pieces_carry_their_bytes_and_special_text_can_be_plain(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """with_pieces as llama.cpp's server answers it: a piece that is not UTF-8 on its own
+    (a byte-level token holding part of a character) is its bytes, so the pieces
+    round-trip the text's bytes; parse_special false reads a control token's text as
+    plain text (true, the default, as that token)."""
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        text = "caf\u00e9 \u65e5\u672c"  # 2- and 3-byte characters, a byte a token here
+        pieces = (await c.post("/tokenize", json={"content": text, "with_pieces": True})).json()
+        parts = [p["piece"] for p in pieces["tokens"]]
+        assert any(isinstance(p, list) for p in parts)  # e.g. [230], [151], [165]
+        raw = b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in parts)
+        assert raw == text.encode()
+        control = "<|im_end|>"
+        special = (await c.post("/tokenize", json={"content": control})).json()["tokens"]
+        plain = await c.post("/tokenize", json={"content": control, "parse_special": False})
+        assert len(special) == 1
+        assert len(plain.json()["tokens"]) > 1
+        back = await c.post("/detokenize", json={"tokens": plain.json()["tokens"]})
+        assert back.json()["content"] == control
+
+
 async def test_tokenize_and_detokenize_take_no_more_than_a_context(
     tiny_gguf: Path, tmp_path: Path
 ) -> None:

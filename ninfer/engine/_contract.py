@@ -509,6 +509,11 @@ class Tokenizer(Protocol):
         client's text as plain text, whatever it spells."""
         ...
 
+    def encode_plain(self, text: str) -> list[int]:
+        """`text`'s ids with control tokens' texts read as plain text (llama.cpp's
+        `parse_special: false`), the BOS token first when the model wants one."""
+        ...
+
     def token_bytes(self, token_id: int) -> bytes:
         """One token's bytes (part of a UTF-8 character, for some byte-level tokens)."""
         ...

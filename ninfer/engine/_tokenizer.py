@@ -287,6 +287,11 @@ class TextTokenizer:
         tokens not recognised."""
         return self._with_bos(self._encode_parts(self.controls.split(chat.text)))
 
+    def encode_plain(self, text: str) -> list[int]:
+        """`text`'s ids, control tokens' texts read as plain text, with the BOS token
+        first when the model wants one."""
+        return self._with_bos(self._encode_parts([text]))
+
     def _encode_parts(self, parts: list[str | int]) -> list[int]:
         texts = [p for p in parts if isinstance(p, str)]
         if len(parts) == 1 and len(texts) == 1 and len(texts[0]) <= _LONG_TEXT:

@@ -73,7 +73,13 @@ def clamp_headers(grant: Grant) -> tuple[tuple[bytes, bytes], ...]:
     return ((CLAMPED_HEADER, str(grant.max_new_tokens).encode()),)
 
 
-Tokenize = Callable[[str | ChatText], Awaitable[list[int]]]
+class Tokenize(Protocol):
+    """A prompt's ids, off the event loop when it is long (`special`: a text's control
+    tokens' texts read as those tokens)."""
+
+    def __call__(self, prompt: str | ChatText, *, special: bool = True) -> Awaitable[list[int]]: ...
+
+
 # Runs a function on a worker thread (bounded: the threads that tokenize long texts).
 Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
 
@@ -281,9 +287,12 @@ class Routed(abc.ABC):
     def routes(cls) -> tuple[FrontendRoute, ...]:
         """The paths this frontend serves and what each method does there."""
 
-    async def tokens(self, prompt: str | ChatText, *, prompt_param: str) -> list[int]:
+    async def tokens(
+        self, prompt: str | ChatText, *, prompt_param: str, special: bool = True
+    ) -> list[int]:
         """The prompt's tokens (a rendered chat's client text never spells a control
-        token), or a refusal without tokenizing a text that cannot fit the context:
+        token; `special`: as Tokenize's), or a refusal without tokenizing a text that
+        cannot fit the context:
         more bytes than the context's tokens could cover, at the most bytes one token
         covers, is more tokens than the context (never a text that fits)."""
         model = self.ctx.model
@@ -300,7 +309,7 @@ class Routed(abc.ABC):
                 param=prompt_param,
                 code="context_length_exceeded",
             )
-        return await self.ctx.tokenize(prompt)
+        return await self.ctx.tokenize(prompt, special=special)
 
     async def decode(self, body: bytes, parse: Callable[[Any], T]) -> T:
         """The body as JSON, checked by the codec's `parse`: on a worker thread when it

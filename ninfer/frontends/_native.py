@@ -142,7 +142,7 @@ class TokenizeFrontend(Routed):
         if req.model is not None:
             self.ctx.check_model(req.model)
         text, param = req.text()
-        ids = await self.tokens(text, prompt_param=param)
+        ids = await self.tokens(text, prompt_param=param, special=req.parse_special)
         context = self.ctx.model.max_context
         if len(ids) > context:  # docs/api.md: as a prompt of that length would be
             raise ApiError(
@@ -198,9 +198,13 @@ class TokenizeFrontend(Routed):
 _INLINE_TOKENS = 1024
 
 
-def _piece(raw: bytes) -> str:
-    """A token's text (a byte-level token that is part of a character: replacement)."""
-    return raw.decode("utf-8", errors="replace")
+def _piece(raw: bytes) -> str | list[int]:
+    """A token's text, or its bytes where they are not UTF-8 on their own (llama.cpp's
+    server answers the same)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
 
 
 def server_props(ctx: FrontendContext) -> dict[str, Any]:
