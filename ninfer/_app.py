@@ -48,7 +48,7 @@ from ninfer._http import (
     track_connections,
     with_cors,
 )
-from ninfer._lifecycle import Lifecycle, Trigger
+from ninfer._lifecycle import Lifecycle, Stage, Trigger
 from ninfer._lifespan import Lifespan, Serving
 from ninfer._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ninfer._metrics import Metrics
@@ -351,14 +351,19 @@ class App:
             self._lives.discard(life)
             if exchange.status:
                 self.metrics.http_done(label, exchange.status)
-                if not self.config.no_access_log and (route is None or route.logged):
-                    self._access(method, label, exchange.status, life)
+            if not self.config.no_access_log and (route is None or route.logged):
+                self._access(method, label, exchange.status, life)
 
-    def _access(self, method: str, label: str, status: int, life: Lifecycle) -> None:
+    def _access(self, method: str, label: str, status: int | None, life: Lifecycle) -> None:
         """The request's access line on the console (uvicorn's, llama-server's): method,
-        route (its template, or `unmatched`: never the raw path), status, tokens when
-        it generated, seconds, request id. Probes (/health, /ready) are not shown."""
-        fields: dict[str, Any] = {"method": method, "route": label, "status": status}
+        route (its template, or `unmatched`: never the raw path), status (`-` where the
+        client went before an answer began), `outcome=cancelled` and the stage it was in
+        where the client (or the shutdown) ended it, tokens when it generated, seconds,
+        request id. Probes (/health, /ready) are not shown."""
+        fields: dict[str, Any] = {"method": method, "route": label, "status": status or "-"}
+        if life.stage is Stage.CANCELLED:
+            fields["outcome"] = "cancelled"
+            fields["stage"] = life.left_at
         if life.tokens is not None:
             fields["tokens"] = f"{life.tokens[0]}+{life.tokens[1]}"
         fields["seconds"] = round(trio.current_time() - life.arrival, 3)

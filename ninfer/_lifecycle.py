@@ -119,6 +119,8 @@ class Lifecycle:
     admitted_at: float | None = None
     first_token_at: float | None = None
     tokens: tuple[int, int] | None = None  # (prompt, completion), once settled
+    # Where a request the client (or the shutdown) ended was: request_cancelled's stage.
+    left_at: str | None = None
 
     @property
     def decided(self) -> bool:
@@ -139,6 +141,8 @@ class Lifecycle:
         if record is not None:
             if record in ("request_rejected", "request_cancelled", "request_error"):
                 fields.setdefault("stage" if record != "request_rejected" else "phase", stage.value)
+            if record == "request_cancelled":
+                self.left_at = fields["stage"]
             self.emit(record, self.request_id, endpoint=self.endpoint, **fields)
 
     # ---- the way through -------------------------------------------------------------

@@ -218,10 +218,14 @@ async def test_busy_intervals_print_a_stats_line(
 
 @pytest.mark.parametrize("stage", ["body", "queued", "prefill", "decode", "respond"])
 async def test_a_disconnect_at_every_stage_frees_everything(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock, stage: str
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    stage: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The client leaves at `stage`: the record says where (a settled request stays
-    done), and the slot, the queue place and the engine row are all freed."""
+    done), the slot, the queue place and the engine row are all freed, and its access
+    line says what came of it (the status, `-` where no answer began)."""
     engine = FakeEngine(step_s=0.01, prefill_steps=5)
     async with running(tmp_path, engine, max_concurrency=1, max_pending_requests=4) as app:
         async with trio.open_nursery() as n:
@@ -267,6 +271,12 @@ async def test_a_disconnect_at_every_stage_frees_everything(
         assert (rec["event"], rec["stage"]) == ("request_cancelled", stage)
         if stage in ("prefill", "decode"):
             assert engine.cancelled == ["leaver"]
+    err = capsys.readouterr().err
+    (access,) = [line for line in err.splitlines() if " access " in line and "=leaver " in line]
+    # A stream's 200 is sent once it is admitted; before that no answer began.
+    status = "200" if stage in ("prefill", "decode", "respond") else "-"
+    outcome = "" if stage == "respond" else f" outcome=cancelled stage={stage}"
+    assert f"route=/v1/generate status={status}{outcome} " in access
 
 
 async def test_the_queue_deadline_is_exact(
