@@ -152,16 +152,42 @@ class _Sampling:
     logit_bias: dict[str, Any] | None = None
     user: str | None = None
     ignore_eos: bool | None = None
+    # llama-server's own fields (docs/api.md, "From llama-server"): its output budget
+    # (-1: as many tokens as the context and the KV pool leave room for), its repetition
+    # penalty over the last repeat_last_n output tokens (-1: all), the sampler stages to
+    # run in order; the rest accepted without effect (progress, per-token timings, SSE
+    # pings, caching, where sampling runs: docs/api.md says what each would change).
+    n_predict: int | None = attrs.field(default=None, metadata=schema(minimum=-1))
+    repeat_penalty: float | None = attrs.field(default=None, metadata=schema(exclusiveMinimum=0))
+    repeat_last_n: int | None = attrs.field(default=None, metadata=schema(minimum=-1))
+    samplers: list[str] | None = None
+    return_progress: bool | None = None
+    timings_per_token: bool | None = None
+    sse_ping_interval: float | None = attrs.field(default=None, metadata=schema(minimum=0))
+    cache_prompt: bool | None = None
+    backend_sampling: bool | None = None
+
+    def requested_tokens(self, *fields: str) -> tuple[int | None, str]:
+        """The output budget asked for and the field it came in: the first of `fields`
+        set, else n_predict; None for none, or for -1 (up to the room left)."""
+        for name in (*fields, "n_predict"):
+            value = getattr(self, name)
+            if value is not None:
+                return (None if value == -1 else value), name
+        return None, fields[-1]
 
 
 @attrs.frozen
 class ChatRequest(_Sampling):
     """An OpenAI chat completion request (POST /v1/chat/completions)."""
 
-    model: str = attrs.field(kw_only=True)
+    # Left out or null: the served model (llama-server's and vLLM's rule; its web UI
+    # sends none).
+    model: str | None = attrs.field(default=None, kw_only=True)
     messages: list[ChatMessage] = attrs.field(kw_only=True, metadata=schema(minItems=1))
     max_completion_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1))
-    max_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1))
+    # -1: as many as the context and the pool leave room for (llama-server's)
+    max_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=-1))
     logprobs: bool | None = None
     # 0..20, checked by the codec (the published contract has declared no limit since
     # the field was refused whole).
@@ -192,6 +218,16 @@ class ChatRequest(_Sampling):
     reasoning_effort: str | None = attrs.field(default=None, metadata=schema(enum=_EFFORTS))
     # Template variables, as vLLM takes them: enable_thinking and preserve_thinking.
     chat_template_kwargs: dict[str, Any] | None = None
+    # llama-server's web UI's: where the reasoning goes (auto and deepseek: in
+    # reasoning_content, as ninfer always puts it), and its reasoning control (accepted
+    # without effect: there is no endpoint to end reasoning early here).
+    reasoning_format: str | None = attrs.field(
+        default=None, metadata=schema(enum=["auto", "deepseek", "deepseek-legacy", "none"])
+    )
+    reasoning_control: bool | None = None
+    # Its reasoning budget (sent with an effort): no effect, as Anthropic's budget_tokens
+    # here: the reasoning counts toward the output budget and is not cut apart from it.
+    thinking_budget_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=-1))
     verbosity: Any = attrs.field(default=None, metadata=_REFUSED)
     web_search_options: Any = attrs.field(default=None, metadata=_REFUSED)
 
@@ -204,9 +240,9 @@ Prompt = str | list[str] | list[int] | list[list[int]]
 class CompletionRequest(_Sampling):
     """An OpenAI text completion request (POST /v1/completions)."""
 
-    model: str = attrs.field(kw_only=True)
+    model: str | None = attrs.field(default=None, kw_only=True)  # None: the served model
     prompt: Prompt = attrs.field(kw_only=True)
-    max_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=1, default=16))
+    max_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=-1, default=16))
     echo: bool | None = None
     # 0..5; best_of only 1; suffix refused: checked by the codec (the published contract
     # has declared no limits since these fields were refused whole).
@@ -232,6 +268,26 @@ TEXT_FORMATS = frozenset({"text", *_FORMATS})  # response_format's and text.form
 _invalid, _unsupported = invalid_value, unsupported
 SCHEMA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a json_schema format's name
 _JSON_SCHEMA_KEYS = {"name": str, "description": str, "schema": dict, "strict": bool}
+
+
+def _check_llama_fields(req: _Sampling, *budgets: str) -> None:
+    """llama-server's budget values: -1 or at least 1 (0, llama-server's "evaluate the
+    prompt only", is refused), and n_predict agreeing with the OpenAI field beside it."""
+    for name in (*budgets, "n_predict"):
+        if getattr(req, name, None) == 0:
+            raise _invalid(
+                name,
+                f"{name} must be at least 1, or -1 (as many tokens as the context and the "
+                "KV pool leave room for)",
+            )
+    given = [v for name in budgets if (v := getattr(req, name)) is not None]
+    if req.n_predict is not None and given and given[0] != req.n_predict:
+        raise _invalid("n_predict", f"n_predict and {budgets[0]} disagree; send one of them")
+    if req.samplers is not None and len(req.samplers) > SAMPLERS_MAX:
+        raise _invalid("samplers", f"samplers takes at most {SAMPLERS_MAX} names")
+
+
+SAMPLERS_MAX = 16  # llama-server knows 11 names; an order names each once
 
 
 def _check_response_format(fmt: ResponseFormat) -> None:
@@ -452,6 +508,13 @@ class OpenAICodec:
                 "max_tokens",
                 "max_tokens and max_completion_tokens disagree; send only max_completion_tokens",
             )
+        if req.reasoning_format not in (None, "auto", "deepseek"):
+            raise _unsupported(
+                "reasoning_format",
+                "reasoning_format must be auto or deepseek here: the reasoning is always "
+                "in reasoning_content",
+            )
+        _check_llama_fields(req, "max_tokens", "max_completion_tokens")
         if req.top_logprobs is not None and not req.logprobs:
             raise _invalid("top_logprobs", "top_logprobs needs logprobs set to true")
         _check_range("top_logprobs", req.top_logprobs, 0, 20)
@@ -472,6 +535,7 @@ class OpenAICodec:
         if req.best_of not in (None, 1):
             raise _unsupported("best_of", "best_of is not supported by this server (only 1)")
         _check_range("logprobs", req.logprobs, 0, 5)
+        _check_llama_fields(req, "max_tokens")
         # Refused since v0.1 but never declared as minLength in the published contract:
         # declaring it now would read as a tightened limit to `ninfer openapi --compare`.
         for i, prompt in enumerate(req.prompts()):

@@ -91,3 +91,29 @@ def test_a_top_p_draw_picks_what_a_draw_over_the_whole_row_picks() -> None:
         a = int(kept[_draw(probs[kept], torch.Generator().manual_seed(seed))])
         b = _draw(whole, torch.Generator().manual_seed(seed))
         assert a == b
+
+
+def test_the_repetition_penalty_divides_and_multiplies_the_recent_tokens() -> None:
+    """llama.cpp's repeat_penalty: a token among the last repeat_last_n output tokens
+    has its logit divided by the penalty where positive, multiplied where negative;
+    one that left the window is itself again."""
+    params = SamplingParams(temperature=0.0, repeat_penalty=2.0, repeat_last_n=2)
+    sampler = RowSampler.create(params, 6)
+    assert not sampler.plain_greedy
+    logits = torch.tensor([0.0, 1.5, -1.0, -0.4, 0.5, 2.0])
+    assert sampler.pick(logits) == 5
+    sampler.observe(5)  # 2.0 -> 1.0: token 1 (1.5) now leads
+    assert sampler.pick(logits) == 1
+    sampler.observe(1)  # 1.5 -> 0.75, 2.0 -> 1.0: 5 again
+    assert sampler.pick(logits) == 5
+    sampler.observe(3)  # the window (2) now holds 1 and 3: 5 is back to 2.0
+    assert sampler.pick(logits) == 5
+    negative = RowSampler.create(params, 6)
+    negative.observe(0)
+    negative.observe(3)
+    # 0.0 stays 0.0 (neither positive nor negative); -0.4 -> -0.8
+    assert negative.pick(torch.tensor([0.0, -0.5, -1.0, -0.4, -0.9, -0.6])) == 0
+    # -0.3 -> -0.6 and -0.4 -> -0.8: the unpenalized -0.5 leads
+    assert negative.pick(torch.tensor([-0.3, -0.5, -1.0, -0.4, -0.9, -0.6])) == 1
+    off = RowSampler.create(SamplingParams(temperature=0.0, repeat_penalty=1.0), 6)
+    assert off.plain_greedy  # 1.0: no penalty, the batched argmax

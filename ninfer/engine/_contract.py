@@ -104,6 +104,11 @@ class SamplingParams:
     min_p: float = 0.0  # 0.0: off
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # llama.cpp's repetition penalty: each token among the last `repeat_last_n` output
+    # tokens (-1: all of them) has its logit divided by it where positive, multiplied
+    # where negative (1.0: off).
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
     seed: int | None = None
     # (token id, bias) pairs added to the row's logits before anything else (OpenAI's
     # logit_bias; -100 bans a token, +100 all but forces it).
@@ -120,6 +125,10 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def repeats_penalized(self) -> bool:
+        return self.repeat_penalty != 1.0 and self.repeat_last_n != 0
 
 
 # The sampling fields a preset may set, with the range a request may send for each

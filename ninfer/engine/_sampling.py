@@ -1,5 +1,6 @@
-"""Token sampling: logit bias, greedy, temperature, top-k, top-p, min-p, presence and
-frequency penalties; and the log probabilities a request asks for.
+"""Token sampling: logit bias, greedy, temperature, top-k, top-p, min-p, presence,
+frequency and repetition (llama.cpp's) penalties; and the log probabilities a request
+asks for.
 
 Every sampled row draws from its own `torch.Generator`, seeded per request, and
 operates on its own float32 logits row, so a seeded request samples the same
@@ -21,6 +22,7 @@ logits took ~5 ms a row.
 from __future__ import annotations
 
 import secrets
+from collections import deque
 from collections.abc import Callable
 
 import attrs
@@ -45,6 +47,8 @@ class RowSampler:
     generator: torch.Generator | None
     counts: torch.Tensor | None  # (V,) float32 counts of output tokens, when penalized
     bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids, values) of logit_bias
+    # The last repeat_last_n output tokens, when repeats are penalized.
+    recent: deque[int] | None = None
     constraint: Constraint | None = None  # the request's grammar, when it has one
     # `top_p_kept`, or the native kernels' copy of it (the same ids; `create`'s
     # `native_top_p`)
@@ -67,7 +71,12 @@ class RowSampler:
         if params.logit_bias:
             ids, values = zip(*params.logit_bias, strict=True)
             bias = (torch.tensor(ids), torch.tensor(values, dtype=torch.float32))
-        sampler = cls(params=params, seed=seed, generator=gen, counts=counts, bias=bias)
+        recent: deque[int] | None = None
+        if params.repeats_penalized:
+            recent = deque(maxlen=None if params.repeat_last_n < 0 else params.repeat_last_n)
+        sampler = cls(
+            params=params, seed=seed, generator=gen, counts=counts, bias=bias, recent=recent
+        )
         if native_top_p:
             sampler.top_p = native_top_p_kept
         return sampler
@@ -78,6 +87,7 @@ class RowSampler:
         return (
             self.params.greedy
             and self.counts is None
+            and self.recent is None
             and self.bias is None
             and self.constraint is None
         )
@@ -85,6 +95,8 @@ class RowSampler:
     def observe(self, token: int) -> None:
         if self.counts is not None:
             self.counts[token] += 1.0
+        if self.recent is not None:
+            self.recent.append(token)
         if self.constraint is not None:
             self.constraint.advance(token)
 
@@ -103,6 +115,11 @@ class RowSampler:
         if self.counts is not None:
             logits = logits - p.frequency_penalty * self.counts
             logits = logits - p.presence_penalty * (self.counts > 0).float()
+        if self.recent:  # llama.cpp's repetition penalty, with the other penalties
+            ids = torch.tensor(sorted(set(self.recent)))
+            seen = logits[ids]
+            penalized = torch.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
+            logits = logits.index_copy(0, ids, penalized)
         if p.greedy:
             return int(torch.argmax(logits))
         # Shift by the maximum first, and divide by at least MIN_TEMPERATURE (a smaller

@@ -208,9 +208,12 @@ class FrontendContext:
         """The served names for a message: 'a' or 'a', 'b'."""
         return ", ".join(repr(n) for n in self.names)
 
-    def check_model(self, name: str) -> str:
+    def check_model(self, name: str | None) -> str:
         """The one rule of every protocol: `model` is one of the served names (404
-        model_not_found naming them, never echoing the request's)."""
+        model_not_found naming them, never echoing the request's); where a protocol
+        lets it be left out (None), the served model (`public_id`)."""
+        if name is None:
+            return self.public_id
         if name not in self.names:
             raise ApiError(
                 "model_not_found",

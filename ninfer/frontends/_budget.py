@@ -35,6 +35,10 @@ class SamplingRequest:
     frequency_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: str | CompiledGrammar | None = None  # a structured output's or tools' grammar
+    # llama-server's: its repetition penalty, and `samplers` (the stages to run, in order)
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    samplers: tuple[str, ...] | None = None
 
 
 # Each field's value where no request, flag or model names one.
@@ -103,7 +107,77 @@ def resolve_sampling(
         logit_bias=req.logit_bias,
         grammar=req.grammar,
     )
+    if req.repeat_penalty is not None:
+        params = attrs.evolve(params, repeat_penalty=req.repeat_penalty)
+    if req.repeat_last_n is not None:
+        params = attrs.evolve(params, repeat_last_n=req.repeat_last_n)
+    if req.samplers is not None:
+        params = follow_samplers(req.samplers, params)
     return params, warnings
+
+
+# llama-server's sampler names (its `samplers`), and the stage of ninfer's each one is:
+# None for those ninfer has not (they are off unless their own fields turn them on,
+# which ninfer refuses), so their place in the order changes nothing.
+LLAMA_SAMPLERS: dict[str, str | None] = {
+    "penalties": "penalties", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+    "temperature": "temperature", "dry": None, "top_n_sigma": None, "typ_p": None,
+    "typical_p": None, "xtc": None, "infill": None,
+}  # fmt: skip
+# Which stage must come before which, where both change the outcome, for ninfer's one
+# pipeline (penalties, temperature, top-k, min-p, top-p: vLLM's order) to compute what
+# the order asks: top-k commutes with temperature and min-p, the rest do not.
+_BEFORE = (("penalties", "temperature"), ("penalties", "top_k"), ("penalties", "min_p"),
+           ("penalties", "top_p"), ("temperature", "min_p"), ("temperature", "top_p"),
+           ("top_k", "top_p"), ("min_p", "top_p"))  # fmt: skip
+
+
+def follow_samplers(order: tuple[str, ...], params: SamplingParams) -> SamplingParams:
+    """`params` as llama-server's `samplers` runs them: a stage left out of the order is
+    off; the stages that change the outcome must come in an order ninfer's pipeline
+    computes the same (else 400 naming `samplers`)."""
+    for i, name in enumerate(order):
+        if name not in LLAMA_SAMPLERS:
+            raise ApiError(
+                "invalid_request",
+                f"samplers[{i}] is not a sampler llama.cpp's server knows",
+                param=f"samplers[{i}]",
+                code="invalid_value",
+            )
+    named = {LLAMA_SAMPLERS[n] for n in order}
+    off = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0,
+           "presence_penalty": 0.0, "frequency_penalty": 0.0, "repeat_penalty": 1.0}  # fmt: skip
+    changes: dict[str, Any] = {}
+    for stage in ("top_k", "top_p", "min_p"):
+        if stage not in named:
+            changes[stage] = off[stage]
+    if "temperature" not in named and not params.greedy:
+        changes["temperature"] = off["temperature"]
+    if "penalties" not in named:
+        changes.update(presence_penalty=0.0, frequency_penalty=0.0, repeat_penalty=1.0)
+    params = attrs.evolve(params, **changes)
+    active = {
+        "penalties": params.penalized or params.repeats_penalized,
+        "temperature": not params.greedy and params.temperature != 1.0,
+        "top_k": params.top_k > 0,
+        "min_p": params.min_p > 0.0,
+        "top_p": params.top_p < 1.0,
+    }
+    if params.greedy:  # argmax: only the penalties change it
+        active.update(top_k=False, min_p=False, top_p=False)
+    place = {LLAMA_SAMPLERS[n]: i for i, n in enumerate(order) if LLAMA_SAMPLERS[n]}
+    for first, then in _BEFORE:
+        if active[first] and active[then] and place[first] > place[then]:
+            raise ApiError(
+                "invalid_request",
+                f"this order runs {then} before {first}, which ninfer cannot follow with "
+                f"these values: it runs penalties, temperature, top_k, min_p, top_p in that "
+                f"order (top_k anywhere before top_p); reorder them, or leave {first} or "
+                f"{then} at its off value",
+                param="samplers",
+                code="invalid_value",
+            )
+    return params
 
 
 @attrs.frozen

@@ -488,6 +488,9 @@ def _sampling(
         frequency_penalty=req.frequency_penalty,
         logit_bias=logit_bias_pairs(req.logit_bias, vocab_size),
         grammar=grammar,
+        repeat_penalty=req.repeat_penalty,
+        repeat_last_n=req.repeat_last_n,
+        samplers=tuple(req.samplers) if req.samplers is not None else None,
     )
 
 
@@ -669,7 +672,7 @@ class ChatFrontend(_OpenAIFrontend):
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_chat)
-        self.ctx.check_model(req.model)  # the body is checked whole before the template
+        model = self.ctx.check_model(req.model)  # checked whole before the template
         plan = _tool_plan(req)
         thinking = self.thinking(_chat_thinking(req))
         grammar = await self.output_grammar(plan, *_format_schema(req), thinking)
@@ -682,10 +685,7 @@ class ChatFrontend(_OpenAIFrontend):
             thinking=thinking,
         )
         ids = await self.tokens(prompt, prompt_param="messages")
-        requested: int | None = req.max_tokens
-        param = "max_tokens"
-        if req.max_completion_tokens is not None:
-            requested, param = req.max_completion_tokens, "max_completion_tokens"
+        requested, param = req.requested_tokens("max_completion_tokens", "max_tokens")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         requests, groups, headers = self._choices(
             req,
@@ -700,7 +700,7 @@ class ChatFrontend(_OpenAIFrontend):
         answer = ChatAnswer(
             self.dialect.encoder,
             "chatcmpl-" + request_id,
-            req.model,  # the served name the client used (an alias is answered as sent)
+            model,  # the served name the client used (an alias is answered as sent)
             int(time.time()),  # OpenAI's `created`: when this completion was made
             self._include_usage(req),
             len(requests),
@@ -720,7 +720,7 @@ class CompletionsFrontend(_OpenAIFrontend):
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_completion)
-        self.ctx.check_model(req.model)
+        model = self.ctx.check_model(req.model)
         vocab = self.ctx.model.identity.vocab_size
         prompts: list[list[int]] = []
         texts: list[str] = []
@@ -739,14 +739,16 @@ class CompletionsFrontend(_OpenAIFrontend):
                     )
                 prompts.append(prompt)
                 texts.append(b"".join(map(self._spelling.bytes, prompt)).decode("utf-8", "replace"))
-        requested = req.max_tokens if req.max_tokens is not None else self.DEFAULT_MAX_TOKENS
+        requested, param = req.requested_tokens("max_tokens")
+        if req.max_tokens is None and req.n_predict is None:
+            requested = self.DEFAULT_MAX_TOKENS
         logprobs = req.logprobs
         requests, groups, headers = self._choices(
             req,
             request_id,
             prompts,
             requested=requested,
-            param="max_tokens",
+            param=param,
             prompt_param="prompt",
             logprobs=logprobs,
             prompt_logprobs=logprobs if req.echo and logprobs is not None else None,
@@ -757,7 +759,7 @@ class CompletionsFrontend(_OpenAIFrontend):
         answer = CompletionAnswer(
             self.dialect.encoder,
             "cmpl-" + request_id,
-            req.model,
+            model,
             int(time.time()),
             self._include_usage(req),
             len(requests),

@@ -1,0 +1,149 @@
+"""What llama-server's own clients send, answered: the requests of llama.cpp's web UI
+(tools/ui's chat.service.ts, build 11434: no `model`, `reasoning_format`,
+`reasoning_control`, `return_progress`, `timings_per_token`, `sse_ping_interval`,
+`backend_sampling`) and of the scripts its README shows (`n_predict`, `max_tokens: -1`,
+`repeat_penalty`, `samplers`), over the app in process (a fake engine: one token "a"
+a step); llama-server's fields are honoured or refused by name (docs/api.md, "From
+llama-server")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from fakeengine import FakeEngine
+from server import serve_app
+
+from ninfer.engine import SamplingParams
+from ninfer.frontends._budget import follow_samplers
+from protocols import ApiError
+
+CHAT = "/v1/chat/completions"
+QUESTION = [{"role": "user", "content": "hi"}]
+# The web UI's body with its settings untouched (chat.service.ts: its model only in
+# router mode; `backend_sampling: false` is a setting whose default is sent).
+WEB_UI: dict[str, Any] = {
+    "messages": QUESTION, "return_progress": True, "sse_ping_interval": 1, "stream": True,
+    "reasoning_format": "auto", "reasoning_control": True, "timings_per_token": True,
+    "backend_sampling": False,
+}  # fmt: skip
+
+
+def _stream_text(body: bytes) -> tuple[str, str]:
+    """The streamed content and the chunks' model."""
+    text, model = "", ""
+    for line in body.decode().splitlines():
+        if line.startswith("data: {"):
+            chunk = orjson.loads(line[6:])
+            model = chunk["model"]
+            for choice in chunk["choices"]:
+                text += choice["delta"].get("content") or ""
+    return text, model
+
+
+async def test_the_web_uis_request_is_answered(tmp_path: Path) -> None:
+    async with serve_app(tmp_path, served_model_name=["local"]) as srv, srv.client() as c:
+        r = await c.post(CHAT, json={**WEB_UI, "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        assert _stream_text(r.content) == ("aaa", "local")  # the served model answers
+        # A history with the reasoning the UI keeps, and its thinking budget.
+        history = [*QUESTION, {"role": "assistant", "content": "a", "reasoning_content": "r"},
+                   {"role": "user", "content": "more"}]  # fmt: skip
+        body = {**WEB_UI, "messages": history, "thinking_budget_tokens": 1024, "max_tokens": 2}
+        assert (await c.post(CHAT, json=body)).status_code == 200
+        # Raw output (the UI's "disable reasoning parsing") cannot be given here.
+        raw = await c.post(CHAT, json={**WEB_UI, "reasoning_format": "none"})
+        assert raw.status_code == 400
+        assert raw.json()["error"]["param"] == "reasoning_format"
+        # null is the served model as well; a wrong name is still refused.
+        null = await c.post(CHAT, json={"model": None, "messages": QUESTION, "max_tokens": 1})
+        assert null.json()["model"] == "local"
+        wrong = await c.post(CHAT, json={"model": "other", "messages": QUESTION})
+        assert wrong.status_code == 404
+
+
+BUDGETS: list[tuple[str, dict[str, Any], int]] = [
+    (CHAT, {"messages": QUESTION, "n_predict": 5}, 5),
+    ("/v1/completions", {"prompt": "hi", "n_predict": 5}, 5),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "n_predict": 4}, 4),
+    ("/v1/completions", {"prompt": "hi"}, 16),  # OpenAI's legacy default
+]
+
+
+async def test_n_predict_is_the_output_budget(tmp_path: Path) -> None:
+    async with serve_app(tmp_path) as srv, srv.client() as c:
+        for path, body, tokens in BUDGETS:
+            r = await c.post(path, json=body)
+            assert r.status_code == 200, (body, r.text)
+            assert r.json()["usage"]["completion_tokens"] == tokens
+
+
+async def test_minus_one_is_as_many_as_there_is_room_for(tmp_path: Path) -> None:
+    """max_tokens (or n_predict) -1: up to what the context and the KV pool leave, as a
+    request that names no budget on the chat route gets; not clamped (no header)."""
+    engine = FakeEngine(step_s=0.0, max_context=64)  # a step a token, without waiting
+    async with serve_app(tmp_path, engine=engine) as srv, srv.client() as c:
+        context = 64
+        for path, field in [(p, f) for p in (CHAT, "/v1/completions")
+                            for f in ("max_tokens", "n_predict")]:  # fmt: skip
+            base = {"messages": QUESTION} if path == CHAT else {"prompt": "hi"}
+            r = await c.post(path, json={**base, field: -1})
+            assert r.status_code == 200, r.text
+            usage = r.json()["usage"]
+            assert usage["prompt_tokens"] + usage["completion_tokens"] == context
+            assert "ninfer-max-tokens-clamped" not in r.headers
+
+
+REFUSED: list[tuple[dict[str, Any], str]] = [
+        ({"n_predict": 0}, "n_predict"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -2}, "max_tokens"),
+        ({"max_tokens": 5, "n_predict": 6}, "n_predict"),
+        ({"repeat_penalty": 0}, "repeat_penalty"),
+        ({"repeat_last_n": -2}, "repeat_last_n"),
+        ({"samplers": ["top_k", "mirostat"]}, "samplers[1]"),
+        # llama-server's default order with top_p and min_p on: ninfer runs min_p first
+        ({"samplers": ["top_k", "top_p", "min_p", "temperature"], "top_p": 0.9,
+          "min_p": 0.05, "temperature": 1.0}, "samplers"),
+        # temperature last, with a filter that it changes: ninfer runs it first
+        ({"samplers": ["min_p", "temperature"], "min_p": 0.05, "temperature": 0.7}, "samplers"),
+]  # fmt: skip
+HONOURED: list[dict[str, Any]] = [
+    {"repeat_penalty": 1.1, "repeat_last_n": 64},
+    {"repeat_penalty": 1.0, "repeat_last_n": -1},
+    {"samplers": ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc",
+                  "temperature"], "temperature": 1.0, "top_p": 0.9},
+    {"samplers": ["top_k", "temperature"], "top_k": 40, "temperature": 0.5},
+    {"samplers": ["temperature", "min_p", "top_p"], "min_p": 0.1, "top_p": 0.9,
+     "temperature": 0.7},
+    {"cache_prompt": True, "return_progress": False},
+]  # fmt: skip
+
+
+async def test_llama_fields_are_honoured_or_refused_by_name(tmp_path: Path) -> None:
+    async with serve_app(tmp_path) as srv, srv.client() as c:
+        for body, param in REFUSED:
+            r = await c.post(CHAT, json={"messages": QUESTION, **body})
+            assert r.status_code == 400, (body, r.text)
+            assert r.json()["error"]["param"] == param, body
+        for body in HONOURED:
+            r = await c.post(CHAT, json={"messages": QUESTION, "max_tokens": 2, **body})
+            assert r.status_code == 200, (body, r.text)
+
+
+def test_a_stage_left_out_of_the_order_is_off() -> None:
+    """llama-server runs only the stages its `samplers` names: the others' values are
+    set to off; the penalties too."""
+    params = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05,
+                            presence_penalty=0.5, repeat_penalty=1.2)  # fmt: skip
+    kept = follow_samplers(("top_k", "temperature"), params)
+    assert (kept.temperature, kept.top_k, kept.top_p, kept.min_p) == (0.7, 40, 1.0, 0.0)
+    assert (kept.presence_penalty, kept.repeat_penalty) == (0.0, 1.0)
+    assert follow_samplers(("top_k",), params).temperature == 1.0
+    greedy = SamplingParams(temperature=0.0, top_p=0.5, min_p=0.5)
+    assert follow_samplers(("top_p", "min_p", "temperature"), greedy) == greedy  # argmax
+    with pytest.raises(ApiError) as refused:
+        follow_samplers(("temperature", "penalties"), params)
+    assert refused.value.param == "samplers"
