@@ -43,6 +43,8 @@ class FakeTemplate:
     source = "<role>content...<assistant>"
     writes_tool_calls = False
     thinking = None
+    bos_token = ""
+    eos_token = "<eos>"
 
     def render(
         self,

@@ -194,6 +194,12 @@ async def test_version(tiny_gguf: Path, tmp_path: Path) -> None:
     assert "{%" in props["chat_template"]  # the tiny model's ChatML template
     assert props["capabilities"]["chat"] is props["capabilities"]["structured_outputs"] is True
     assert props["default_generation_settings"]["params"]["temperature"] == 1.0
+    # llama-server's fields (its web UI reads them)
+    assert props["model_path"] == str(tiny_gguf)
+    assert props["model_alias"] == srv.app.public_id
+    assert (props["bos_token"], props["eos_token"]) == ("<|im_start|>", "<|im_end|>")
+    assert props["default_generation_settings"]["params"]["n_predict"] == 512
+    assert props["chat_template_caps"]["supports_tools"] is True
     assert contract.json() == json.loads(SHIPPED_CONTRACT.read_bytes())
     assert "/version" in contract.json()["paths"]
     assert r.status_code == 200

@@ -471,6 +471,16 @@ class ChatTemplate(Protocol):
         ...
 
     @property
+    def bos_token(self) -> str:
+        """The model's BOS token's text, as the template is given it ("" for none)."""
+        ...
+
+    @property
+    def eos_token(self) -> str:
+        """The model's EOS token's text, as the template is given it."""
+        ...
+
+    @property
     def thinking(self) -> ThinkingSupport | None:
         """How the template handles reasoning; None: it has none (no thinking model)."""
         ...

@@ -222,7 +222,13 @@ def server_props(ctx: FrontendContext) -> dict[str, Any]:
         "architecture": ident.architecture,
         "n_ctx": ctx.model.max_context,
         "total_slots": ctx.config.max_concurrency,
+        # llama-server's: the file served, the name it answers to, its special tokens
+        "model_path": ident.path,
+        "model_alias": ctx.public_id,
+        "bos_token": template.bos_token if template is not None else "",
+        "eos_token": template.eos_token if template is not None else "",
         "chat_template": template.source if template is not None else None,
+        "chat_template_caps": _template_caps(ctx),
         "capabilities": {
             "chat": template is not None,
             "tools": template is not None,
@@ -242,9 +248,34 @@ def server_props(ctx: FrontendContext) -> dict[str, Any]:
                 **defaults,
                 "seed": ctx.config.seed,
                 "max_tokens": ctx.config.default_max_tokens,
+                # llama-server's name for it: what /completion gives a request naming none
+                "n_predict": ctx.config.default_max_tokens,
             },
         },
         "build_info": f"ninfer {__version__}",
+    }
+
+
+def _template_caps(ctx: FrontendContext) -> dict[str, bool]:
+    """llama-server's `chat_template_caps`, as ninfer's chat pipeline serves the model:
+    string content (a message's text parts are joined before rendering), tools and
+    their calls on every template (a template without them gets ninfer's tool section),
+    parallel calls, a system role, a call's arguments given to the template as an
+    object, preserved reasoning where the template takes it; no effort levels."""
+    template = ctx.model.tokenizer.chat_template
+    if template is None:
+        return {}
+    thinking = template.thinking
+    return {
+        "supports_string_content": True,
+        "supports_typed_content": False,
+        "supports_tools": True,
+        "supports_tool_calls": True,
+        "supports_parallel_tool_calls": True,
+        "supports_system_role": True,
+        "supports_preserve_reasoning": thinking is not None and thinking.preserve,
+        "supports_reasoning_effort": False,
+        "supports_object_arguments": True,
     }
 
 
