@@ -56,6 +56,7 @@ __all__ = [
     "MessageStop",
     "ModelCard",
     "ModelList",
+    "ModelMeta",
     "NativeDoneEvent",
     "NativeError",
     "NativeErrorBody",
@@ -396,11 +397,26 @@ class CompletionChunk:
 
 
 @attrs.frozen(kw_only=True)
+class ModelMeta:
+    """llama-server's `meta` of a model card: its vocabulary, the context served and
+    trained, the file's size in bytes (None where it cannot be read)."""
+
+    n_vocab: int
+    n_ctx: int
+    n_ctx_train: int
+    size: int | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ModelCard:
     id: str
     object: Literal["model"] = tag("model")
     created: int
     owned_by: str
+    # llama-server's: the model's other served names (one card a model, not one a
+    # name), and what it is
+    aliases: list[str] | None = None
+    meta: ModelMeta | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import openai
 import orjson
 import pytest
 from fakeengine import FakeEngine
@@ -68,9 +69,17 @@ async def test_a_frontends_routes_are_served_in_its_dialect(tmp_path: Path) -> N
     async with serve_app(tmp_path, served_model_name=names) as srv, srv.client() as c:
         listing = await c.get("/models")  # the unversioned alias of /v1/models
         assert listing.status_code == 200
-        assert [m["id"] for m in listing.json()["data"]] == names
+        # One card a model (llama-server's shape): the other names are its aliases.
+        (entry,) = listing.json()["data"]
+        assert (entry["id"], entry["aliases"]) == (MODEL, ["alias"])
+        assert entry["meta"]["n_ctx"] == entry["meta"]["n_ctx_train"] == 512
+        assert entry["meta"]["n_vocab"] == 256
+        # The OpenAI SDK's reader takes it (Open WebUI reads `data[].id`, as here).
+        assert openai.types.Model.model_validate(entry).id == MODEL
         card = await c.get("/v1/models/" + MODEL)
         assert (card.status_code, card.json()["id"]) == (200, MODEL)
+        by_alias = (await c.get("/v1/models/alias")).json()
+        assert (by_alias["id"], by_alias["aliases"]) == ("alias", [MODEL])
         missing = await c.get("/v1/models/org/other")
         assert missing.status_code == 404
         assert missing.json()["error"]["code"] == "model_not_found"

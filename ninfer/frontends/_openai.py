@@ -3,6 +3,7 @@ model cards of /v1/models."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -71,6 +72,7 @@ from protocols import (
     FunctionCallDelta,
     ModelCard,
     ModelList,
+    ModelMeta,
     OpenAICodec,
     OpenAIDialect,
     OpenAIUsage,
@@ -89,8 +91,9 @@ _DONE = b"data: [DONE]\n\n"
 
 
 class ModelsFrontend(Routed):
-    """GET /v1/models and /v1/models/{model}: every served name, the public id first
-    (aliases are cards of the same model)."""
+    """GET /v1/models: the served model's one card, its public id with the other served
+    names as `aliases` and llama-server's `meta`; /v1/models/{model}: the card under
+    any served name."""
 
     dialect = OpenAIDialect()
     unversioned = True
@@ -103,10 +106,24 @@ class ModelsFrontend(Routed):
         )
 
     def _card(self, name: str) -> ModelCard:
-        return ModelCard(id=name, created=self.ctx.created, owned_by="ninfer")
+        model = self.ctx.model
+        try:
+            size: int | None = os.stat(model.identity.path).st_size
+        except OSError:
+            size = None
+        meta = ModelMeta(
+            n_vocab=model.identity.vocab_size,
+            n_ctx=model.max_context,
+            n_ctx_train=model.identity.context_length,
+            size=size,
+        )
+        aliases = [n for n in self.ctx.names if n != name]
+        return ModelCard(
+            id=name, created=self.ctx.created, owned_by="ninfer", aliases=aliases, meta=meta
+        )
 
     def listing(self, call: PathArgs) -> bytes:
-        cards = ModelList(data=[self._card(name) for name in self.ctx.names])
+        cards = ModelList(data=[self._card(self.ctx.public_id)])
         return self.dialect.encoder.json(cards)
 
     def card(self, call: PathArgs) -> bytes:
