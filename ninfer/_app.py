@@ -197,11 +197,14 @@ class App:
         self.routes = RouteTable(native)
         own = {
             "/health": Route({"GET": self._health}, native, open=True, logged=False),
+            # llama-server's name for it
+            "/v1/health": Route({"GET": self._health}, native, open=True, logged=False),
             "/ready": Route({"GET": self._ready}, native, open=True, logged=False),
             "/metrics": Route({"GET": self._metrics}, native, open=config.metrics_public),
             "/version": Route({"GET": self._version}, native, logged=False),
             "/openapi.json": Route({"GET": self._openapi}, native, logged=False),
             "/props": Route({"GET": self._props}, native, logged=False),
+            "/slots": Route({"GET": self._slots}, native, logged=False),
         }
         for path, route in own.items():
             self.routes.add(path, route)
@@ -482,6 +485,32 @@ class App:
     async def _props(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs) -> None:
         """llama.cpp's GET /props: the model, its context, template and capabilities."""
         await self._ok(ex, life, dumps(server_props(self.lifespan.ready().frontends)))
+
+    async def _slots(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, a: PathArgs) -> None:
+        """llama.cpp's GET /slots, read-only: one slot per place of --max-concurrency, the
+        requests the engine runs (prefilling or decoding) in the first ones; with
+        `fail_on_no_slot=1`, 503 when none is idle (as llama-server answers)."""
+        serving = self.lifespan.ready()
+        running = sorted(
+            (x for x in self._lives if x.stage in (Stage.PREFILL, Stage.DECODE)),
+            key=lambda x: x.arrival,
+        )
+        slots = []
+        for i in range(self.config.max_concurrency):
+            busy = running[i] if i < len(running) else None
+            slot: dict[str, Any] = {
+                "id": i,
+                "n_ctx": serving.model.max_context,
+                "speculative": serving.model.speculative != "none",
+                "is_processing": busy is not None,
+            }
+            if busy is not None:
+                slot.update(request_id=busy.request_id, endpoint=busy.endpoint)
+                slot["stage"] = busy.stage.value
+            slots.append(slot)
+        if b"fail_on_no_slot=1" in a.query and len(running) >= self.config.max_concurrency:
+            raise ApiError("server_overloaded", "no slot is idle", retry_after=1.0)
+        await self._ok(ex, life, dumps(slots))
 
     async def _openapi(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs) -> None:
         """The contract this server keeps (what `ninfer openapi` writes, and

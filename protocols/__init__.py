@@ -130,6 +130,13 @@ from protocols._json import (
     dumps,
     loads,
 )
+from protocols._llama import (
+    AppliedTemplate,
+    LlamaCodec,
+    LlamaCompletion,
+    LlamaCompletionRequest,
+    LlamaTimings,
+)
 from protocols._native import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -181,6 +188,7 @@ __all__ = [
     "AnthropicToolChoice",
     "AnthropicUsage",
     "ApiError",
+    "AppliedTemplate",
     "AssistantMessage",
     "Break",
     "ChatChoice",
@@ -226,6 +234,10 @@ __all__ = [
     "InputTokensCount",
     "InputTokensDetails",
     "InputTokensRequest",
+    "LlamaCodec",
+    "LlamaCompletion",
+    "LlamaCompletionRequest",
+    "LlamaTimings",
     "MessageDelta",
     "MessageResponse",
     "MessageStart",

@@ -32,6 +32,7 @@ from protocols._answers import (
     ResponseObject,
 )
 from protocols._anthropic import CountTokensRequest, MessagesRequest
+from protocols._llama import AppliedTemplate, LlamaCompletion, LlamaCompletionRequest
 from protocols._native import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -214,6 +215,17 @@ def openapi_document(version: str) -> dict[str, Any]:
                 },
             }
         },
+        "/v1/health": {
+            "get": {
+                "summary": "/health under llama-server's name",
+                "responses": {
+                    "200": {"description": "up", "content": _json(
+                        {"type": "object", "properties": {"status": {"const": "ok"}},
+                         "required": ["status"]})},
+                    **_errors(native_err, ("503",), "X-Request-Id"),
+                },
+            }
+        },
         "/ready": {
             "get": {
                 "summary": "readiness (503 while loading, draining or failed)",
@@ -355,6 +367,43 @@ def openapi_document(version: str) -> dict[str, Any]:
             _errors(anthropic_err, _COMPAT_STATUSES, "Request-Id"),
             rid_name="Request-Id",
         ),
+        "/completion": generation(
+            "llama-server's completion: a raw prompt, its answer's shape",
+            req(LlamaCompletionRequest, False),
+            resp(LlamaCompletion),
+            {"x-stream-data": {"anyOf": [resp(LlamaCompletion), native_err]},
+             "x-stream-end": "the event with stop: true"},
+            _errors(native_err, _NATIVE_STATUSES, "X-Request-Id"),
+        ),
+        "/apply-template": {
+            "post": {
+                "summary": "a chat rendered to the prompt /v1/chat/completions would use "
+                "(llama-server's)",
+                "requestBody": {"required": True, "content": _json(req(ChatRequest, True))},
+                "responses": {"200": {"description": "the prompt", "headers": rid,
+                                      "content": _json(resp(AppliedTemplate))},
+                              **_errors(openai_err, _COMPAT_STATUSES, "X-Request-Id")},
+            }
+        },
+        "/slots": {
+            "get": {
+                "summary": "llama-server's slots, read-only: one a --max-concurrency place, "
+                "the running requests in the first",
+                "parameters": [{"name": "fail_on_no_slot", "in": "query",
+                                "schema": {"enum": ["0", "1"]}}],
+                "responses": {"200": {"description": "the slots", "content": _json(
+                    {"type": "array", "items": {
+                        "type": "object",
+                        "required": ["id", "n_ctx", "speculative", "is_processing"],
+                        "properties": {"id": {"type": "integer"}, "n_ctx": {"type": "integer"},
+                                       "speculative": {"type": "boolean"},
+                                       "is_processing": {"type": "boolean"},
+                                       "request_id": {"type": "string"},
+                                       "endpoint": {"type": "string"},
+                                       "stage": {"enum": ["prefill", "decode"]}}}})},
+                              **_errors(native_err, ("401", "429", "503"), "X-Request-Id")},
+            }
+        },
         "/tokenize": tokenizing(
             "a text's tokens (llama.cpp's and vLLM's shapes, one answer)",
             TokenizeRequest, TokenizeResponse, "tokenized"),

@@ -91,6 +91,9 @@ class FakeTokenizer:
     def encode_plain(self, text: str) -> list[int]:
         return self.encode(text)
 
+    def chat_prompt(self, chat: ChatText) -> str:
+        return chat.text
+
     def token_bytes(self, token_id: int) -> bytes:
         return chr(token_id - 1).encode("utf-8")
 

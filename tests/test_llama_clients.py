@@ -8,11 +8,13 @@ llama-server")."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import trio
 from fakeengine import FakeEngine
 from server import serve_app
 
@@ -147,3 +149,60 @@ def test_a_stage_left_out_of_the_order_is_off() -> None:
     with pytest.raises(ApiError) as refused:
         follow_samplers(("temperature", "penalties"), params)
     assert refused.value.param == "samplers"
+
+
+async def test_llama_servers_completion_route(tmp_path: Path) -> None:
+    """POST /completion in llama-server's shapes: a text or token-id prompt, n_predict
+    (-1: up to the room left), its answer's fields and timings, a stream of `data:`
+    events without [DONE] whose last carries `stop: true` and the totals."""
+    engine = FakeEngine(step_s=0.0)  # a step a token, without waiting
+    async with serve_app(tmp_path, engine=engine) as srv, srv.client() as c:
+        whole = await c.post("/completion", json={"prompt": "hello", "n_predict": 4})
+        assert whole.status_code == 200, whole.text
+        body = whole.json()
+        assert (body["content"], body["stop"], body["stop_type"]) == ("aaaa", True, "limit")
+        assert (body["tokens_predicted"], body["tokens_evaluated"]) == (4, 5)
+        assert (body["model"], body["prompt"], body["tokens"]) == ("fake", "hello", [])
+        assert set(body["timings"]) >= {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms",
+                                        "predicted_per_second"}  # fmt: skip
+        ids = await c.post("/completion", json={"prompt": [104, 105], "n_predict": 2,
+                                                "return_tokens": True, "stream": True})  # fmt: skip
+        events = [
+            orjson.loads(line[6:]) for line in ids.text.splitlines() if line.startswith("data: ")
+        ]
+        assert "[DONE]" not in ids.text
+        assert [e["stop"] for e in events] == [False, False, True]
+        assert "".join(e["content"] for e in events) == "aa"
+        assert all(e["tokens"] for e in events[:2])
+        assert events[-1]["tokens_evaluated"] == 2
+        rest = await c.post("/completion", json={"prompt": "x", "n_predict": -1, "seed": -1})
+        assert rest.json()["tokens_evaluated"] + rest.json()["tokens_predicted"] == 512
+        for extra, param in (({"grammar": 'root ::= "a"'}, "grammar"), ({"n_probs": 3}, "n_probs"),
+                             ({"n_predict": 0}, "n_predict"), ({"prompt": [10**6]}, "prompt"),
+                             ({"model": "other"}, "model")):  # fmt: skip
+            r = await c.post("/completion", json={"prompt": "x", **extra})
+            assert r.status_code in (404, 422), r.text
+            assert r.json()["error"]["param"] == param
+
+
+async def test_apply_template_health_and_slots(tmp_path: Path) -> None:
+    """/apply-template answers the prompt the chat route would tokenize; /v1/health is
+    /health; /slots shows --max-concurrency slots, the running request in one."""
+    engine = FakeEngine(step_s=0.01)
+    async with serve_app(tmp_path, engine=engine, max_concurrency=2) as srv, srv.client() as c:
+        applied = await c.post("/apply-template", json={"messages": QUESTION})
+        assert applied.json() == {"prompt": "<user>hi<assistant>"}
+        assert (await c.get("/v1/health")).json() == {"status": "ok"}
+        idle = (await c.get("/slots?fail_on_no_slot=1")).json()
+        assert [(s["id"], s["is_processing"]) for s in idle] == [(0, False), (1, False)]
+        async with trio.open_nursery() as nursery:
+            body = {"prompt": "x", "n_predict": 400}
+            nursery.start_soon(partial(c.post, "/completion", json=body,
+                                       headers={"x-request-id": "busy"}))  # fmt: skip
+            while engine.active == 0:  # noqa: ASYNC110  (the fake engine has no event for it)
+                await trio.sleep(0.001)
+            slots = (await c.get("/slots")).json()
+            nursery.cancel_scope.cancel()
+        assert slots[0]["is_processing"] is True
+        assert slots[0]["request_id"] == "busy"
+        assert slots[1]["is_processing"] is False

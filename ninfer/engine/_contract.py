@@ -533,6 +533,11 @@ class Tokenizer(Protocol):
         `parse_special: false`), the BOS token first when the model wants one."""
         ...
 
+    def chat_prompt(self, chat: ChatText) -> str:
+        """A rendered chat as text (the client's strings as sent): what it would be
+        tokenized from, for display."""
+        ...
+
     def token_bytes(self, token_id: int) -> bytes:
         """One token's bytes (part of a UTF-8 character, for some byte-level tokens)."""
         ...

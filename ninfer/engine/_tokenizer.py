@@ -287,6 +287,10 @@ class TextTokenizer:
         tokens not recognised."""
         return self._with_bos(self._encode_parts(self.controls.split(chat.text)))
 
+    def chat_prompt(self, chat: ChatText) -> str:
+        """A rendered chat as text, the client's strings unescaped."""
+        return self.controls.unescape(chat.text)
+
     def encode_plain(self, text: str) -> list[int]:
         """`text`'s ids, control tokens' texts read as plain text, with the BOS token
         first when the model wants one."""

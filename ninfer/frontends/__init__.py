@@ -23,6 +23,7 @@ from ninfer.frontends._base import (
 )
 from ninfer.frontends._budget import sampling_record
 from ninfer.frontends._grammar import GrammarCompiler
+from ninfer.frontends._llama import LlamaCompletionFrontend
 from ninfer.frontends._native import NativeFrontend, TokenizeFrontend, server_props
 from ninfer.frontends._openai import ChatFrontend, CompletionsFrontend, ModelsFrontend
 from ninfer.frontends._responses import ResponsesFrontend
@@ -58,6 +59,7 @@ __all__ = [
 # lifespan builds one of each, from the FrontendContext, once the model is loaded.
 FRONTENDS: tuple[type[Routed], ...] = (
     NativeFrontend,
+    LlamaCompletionFrontend,
     TokenizeFrontend,
     ModelsFrontend,
     ChatFrontend,

@@ -19,6 +19,7 @@ from ninfer.engine import (
 )
 from ninfer.frontends._base import (
     Choice,
+    Count,
     Frontend,
     FrontendContext,
     FrontendRoute,
@@ -50,6 +51,7 @@ from ninfer.frontends._tools import (
 )
 from protocols import (
     ApiError,
+    AppliedTemplate,
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -686,6 +688,27 @@ def _chat_thinking(req: ChatRequest) -> ThinkingAsk:
 
 class ChatFrontend(_OpenAIFrontend):
     endpoint = "/v1/chat/completions"
+
+    @classmethod
+    def routes(cls) -> tuple[FrontendRoute, ...]:
+        # llama-server's /apply-template: a chat body rendered as the chat route renders
+        # it (tools, thinking), its prompt answered instead of generated from.
+        return (*super().routes(), FrontendRoute("/apply-template", {"POST": Count(cls.apply)}))
+
+    async def apply(self, body: bytes) -> bytes:
+        """{"prompt": the text the chat route would tokenize for `body`}."""
+        req = await self.decode(body, self._codec.parse_chat)
+        self.ctx.check_model(req.model)
+        plan = _tool_plan(req)
+        thinking = self.thinking(_chat_thinking(req))
+        prompt = await self.render_chat(
+            [_turn(m) for m in req.messages],
+            param="messages",
+            tools=plan.tools if plan is not None else (),
+            thinking=thinking,
+        )
+        text = self.ctx.model.tokenizer.chat_prompt(prompt)
+        return self.dialect.encoder.json(AppliedTemplate(prompt=text))
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_chat)

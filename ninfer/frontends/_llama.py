@@ -1,0 +1,153 @@
+"""llama.cpp's server's own generation route, POST /completion, in its shapes
+(protocols._llama): a raw prompt (text or token ids), `n_predict`, its answer's
+`content`, `stop`, `stop_type`, `tokens_*` and `timings`, streamed as `data:` events
+with no `[DONE]`."""
+
+from __future__ import annotations
+
+import attrs
+
+from ninfer.engine import TokenDelta
+from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
+from ninfer.frontends._budget import SamplingRequest
+from protocols import (
+    ApiError,
+    Encoder,
+    LlamaCodec,
+    LlamaCompletion,
+    LlamaTimings,
+    NativeDialect,
+)
+
+__all__ = ["LlamaCompletionFrontend"]
+
+# How an engine request ended, in llama-server's `stop_type`.
+_STOP_TYPES = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit",
+               "capacity": "limit"}  # fmt: skip
+
+
+def _per(n: int, ms: float) -> tuple[float, float]:
+    """Milliseconds a token and tokens a second (0 where nothing was timed)."""
+    return (ms / n if n else 0.0), (n * 1000.0 / ms if ms > 0 else 0.0)
+
+
+@attrs.frozen
+class LlamaAnswer:
+    encoder: Encoder
+    model: str
+    prompt: str
+    return_tokens: bool
+
+    def head(self) -> list[bytes]:
+        return []
+
+    def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
+        event = LlamaCompletion(
+            content=delta.text,
+            tokens=list(delta.token_ids) if self.return_tokens else [],
+            stop=False,
+            model=self.model,
+        )
+        return [self.encoder.sse(event)]
+
+    def _last(self, outcome: Outcome, content: str) -> LlamaCompletion:
+        f, u = outcome.finish, outcome.finish.usage
+        prompt_ms = outcome.timing["prefill"] * 1000.0
+        predicted_ms = outcome.timing["decode"] * 1000.0
+        computed = u.prompt_tokens - u.cached_tokens
+        prompt_each, prompt_rate = _per(computed, prompt_ms)
+        predicted_each, predicted_rate = _per(u.completion_tokens, predicted_ms)
+        return LlamaCompletion(
+            content=content,
+            tokens=list(outcome.token_ids) if self.return_tokens and content else [],
+            stop=True,
+            model=self.model,
+            tokens_predicted=u.completion_tokens,
+            tokens_evaluated=u.prompt_tokens,
+            tokens_cached=u.cached_tokens,
+            prompt=self.prompt,
+            has_new_line="\n" in outcome.text,
+            truncated=False,
+            stop_type=_STOP_TYPES[f.reason],
+            stopping_word=f.stop_string or "",
+            timings=LlamaTimings(
+                cache_n=u.cached_tokens,
+                prompt_n=computed,
+                prompt_ms=prompt_ms,
+                prompt_per_token_ms=prompt_each,
+                prompt_per_second=prompt_rate,
+                predicted_n=u.completion_tokens,
+                predicted_ms=predicted_ms,
+                predicted_per_token_ms=predicted_each,
+                predicted_per_second=predicted_rate,
+            ),
+        )
+
+    def tail(self, outcome: Outcome) -> list[bytes]:
+        return [self.encoder.sse(self._last(outcome, ""))]
+
+    def body(self, outcome: Outcome) -> bytes:
+        return self.encoder.json(self._last(outcome, outcome.text))
+
+
+class LlamaCompletionFrontend(Frontend):
+    """POST /completion, as llama-server answers it (docs/api.md, "From llama-server")."""
+
+    endpoint = "/completion"
+    protocol = "native"  # ninfer's own family of routes (the request log's protocols)
+    dialect = NativeDialect()
+
+    def __init__(self, ctx: FrontendContext) -> None:
+        super().__init__(ctx)
+        self._codec = LlamaCodec()
+
+    async def prepare(self, body: bytes, request_id: str) -> Prepared:
+        req = await self.decode(body, self._codec.parse_completion)
+        model = self.ctx.check_model(req.model)
+        tok = self.ctx.model.tokenizer
+        if isinstance(req.prompt, str):
+            ids = await self.tokens(req.prompt, prompt_param="prompt")
+            prompt = req.prompt
+        else:
+            vocab = self.ctx.model.identity.vocab_size
+            if any(not 0 <= t < vocab for t in req.prompt):
+                raise ApiError(
+                    "invalid_request",
+                    f"prompt holds a token id outside the vocabulary (0 to {vocab - 1})",
+                    param="prompt",
+                    code="invalid_value",
+                )
+            ids = list(req.prompt)
+            prompt = b"".join(map(tok.token_bytes, ids)).decode("utf-8", "replace")
+        grammar = None
+        if req.json_schema is not None:
+            grammar = await self.ctx.grammars.schema(req.json_schema, "json_schema")
+        sampling = SamplingRequest(
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            seed=None if req.seed in (None, -1) else req.seed,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            grammar=grammar,
+            repeat_penalty=req.repeat_penalty,
+            repeat_last_n=req.repeat_last_n,
+            samplers=tuple(req.samplers) if req.samplers is not None else None,
+        )
+        requested = None if req.n_predict in (None, -1) else req.n_predict
+        gen, grant, _warnings = self.request(
+            request_id,
+            ids,
+            requested=requested,
+            param="n_predict",
+            prompt_param="prompt",
+            sampling=sampling,
+            stop=tuple(req.stop or ()),
+            ignore_eos=bool(req.ignore_eos),
+            clamp=True,
+        )
+        answer = LlamaAnswer(self.dialect.encoder, model, prompt, bool(req.return_tokens))
+        return self.prepared(
+            gen, grant, stream=bool(req.stream), answer=answer, log_fields=self.log_fields()
+        )
