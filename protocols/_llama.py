@@ -9,8 +9,8 @@ from typing import Any
 import attrs
 import cattrs
 
-from protocols._errors import ApiError
 from protocols._native import MAX_STOP_CHARS, MAX_STOPS
+from protocols._openai import refuse_known
 from protocols._schema import check_limits, schema
 from protocols._strict import (
     invalid_value,
@@ -133,14 +133,9 @@ class LlamaCodec:
 
     def parse_completion(self, body: Any) -> LlamaCompletionRequest:
         req = structure(self._conv, body, LlamaCompletionRequest)
-        for field in attrs.fields(LlamaCompletionRequest):
-            if field.metadata.get("schema", {}).get("refused") and getattr(req, field.name):
-                raise ApiError(
-                    "invalid_request",
-                    f"{field.name} is not supported by this server",
-                    param=field.name,
-                    code="unsupported_parameter",
-                )
+        if req.n_probs == 0:  # llama-server's default: none
+            req = attrs.evolve(req, n_probs=None)
+        refuse_known(req)
         if req.n_predict == 0:
             raise invalid_value(
                 "n_predict",

@@ -203,29 +203,20 @@ def openapi_document(version: str) -> dict[str, Any]:
                           **_errors(native_err, _NATIVE_STATUSES, "X-Request-Id")},
         }}  # fmt: skip
 
+    def health(summary: str) -> dict[str, Any]:
+        return {"get": {
+            "summary": summary,
+            "responses": {
+                "200": {"description": "up", "content": _json(
+                    {"type": "object", "properties": {"status": {"const": "ok"}},
+                     "required": ["status"]})},
+                **_errors(native_err, ("503",), "X-Request-Id"),
+            },
+        }}  # fmt: skip
+
     paths: dict[str, Any] = {
-        "/health": {
-            "get": {
-                "summary": "liveness (503 once the engine has failed to load or died)",
-                "responses": {
-                    "200": {"description": "up", "content": _json(
-                        {"type": "object", "properties": {"status": {"const": "ok"}},
-                         "required": ["status"]})},
-                    **_errors(native_err, ("503",), "X-Request-Id"),
-                },
-            }
-        },
-        "/v1/health": {
-            "get": {
-                "summary": "/health under llama-server's name",
-                "responses": {
-                    "200": {"description": "up", "content": _json(
-                        {"type": "object", "properties": {"status": {"const": "ok"}},
-                         "required": ["status"]})},
-                    **_errors(native_err, ("503",), "X-Request-Id"),
-                },
-            }
-        },
+        "/health": health("liveness (503 once the engine has failed to load or died)"),
+        "/v1/health": health("/health under llama-server's name"),
         "/ready": {
             "get": {
                 "summary": "readiness (503 while loading, draining or failed)",
