@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import anthropic
 import httpx
@@ -331,12 +332,14 @@ async def test_anthropic_usage_reports_the_prefix_cache(tiny_gguf: Path, tmp_pat
 
 
 async def test_model_names_aliases_and_paths(tiny_gguf: Path, tmp_path: Path) -> None:
-    """--served-model-name: every name is listed and answered as sent; any other is 404
-    on both dialects, naming what is served; paths without /v1 are the same routes."""
+    """--served-model-name: the model is listed once with its other names as aliases,
+    every name is answered as sent; any other is 404 on both dialects, naming what is
+    served; paths without /v1 are the same routes."""
     async with serve(tiny_gguf, tmp_path, served_model_name=ALIASES) as srv:
         async with _openai(srv.url) as client:
-            listed = [m.id async for m in client.models.list()]
-            assert listed == ALIASES
+            listed = [m async for m in client.models.list()]
+            assert [m.id for m in listed] == ALIASES[:1]
+            assert listed[0].model_extra == {"aliases": ALIASES[1:], "meta": ANY}
             chat = await client.chat.completions.create(
                 model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}], max_tokens=2
             )
@@ -357,7 +360,7 @@ async def test_model_names_aliases_and_paths(tiny_gguf: Path, tmp_path: Path) ->
         # A client configured without /v1 (base URL is the server itself).
         bare = openai.AsyncOpenAI(base_url=srv.url, api_key="unused", max_retries=0)
         async with bare:
-            assert [m.id async for m in bare.models.list()] == ALIASES
+            assert [m.id async for m in bare.models.list()] == ALIASES[:1]
             done = await bare.completions.create(model=MODEL, prompt="x", max_tokens=2)
             assert done.choices[0].text is not None
             chat = await bare.chat.completions.create(
