@@ -145,14 +145,10 @@ def follow_samplers(order: tuple[str, ...], params: SamplingParams) -> SamplingP
                 code="invalid_value",
             )
     named = {LLAMA_SAMPLERS[n] for n in order}
-    off = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0,
-           "presence_penalty": 0.0, "frequency_penalty": 0.0, "repeat_penalty": 1.0}  # fmt: skip
-    changes: dict[str, Any] = {}
-    for stage in ("top_k", "top_p", "min_p"):
-        if stage not in named:
-            changes[stage] = off[stage]
+    off: dict[str, Any] = {"top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    changes = {stage: value for stage, value in off.items() if stage not in named}
     if "temperature" not in named and not params.greedy:
-        changes["temperature"] = off["temperature"]
+        changes["temperature"] = 1.0
     if "penalties" not in named:
         changes.update(presence_penalty=0.0, frequency_penalty=0.0, repeat_penalty=1.0)
     params = attrs.evolve(params, **changes)
