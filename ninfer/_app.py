@@ -489,7 +489,8 @@ class App:
     async def _slots(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, a: PathArgs) -> None:
         """llama.cpp's GET /slots, read-only: one slot per place of --max-concurrency, the
         requests the engine runs (prefilling or decoding) in the first ones; with
-        `fail_on_no_slot=1`, 503 when none is idle (as llama-server answers)."""
+        `fail_on_no_slot=1`, 429 with Retry-After when none is idle (ninfer's answer
+        when it is full; llama-server's is 503)."""
         serving = self.lifespan.ready()
         running = sorted(
             (x for x in self._lives if x.stage in (Stage.PREFILL, Stage.DECODE)),
