@@ -37,7 +37,8 @@ class LlamaCompletionRequest:
     without effect, and those it refuses by name."""
 
     prompt: str | list[int]
-    # -1 (its default): as many tokens as the context and the KV pool leave room for
+    # -1: as many tokens as the context and the KV pool leave room for; none: the
+    # server's --default-max-tokens (llama-server's own default is its -n flag's)
     n_predict: int | None = attrs.field(default=None, metadata=schema(minimum=-1))
     stream: bool | None = None
     temperature: float | None = attrs.field(default=None, metadata=schema(minimum=0, maximum=2))

@@ -153,10 +153,13 @@ def test_a_stage_left_out_of_the_order_is_off() -> None:
 
 async def test_llama_servers_completion_route(tmp_path: Path) -> None:
     """POST /completion in llama-server's shapes: a text or token-id prompt, n_predict
-    (-1: up to the room left), its answer's fields and timings, a stream of `data:`
-    events without [DONE] whose last carries `stop: true` and the totals."""
+    (-1: up to the room left; none: --default-max-tokens), its answer's fields and
+    timings, a stream of `data:` events without [DONE] whose last carries `stop: true`
+    and the totals."""
     engine = FakeEngine(step_s=0.0)  # a step a token, without waiting
-    async with serve_app(tmp_path, engine=engine) as srv, srv.client() as c:
+    async with serve_app(tmp_path, engine=engine, default_max_tokens=7) as srv, srv.client() as c:
+        unnamed = await c.post("/completion", json={"prompt": "hello"})  # --default-max-tokens
+        assert unnamed.json()["tokens_predicted"] == 7
         whole = await c.post("/completion", json={"prompt": "hello", "n_predict": 4})
         assert whole.status_code == 200, whole.text
         body = whole.json()

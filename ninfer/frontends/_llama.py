@@ -135,7 +135,12 @@ class LlamaCompletionFrontend(Frontend):
             repeat_last_n=req.repeat_last_n,
             samplers=tuple(req.samplers) if req.samplers is not None else None,
         )
-        requested = None if req.n_predict in (None, -1) else req.n_predict
+        # -1: up to the room left; none: --default-max-tokens (llama-server's -n, which
+        # /props reports as n_predict)
+        n_predict = (
+            req.n_predict if req.n_predict is not None else self.ctx.config.default_max_tokens
+        )
+        requested = None if n_predict == -1 else n_predict
         gen, grant, _warnings = self.request(
             request_id,
             ids,
