@@ -112,6 +112,8 @@ class ResponseFormat:
 
     type: str
     json_schema: dict[str, Any] | None = None
+    # llama-server's shape: the schema itself beside json_object or json_schema
+    schema: Any = None
 
 
 # Fields of the OpenAI references that this server knows and cannot honour: parsed only
@@ -225,6 +227,11 @@ class ChatRequest(_Sampling):
         default=None, metadata=schema(enum=["auto", "deepseek", "deepseek-legacy", "none"])
     )
     reasoning_control: bool | None = None
+    # llama-server's structured output beside response_format: a JSON schema the answer
+    # matches (as response_format's json_object with schema), and GBNF grammars (refused:
+    # ninfer's grammars are JSON schemas and tools)
+    json_schema: dict[str, Any] | None = None
+    grammar: Any = attrs.field(default=None, metadata=_REFUSED)
     # Its reasoning budget (sent with an effort): no effect, as Anthropic's budget_tokens
     # here: the reasoning counts toward the output budget and is not cut apart from it.
     thinking_budget_tokens: int | None = attrs.field(default=None, metadata=schema(minimum=-1))
@@ -299,6 +306,16 @@ def _check_response_format(fmt: ResponseFormat) -> None:
             f"response_format {kind_name(fmt.type, _FORMATS)} is not a type; "
             "one of 'text', 'json_object', 'json_schema'",
         )
+    if fmt.schema is not None:  # llama-server's: {"type": json_object|json_schema, "schema"}
+        if fmt.type == "text" or fmt.json_schema is not None:
+            raise _invalid(
+                "response_format.schema",
+                "schema goes with type json_object or json_schema, once (not also in "
+                "json_schema.schema)",
+            )
+        if not isinstance(fmt.schema, dict):
+            raise _invalid("response_format.schema", "response_format.schema must be an object")
+        return
     if fmt.type != "json_schema":
         if fmt.json_schema is not None:
             raise _invalid("response_format.json_schema", "json_schema goes with type json_schema")
@@ -520,6 +537,8 @@ class OpenAICodec:
         _check_range("top_logprobs", req.top_logprobs, 0, 20)
         if req.response_format is not None:
             _check_response_format(req.response_format)
+            if req.json_schema is not None:
+                raise _invalid("json_schema", "json_schema and response_format: send one")
         for i, modality in enumerate(req.modalities or ()):
             if modality != "text":
                 raise _unsupported(f"modalities[{i}]", "only the text modality is supported")

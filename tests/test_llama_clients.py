@@ -16,7 +16,7 @@ import orjson
 import pytest
 import trio
 from fakeengine import FakeEngine
-from server import serve_app
+from server import serve, serve_app
 
 from ninfer.engine import SamplingParams
 from ninfer.frontends._budget import follow_samplers
@@ -209,3 +209,31 @@ async def test_apply_template_health_and_slots(tmp_path: Path) -> None:
         assert slots[0]["is_processing"] is True
         assert slots[0]["request_id"] == "busy"
         assert slots[1]["is_processing"] is False
+
+
+async def test_llama_servers_structured_output_shapes(tiny_gguf: Path, tmp_path: Path) -> None:
+    """llama-server's structured outputs on the chat route: response_format with the
+    schema beside json_object or json_schema, and a top-level json_schema, each enforced
+    while decoding; a GBNF grammar refused by name; mistakes refused naming the field."""
+    base = {"messages": QUESTION, "max_tokens": 40, "temperature": 0}
+    shapes = [
+        ({"response_format": {"type": "json_object", "schema": {"const": "42"}}}, '"42"'),
+        ({"response_format": {"type": "json_schema", "schema": {"enum": ["foo"]}}}, '"foo"'),
+        ({"json_schema": {"const": 7}}, "7"),
+    ]
+    refused = [
+        ({"grammar": 'root ::= "a"'}, "grammar"),
+        ({"response_format": {"type": "text", "schema": {"const": 1}}}, "response_format.schema"),
+        ({"response_format": {"type": "json_object", "schema": 123}}, "response_format.schema"),
+        ({"json_schema": {"const": 1}, "response_format": {"type": "json_object"}},
+         "json_schema"),
+    ]  # fmt: skip
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        for extra, content in shapes:
+            r = await c.post(CHAT, json={**base, **extra})
+            assert r.status_code == 200, (extra, r.text)
+            assert r.json()["choices"][0]["message"]["content"] == content, extra
+        for extra, param in refused:
+            r = await c.post(CHAT, json={**base, **extra})
+            assert r.status_code == 400, (extra, r.text)
+            assert r.json()["error"]["param"] == param, extra

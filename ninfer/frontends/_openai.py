@@ -631,9 +631,13 @@ def _sibling(gen: GenerationRequest, k: int) -> GenerationRequest:
 def _format_schema(req: ChatRequest) -> tuple[dict[str, Any] | None, str]:
     """response_format as the schema the output must match (None: free text), and where
     it is in the request."""
+    if req.json_schema is not None:  # llama-server's field
+        return req.json_schema, "json_schema"
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return None, "response_format"
+    if fmt.schema is not None:  # llama-server's shape (checked by the codec)
+        return fmt.schema, "response_format.schema"
     if fmt.type == "json_object":
         return ANY_JSON_OBJECT, "response_format"
     assert fmt.json_schema is not None  # checked by the codec
