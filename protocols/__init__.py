@@ -136,6 +136,7 @@ from protocols._llama import (
     LlamaCompletion,
     LlamaCompletionRequest,
     LlamaTimings,
+    llama_bias,
 )
 from protocols._native import (
     DetokenizeRequest,
@@ -305,6 +306,7 @@ __all__ = [
     "check_limits",
     "classify",
     "dumps",
+    "llama_bias",
     "loads",
     "logit_bias_pairs",
     "openapi_document",

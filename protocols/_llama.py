@@ -10,9 +10,10 @@ import attrs
 import cattrs
 
 from protocols._native import MAX_STOP_CHARS, MAX_STOPS
-from protocols._openai import refuse_known
+from protocols._openai import LOGIT_BIAS_MAX, refuse_known
 from protocols._schema import check_limits, schema
 from protocols._strict import (
+    InvalidType,
     invalid_value,
     make_converter,
     register_list,
@@ -26,6 +27,7 @@ __all__ = [
     "LlamaCompletion",
     "LlamaCompletionRequest",
     "LlamaTimings",
+    "llama_bias",
 ]
 
 _REFUSED = schema(refused=True)
@@ -62,6 +64,9 @@ class LlamaCompletionRequest:
     )
     ignore_eos: bool | None = None
     json_schema: dict[str, Any] | None = None  # enforced while decoding
+    # [[token id or text, bias]], or {"token id or text": bias}; a text's tokens all get
+    # the bias; false bans (-100); -100..100
+    logit_bias: list[Any] | dict[str, Any] | None = None
     return_tokens: bool | None = None  # the tokens' ids in the answer
     model: str | None = None  # a served name (checked), or none: the served model
     # Accepted without effect: the prefix cache is always on; a slot is not chosen here;
@@ -124,12 +129,50 @@ class AppliedTemplate:
     prompt: str
 
 
+def llama_bias(bias: list[Any] | dict[str, Any] | None) -> list[tuple[int | str, float]]:
+    """llama-server's logit_bias as (token id or text, bias) pairs, checked: a pair of a
+    token id (an integer, or digits in an object's key) or a text, and a number within
+    -100..100 or false (a ban: -100)."""
+    if bias is None:
+        return []
+    items = list(bias.items()) if isinstance(bias, dict) else list(bias)
+    if len(items) > LOGIT_BIAS_MAX:
+        raise invalid_value("logit_bias", f"logit_bias takes at most {LOGIT_BIAS_MAX} entries")
+    pairs: list[tuple[int | str, float]] = []
+    for i, item in enumerate(items):
+        where = "logit_bias" if isinstance(bias, dict) else f"logit_bias[{i}]"
+        if not isinstance(item, list | tuple) or len(item) != 2:
+            raise invalid_value(where, "a logit_bias entry is [token id or text, bias]")
+        key, value = item
+        if isinstance(key, str) and key.isascii() and key.isdigit():
+            key = int(key)
+        if isinstance(key, bool) or not isinstance(key, int | str) or key == "":
+            raise invalid_value(where, "a logit_bias entry names a token id or a text")
+        if value is False:
+            value = -100.0
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise invalid_value(where, "a logit_bias value is a number or false")
+        if not -100 <= value <= 100:
+            raise invalid_value(where, "logit_bias values must be between -100 and 100")
+        pairs.append((key, float(value)))
+    return pairs
+
+
 class LlamaCodec:
     def __init__(self) -> None:
         conv = make_converter()
         register_list(conv, str)
         register_text_or_list(conv, int, "token ids")
         conv.register_structure_hook_func(lambda t: t is Any, lambda v, _: v)
+
+        def bias_hook(value: Any, _: type) -> Any:
+            if value is None or isinstance(value, list | dict):
+                return value
+            raise InvalidType("array of [token, bias] pairs or object")
+
+        conv.register_structure_hook_func(
+            lambda t: t == (list[Any] | dict[str, Any] | None), bias_hook
+        )
         self._conv: cattrs.Converter = conv
 
     def parse_completion(self, body: Any) -> LlamaCompletionRequest:
@@ -145,5 +188,6 @@ class LlamaCodec:
             )
         if not req.prompt:
             raise invalid_value("prompt", "prompt must not be empty")
+        llama_bias(req.logit_bias)
         check_limits(req)
         return req

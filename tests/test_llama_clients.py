@@ -237,3 +237,26 @@ async def test_llama_servers_structured_output_shapes(tiny_gguf: Path, tmp_path:
             r = await c.post(CHAT, json={**base, **extra})
             assert r.status_code == 400, (extra, r.text)
             assert r.json()["error"]["param"] == param, extra
+
+
+async def test_llama_servers_logit_bias_forms(tiny_gguf: Path, tmp_path: Path) -> None:
+    """/completion's logit_bias in llama-server's forms: [[id, bias]], [[text, bias]] (the
+    text's tokens), {"id": bias}, false for a ban; each bans greedy's first token."""
+    base = {"prompt": "the capital", "n_predict": 3, "temperature": 0, "return_tokens": True}
+    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        free = (await c.post("/completion", json=base)).json()
+        first = free["tokens"][0]
+        text = (await c.post("/detokenize", json={"tokens": [first]})).json()["content"]
+        forms: list[Any] = [[[first, False]], [[first, -100]], {str(first): -100}]
+        if (await c.post("/tokenize", json={"content": text})).json()["tokens"] == [first]:
+            forms.append([[text, False]])  # the text is that one token
+        for bias in forms:
+            r = await c.post("/completion", json={**base, "logit_bias": bias})
+            assert r.status_code == 200, (bias, r.text)
+            assert r.json()["tokens"][0] != first, bias
+        wrong = [([[first]], "logit_bias[0]"), ([[first, 101]], "logit_bias[0]"),
+                 ({"x": "y"}, "logit_bias"), ([[10**6, 1]], "logit_bias[0]")]  # fmt: skip
+        for bias, param in wrong:
+            r = await c.post("/completion", json={**base, "logit_bias": bias})
+            assert r.status_code == 422, (bias, r.text)
+            assert r.json()["error"]["param"] == param, bias

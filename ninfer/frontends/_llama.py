@@ -15,8 +15,10 @@ from protocols import (
     Encoder,
     LlamaCodec,
     LlamaCompletion,
+    LlamaCompletionRequest,
     LlamaTimings,
     NativeDialect,
+    llama_bias,
 )
 
 __all__ = ["LlamaCompletionFrontend"]
@@ -101,6 +103,31 @@ class LlamaCompletionFrontend(Frontend):
         super().__init__(ctx)
         self._codec = LlamaCodec()
 
+    async def _bias(self, req: LlamaCompletionRequest) -> tuple[tuple[int, float], ...]:
+        """llama-server's logit_bias as (token id, bias) pairs: a text's tokens (read as
+        plain text, without the BOS token) each get its bias; the last bias of an id
+        counts."""
+        tok = self.ctx.model.tokenizer
+        vocab = self.ctx.model.identity.vocab_size
+        bos = tok.encode_plain("")
+        out: dict[int, float] = {}
+        for i, (key, value) in enumerate(llama_bias(req.logit_bias)):
+            if isinstance(key, int):
+                if not 0 <= key < vocab:
+                    raise ApiError(
+                        "invalid_request",
+                        f"logit_bias names a token id outside the vocabulary (0 to {vocab - 1})",
+                        param="logit_bias" if isinstance(req.logit_bias, dict)
+                        else f"logit_bias[{i}]",
+                        code="invalid_value",
+                    )  # fmt: skip
+                ids = [key]
+            else:
+                ids = tok.encode_plain(key)[len(bos) :]
+            for token in ids:
+                out[token] = value
+        return tuple(sorted(out.items()))
+
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_completion)
         model = self.ctx.check_model(req.model)
@@ -122,6 +149,7 @@ class LlamaCompletionFrontend(Frontend):
         grammar = None
         if req.json_schema is not None:
             grammar = await self.ctx.grammars.schema(req.json_schema, "json_schema")
+        bias = await self._bias(req)
         sampling = SamplingRequest(
             temperature=req.temperature,
             top_p=req.top_p,
@@ -131,6 +159,7 @@ class LlamaCompletionFrontend(Frontend):
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
             grammar=grammar,
+            logit_bias=bias,
             repeat_penalty=req.repeat_penalty,
             repeat_last_n=req.repeat_last_n,
             samplers=tuple(req.samplers) if req.samplers is not None else None,
