@@ -200,6 +200,7 @@ async def test_version(tiny_gguf: Path, tmp_path: Path) -> None:
     assert (props["bos_token"], props["eos_token"]) == ("<|im_start|>", "<|im_end|>")
     assert props["default_generation_settings"]["params"]["n_predict"] == 512
     assert props["chat_template_caps"]["supports_tools"] is True
+    assert props["is_sleeping"] is False
     assert contract.json() == json.loads(SHIPPED_CONTRACT.read_bytes())
     assert "/version" in contract.json()["paths"]
     assert r.status_code == 200

@@ -253,6 +253,8 @@ def server_props(ctx: FrontendContext) -> dict[str, Any]:
             },
         },
         "build_info": f"ninfer {__version__}",
+        # llama-server's sleeping on idle (its --sleep-idle-seconds): ninfer never unloads
+        "is_sleeping": False,
     }
 
 
