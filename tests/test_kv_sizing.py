@@ -222,28 +222,30 @@ async def test_pages_the_memory_cannot_hold_are_not_taken(
     monkeypatch.setattr(engine_module, "MEMORY_READ_EVERY_S", 0.0)
     small = {"prompt": "hi", "max_new_tokens": 40, "temperature": 0}
     large = {"prompt": "hi", "max_new_tokens": 400, "temperature": 0}
-    async with serve(tiny_gguf, tmp_path, kv_capacity=256 * PAGE) as srv:
-        async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
-            first = await c.post("/v1/generate", json=small)
-            assert first.status_code == 200, first.text
-            spare_pages[0] = 0  # another process took it
-            # Served from the pages touched before (another prompt: none of the first's
-            # cached pages is lent, which would hold one more page).
-            again = await c.post("/v1/generate", json={**small, "prompt": "ok"})
-            assert again.status_code == 200, again.text
-            refused = await c.post("/v1/generate", json=large)  # 26 pages: never touched
-            assert refused.status_code == 503, refused.text
-            assert refused.headers["retry-after"] == "5"
-            error = refused.json()["error"]
-            assert error["type"] == "engine_unavailable"
-            assert error["message"] == (
-                "the server has no memory left for this request's KV cache; retry later"
-            )
-            assert (await c.get("/health")).status_code == 200
-            spare_pages[0] = 1000  # and it is back
-            served = await c.post("/v1/generate", json=large)
-            assert served.status_code == 200, served.text
-        records = srv.log_records()
+    async with (
+        serve(tiny_gguf, tmp_path, kv_capacity=256 * PAGE) as srv,
+        httpx.AsyncClient(base_url=srv.url, timeout=60) as c,
+    ):
+        first = await c.post("/v1/generate", json=small)
+        assert first.status_code == 200, first.text
+        spare_pages[0] = 0  # another process took it
+        # Served from the pages touched before (another prompt: none of the first's
+        # cached pages is lent, which would hold one more page).
+        again = await c.post("/v1/generate", json={**small, "prompt": "ok"})
+        assert again.status_code == 200, again.text
+        refused = await c.post("/v1/generate", json=large)  # 26 pages: never touched
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"] == "5"
+        error = refused.json()["error"]
+        assert error["type"] == "engine_unavailable"
+        assert error["message"] == (
+            "the server has no memory left for this request's KV cache; retry later"
+        )
+        assert (await c.get("/health")).status_code == 200
+        spare_pages[0] = 1000  # and it is back
+        served = await c.post("/v1/generate", json=large)
+        assert served.status_code == 200, served.text
+    records = srv.log_records()  # once the server has stopped: its log is flushed
     (failed,) = [r for r in records if r["event"] == "request_error"]
     assert failed["status"] == 503
     assert failed["type"] == "engine_unavailable"

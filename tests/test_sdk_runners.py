@@ -77,7 +77,7 @@ async def test_the_python_tool_runner(roomy_gguf: Path, tmp_path: Path) -> None:
                 tool_choice={"type": "any", "disable_parallel_tool_use": True},
             )  # fmt: skip
             messages = [m async for m in runner]
-            records = srv.log_records()
+    records = srv.log_records()  # once the server has stopped: its log is flushed
     assert [(m.stop_reason, [b.type for b in m.content]) for m in messages] == [
         ("tool_use", ["tool_use"]),
         ("tool_use", ["tool_use"]),
@@ -104,7 +104,7 @@ async def test_the_typescript_tool_runner(roomy_gguf: Path, tmp_path: Path) -> N
                 [node, str(JS / "tool_runner.mjs"), srv.url], capture_stdout=True,
                 capture_stderr=True, check=False,
             )  # fmt: skip
-            records = srv.log_records()
+    records = srv.log_records()  # once the server has stopped: its log is flushed
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     out = json.loads(done.stdout.decode().strip().splitlines()[-1])
     assert out["messages"] == [{"stop_reason": "tool_use", "types": ["tool_use"]}] * 2
