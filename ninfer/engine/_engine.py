@@ -432,7 +432,7 @@ class Engine:
             headroom_bytes=headroom,
         )
 
-    def _memory_room(self, loaded: LoadedModel) -> Callable[[], int] | None:
+    def _memory_room(self, sizing: KVSizing) -> Callable[[], int] | None:
         """On the CPU, how many more pages the machine has memory for now, with
         KV_MEMORY_FLOOR_BYTES left (the pool's memory is committed page by page as
         pages are first written, and others may take memory meanwhile); None on CUDA,
@@ -440,9 +440,7 @@ class Engine:
         device = self.config.device
         if device.startswith("cuda"):
             return None
-        per_page = self.config.page_size * KVPages.bytes_per_token(
-            loaded.transformer.args, loaded.transformer.dtype, self.config.kv_dtype
-        )
+        per_page = self.config.page_size * sizing.bytes_per_token
         return lambda: (available_memory(device)[0] - KV_MEMORY_FLOOR_BYTES) // per_page
 
     def _setup(self, loaded: LoadedModel) -> None:
@@ -454,7 +452,7 @@ class Engine:
         self._pool = PagePool(
             n_pages=n_pages,
             page_size=cfg.page_size,
-            room=self._memory_room(loaded),
+            room=self._memory_room(self._sizing),
             room_every_s=MEMORY_READ_EVERY_S,
         )
         self.model = loaded
