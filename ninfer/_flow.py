@@ -540,18 +540,12 @@ class _Run:
             # reached: its fault, named (a stream already under way ends with it).
             err = ApiError("invalid_request", GRAMMAR_LIMIT, param=grammar.param or None,
                            code="invalid_value")  # fmt: skip
-            self.life.failed(
-                status=self.frontend.dialect.status(err), kind=err.kind, message=detail
-            )
         elif detail == KV_MEMORY:  # the machine's memory, taken by others: not a fault
             err = ApiError("engine_unavailable", f"{KV_MEMORY}; retry later",
                            retry_after=KV_MEMORY_RETRY_S)  # fmt: skip
-            self.life.failed(
-                status=self.frontend.dialect.status(err), kind=err.kind, message=detail
-            )
         else:
             err = ApiError("internal_error", "generation failed inside the server")
-            self.life.failed(status=500, kind=err.kind, message=detail)
+        self.life.failed(status=self.frontend.dialect.status(err), kind=err.kind, message=detail)
         if not prepared.stream:
             raise err  # answered by refuse(), which records nothing more
         await self.writer.frames(self._stream_error(err))
