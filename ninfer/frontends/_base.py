@@ -290,6 +290,20 @@ class Routed(abc.ABC):
     def routes(cls) -> tuple[FrontendRoute, ...]:
         """The paths this frontend serves and what each method does there."""
 
+    def id_prompt(self, ids: Sequence[int], param: str) -> str:
+        """A prompt given as token ids: checked against the vocabulary (400 naming
+        `param`), and its text (a byte-level token's part of a character: U+FFFD)."""
+        vocab = self.ctx.model.identity.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise ApiError(
+                "invalid_request",
+                f"{param} holds a token id outside the vocabulary (0 to {vocab - 1})",
+                param=param,
+                code="invalid_value",
+            )
+        tok = self.ctx.model.tokenizer
+        return b"".join(map(tok.token_bytes, ids)).decode("utf-8", "replace")
+
     async def tokens(
         self, prompt: str | ChatText, *, prompt_param: str, special: bool = True
     ) -> list[int]:

@@ -103,7 +103,7 @@ class LlamaCompletionFrontend(Frontend):
         super().__init__(ctx)
         self._codec = LlamaCodec()
 
-    async def _bias(self, req: LlamaCompletionRequest) -> tuple[tuple[int, float], ...]:
+    def _bias(self, req: LlamaCompletionRequest) -> tuple[tuple[int, float], ...]:
         """llama-server's logit_bias as (token id, bias) pairs: a text's tokens (read as
         plain text, without the BOS token) each get its bias; the last bias of an id
         counts."""
@@ -131,25 +131,16 @@ class LlamaCompletionFrontend(Frontend):
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_completion)
         model = self.ctx.check_model(req.model)
-        tok = self.ctx.model.tokenizer
         if isinstance(req.prompt, str):
             ids = await self.tokens(req.prompt, prompt_param="prompt")
             prompt = req.prompt
         else:
-            vocab = self.ctx.model.identity.vocab_size
-            if any(not 0 <= t < vocab for t in req.prompt):
-                raise ApiError(
-                    "invalid_request",
-                    f"prompt holds a token id outside the vocabulary (0 to {vocab - 1})",
-                    param="prompt",
-                    code="invalid_value",
-                )
             ids = list(req.prompt)
-            prompt = b"".join(map(tok.token_bytes, ids)).decode("utf-8", "replace")
+            prompt = self.id_prompt(ids, "prompt")
         grammar = None
         if req.json_schema is not None:
             grammar = await self.ctx.grammars.schema(req.json_schema, "json_schema")
-        bias = await self._bias(req)
+        bias = self._bias(req)
         sampling = SamplingRequest(
             temperature=req.temperature,
             top_p=req.top_p,

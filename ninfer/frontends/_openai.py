@@ -765,7 +765,6 @@ class CompletionsFrontend(_OpenAIFrontend):
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_completion)
         model = self.ctx.check_model(req.model)
-        vocab = self.ctx.model.identity.vocab_size
         prompts: list[list[int]] = []
         texts: list[str] = []
         for i, prompt in enumerate(req.prompts()):
@@ -773,16 +772,9 @@ class CompletionsFrontend(_OpenAIFrontend):
             if isinstance(prompt, str):
                 prompts.append(await self.tokens(prompt, prompt_param=where))
                 texts.append(prompt)
-            else:
-                if any(t >= vocab for t in prompt):
-                    raise ApiError(
-                        "invalid_request",
-                        f"{where} holds a token id outside the vocabulary (0 to {vocab - 1})",
-                        param=where,
-                        code="invalid_value",
-                    )
+            else:  # (negative ids were refused by the codec)
+                texts.append(self.id_prompt(prompt, where))
                 prompts.append(prompt)
-                texts.append(b"".join(map(self._spelling.bytes, prompt)).decode("utf-8", "replace"))
         requested, param = req.requested_tokens("max_tokens")
         if req.max_tokens is None and req.n_predict is None:
             requested = self.DEFAULT_MAX_TOKENS
