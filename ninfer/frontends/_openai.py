@@ -107,21 +107,24 @@ class ModelsFrontend(Routed):
             FrontendRoute("/v1/models/{model}", {"GET": Look(cls.card)}, rest=True),
         )
 
-    def _card(self, name: str) -> ModelCard:
-        model = self.ctx.model
-        try:
+    def __init__(self, ctx: FrontendContext) -> None:
+        super().__init__(ctx)
+        model = ctx.model
+        try:  # once: the file served does not change while it is served
             size: int | None = os.stat(model.identity.path).st_size
         except OSError:
             size = None
-        meta = ModelMeta(
+        self._meta = ModelMeta(
             n_vocab=model.identity.vocab_size,
             n_ctx=model.max_context,
             n_ctx_train=model.identity.context_length,
             size=size,
         )
+
+    def _card(self, name: str) -> ModelCard:
         aliases = [n for n in self.ctx.names if n != name]
         return ModelCard(
-            id=name, created=self.ctx.created, owned_by="ninfer", aliases=aliases, meta=meta
+            id=name, created=self.ctx.created, owned_by="ninfer", aliases=aliases, meta=self._meta
         )
 
     def listing(self, call: PathArgs) -> bytes:
