@@ -36,7 +36,6 @@ from ninfer._flow import serve_generation
 from ninfer._http import (
     ClientGone,
     Exchange,
-    add_reason_phrases,
     authorize,
     cors_origin,
     header,
@@ -45,9 +44,9 @@ from ninfer._http import (
     request_id_from,
     send_bytes,
     send_refusal,
-    track_connections,
     with_cors,
 )
+from ninfer._hypercorn import adapt_hypercorn
 from ninfer._lifecycle import Lifecycle, Stage, Trigger
 from ninfer._lifespan import Lifespan, Serving
 from ninfer._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -184,8 +183,6 @@ class App:
     ) -> None:
         self.config = config
         self._openapi_body: bytes | None = None  # GET /openapi.json, built on first use
-        add_reason_phrases()  # Hypercorn's status lines name their status
-        track_connections()  # a request task can close its connection (`abort`)
         self.lifespan = Lifespan(
             config, model_path=model_path, argv=argv, engine=engine, binds_itself=binds_itself
         )
@@ -555,4 +552,9 @@ def create_app(config: ServerConfig | None = None, **kwargs: Any) -> App:
     # Hypercorn's --bind decides where this listens, not NINFER_HOST / NINFER_PORT: the
     # log says so rather than repeat settings that do not apply.
     kwargs.setdefault("binds_itself", False)
+    try:  # Hypercorn runs this app: its two wrappers (ninfer/_hypercorn.py)
+        adapt_hypercorn()
+    except ConfigError as exc:
+        print(f"ninfer: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     return App(config, **kwargs)

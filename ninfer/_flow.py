@@ -24,11 +24,11 @@ from ninfer._estimate import Progress, ServiceTimes
 from ninfer._http import (
     ClientGone,
     Exchange,
-    abort,
     header,
     read_body,
     send_refusal,
 )
+from ninfer._hypercorn import abort
 from ninfer._lifecycle import Lifecycle, Stage, Trigger
 from ninfer._requestlog import RequestLog
 from ninfer.engine import (

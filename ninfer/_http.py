@@ -3,14 +3,11 @@ protocol's dialect, CORS, and the exchange bookkeeping the app routes with."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import hmac
 import math
 import re
 import uuid
 from collections.abc import Iterable
-from typing import Any
 
 import trio
 from hypercorn.typing import (
@@ -29,7 +26,6 @@ __all__ = [
     "ClientGone",
     "Exchange",
     "Headers",
-    "add_reason_phrases",
     "authorize",
     "header",
     "preflight",
@@ -49,67 +45,6 @@ LINGER_BYTES = 256 << 20
 Headers = list[tuple[bytes, bytes]]
 
 _SANE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
-
-
-# The connection an ASGI call came in on (Hypercorn's trio TCPServer), for `abort`.
-_CONNECTION: contextvars.ContextVar[Any] = contextvars.ContextVar("ninfer_connection")
-
-
-def track_connections() -> None:
-    """Let a request task close its own connection (`abort`): ASGI has no way to, and
-    Hypercorn shields each socket write from cancellation, so a request whose client
-    stopped reading would keep its task, its socket and its unsent bytes until the
-    client left. Hypercorn's trio connection handler is wrapped, once per process, to
-    note itself in a context variable its request tasks inherit."""
-    from hypercorn.trio.tcp_server import TCPServer
-
-    run = TCPServer.run
-    if getattr(run, "tracks", False):
-        return
-
-    async def tracked(self: TCPServer) -> None:
-        _CONNECTION.set(self)
-        await run(self)
-
-    tracked.tracks = True  # type: ignore[attr-defined]
-    TCPServer.run = tracked  # type: ignore[method-assign]
-
-
-async def abort() -> bool:
-    """Close the connection the current request came in on, whatever its writes wait
-    for (a write blocked on it fails, and Hypercorn ends the exchange). False where
-    the server is not Hypercorn's trio worker."""
-    server = _CONNECTION.get(None)
-    if server is None:
-        return False
-    await server.stream.aclose()
-    return True
-
-
-def add_reason_phrases() -> None:
-    """HTTP/1.1 status lines with their reason phrase (`HTTP/1.1 429 Too Many Requests`):
-    Hypercorn 0.17 writes none (`HTTP/1.1 429 `), which clients accept (RFC 9112 lets
-    them ignore it) but people reading `curl -i` or a proxy's log miss. ASGI has no field
-    for it, so Hypercorn's h11 writer is wrapped, once per process."""
-    import dataclasses
-    from http import HTTPStatus
-
-    import h11
-    from hypercorn.protocol.h11 import H11Protocol
-
-    send = H11Protocol._send_h11_event
-    if getattr(send, "adds_reason", False):
-        return
-
-    async def with_reason(self: H11Protocol, event: Any) -> None:
-        if isinstance(event, h11.Response | h11.InformationalResponse) and not event.reason:
-            with contextlib.suppress(ValueError):  # a code without a registered phrase
-                phrase = HTTPStatus(event.status_code).phrase.encode()
-                event = dataclasses.replace(event, reason=phrase)
-        await send(self, event)
-
-    with_reason.adds_reason = True  # type: ignore[attr-defined]
-    H11Protocol._send_h11_event = with_reason  # type: ignore[method-assign]
 
 
 def authorize(scope: HTTPScope, key: str | None) -> None:

@@ -20,6 +20,7 @@ import trio
 
 from ninfer._app import App
 from ninfer._config import ServerConfig
+from ninfer._hypercorn import adapt_hypercorn
 
 __all__ = ["address_taken", "hypercorn_console", "serve"]
 
@@ -86,7 +87,9 @@ def hypercorn_console(console: Any) -> type[Any]:
 
 def serve(app: App, config: ServerConfig, console: Any) -> int:
     """Serve `app` on `config`'s address until a signal's drain ends or the engine
-    fails; the exit status (0, or 1 when the engine failed)."""
+    fails; the exit status (0, or 1 when the engine failed). Raises ConfigError for a
+    Hypercorn that ninfer's wrappers were not written for."""
+    adapt_hypercorn()
     hconfig = hypercorn.config.Config()
     host, port = config.host, config.port
     hconfig.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]

@@ -20,6 +20,7 @@ import trio
 
 from ninfer._app import App
 from ninfer._config import build_config
+from ninfer._hypercorn import adapt_hypercorn
 
 SERVER_HANG_GUARD_S = 120
 
@@ -66,6 +67,7 @@ async def serve(
     }
     values.update(settings)
     app = App(build_config(values), argv=["test"], engine=engine)
+    adapt_hypercorn()  # as `ninfer serve` does before it serves
     hconfig = hypercorn.config.Config()
     hconfig.bind = ["127.0.0.1:0"]
     hconfig.graceful_timeout = 5.0

@@ -4,9 +4,10 @@ protocols loads neither trio nor torch (nor ninfer, nor scheduler); scheduler lo
 torch (nor ninfer, nor protocols); `ninfer.app` and the client tools load no torch;
 no module of `ninfer.engine` loads trio; outside `ninfer/engine/` only the bridge
 names a module of the engine's torch side; no engine module imports a server module;
-and outside `ninfer/frontends/` no module names a frontend's private module. The
-checker is run once on a copy of the tree with violations planted in it, to show that
-it fails when it should.
+outside `ninfer/frontends/` no module names a frontend's private module; and no module
+imports itself or a module that imports it (at any depth of the file: a function's
+import counts). The checker is run once on a copy of the tree with violations planted
+in it, to show that it fails when it should.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ RULES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("scheduler",): ("torch", "hypercorn", "ninfer", "protocols"),
     ("ninfer.engine",): ("torch", "trio"),
     ("ninfer.app",): ("torch",),
-    ("ninfer._cli", "ninfer.tools._probes", "ninfer.tools._logtools"): ("torch", "trio"),
+    ("ninfer._cli", "ninfer.tools._probes", "ninfer.tools._logs"): ("torch", "trio"),
     ("ninfer.tools._bench",): ("torch",),
     tuple(ENGINE_MODULES): ("trio", "hypercorn", "scheduler", "protocols"),
 }
@@ -113,6 +114,41 @@ def _frontend_violations(root: Path) -> list[str]:
     return found
 
 
+def _module_graph(root: Path) -> dict[str, set[str]]:
+    """Each module of the three packages -> the modules of them it imports (`from a.b
+    import c` names a.b.c where that is a module, else a.b)."""
+    paths = {}
+    for package in ("ninfer", "scheduler", "protocols"):
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            paths[".".join(parts)] = path
+    graph = {}
+    for name, path in paths.items():
+        named: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    named.add(full if full in paths else node.module)
+            elif isinstance(node, ast.Import):
+                named.update(alias.name for alias in node.names)
+        graph[name] = named & paths.keys()
+    return graph
+
+
+def _circle_violations(root: Path) -> list[str]:
+    """Two modules that import each other, or one that imports itself."""
+    graph = _module_graph(root)
+    return [
+        f"{a} and {b} import each other" if a != b else f"{a} imports itself"
+        for a in sorted(graph)
+        for b in sorted(graph[a])
+        if a <= b and a in graph[b]
+    ]
+
+
 def layer_violations(root: Path) -> list[str]:
     problems = []
     # One interpreter per group, started together (each spends most of its time
@@ -126,7 +162,11 @@ def layer_violations(root: Path) -> list[str]:
                 name = "ninfer.engine._*" if engine else ", ".join(modules)
                 problems.append(f"import {name} loads {bad}")
     return (
-        problems + _bridge_violations(root) + _frontend_violations(root) + _engine_violations(root)
+        problems
+        + _bridge_violations(root)
+        + _frontend_violations(root)
+        + _engine_violations(root)
+        + _circle_violations(root)
     )
 
 
@@ -152,7 +192,17 @@ def test_the_checker_fails_on_planted_violations(tmp_path: Path) -> None:
     # What four engine modules did before: take their errors from the server's module.
     gguf_mod = tmp_path / "ninfer" / "engine" / "_gguf.py"
     gguf_mod.write_text(gguf_mod.read_text() + "\nfrom ninfer._config import SETTINGS\n")
+    # What the log tools did before _logs.py: the summary's module and the figure's
+    # imported each other (and the summary's imported itself).
+    logtools = tmp_path / "ninfer" / "tools" / "_logtools.py"
+    logtools.write_text(
+        logtools.read_text()
+        + "\ndef _plot():\n    from ninfer.tools._logplot import plot_log\n"
+        + "    from ninfer.tools._logtools import read_logs\n"
+    )
     problems = layer_violations(tmp_path)
+    assert "ninfer.tools._logplot and ninfer.tools._logtools import each other" in problems
+    assert "ninfer.tools._logtools imports itself" in problems
     assert any(p.startswith("ninfer/engine/_gguf.py:") for p in problems)
     assert "import protocols loads trio" in problems
     assert any(p.startswith("ninfer/_lifespan.py:") and "frontends._tools" in p for p in problems)

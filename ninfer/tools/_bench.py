@@ -651,15 +651,6 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _command(args: argparse.Namespace) -> int:
     import trio
 
-    from ninfer.tools._bench import (
-        BenchConfig,
-        check_loopback,
-        plot_bench,
-        render_table,
-        run_bench,
-        server_url,
-    )
-
     args.url = server_url(args.url)
     try:
         if not args.allow_remote:

@@ -782,8 +782,6 @@ def _command(args: argparse.Namespace) -> int:
     import httpx
     import trio
 
-    from ninfer.tools._probes import PROBES, ProbeEnv, probe_table, run_probes
-
     if args.list:
         import orjson
 
