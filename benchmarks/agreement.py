@@ -88,9 +88,8 @@ def ninfer_argmax(
     (the build torch dispatches to)."""
     import torch
 
-    from ninfer.engine._kvpool import pages_for
+    from ninfer.engine._kvpool import KVPages, pages_for
     from ninfer.engine._loader import load_model
-    from ninfer.engine._model import KVPages
 
     native = weights == "native"
     if native:

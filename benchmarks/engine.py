@@ -94,7 +94,7 @@ def run_one(model: str, mode: str, threads: int) -> dict[str, Any]:
         "mode": mode,
         "load_s": holder["load_s"],
         "rss_mib": _rss_mib(),
-        "batch_invariant": engine.batch_invariant,
+        "batch_invariant": engine.served().batch_invariant,
     }
 
     def prompt(n: int, salt: int) -> tuple[int, ...]:

@@ -112,8 +112,8 @@ def main() -> None:
 
     import torch
 
+    from ninfer.engine._kvpool import KVPages
     from ninfer.engine._loader import load_model
-    from ninfer.engine._model import KVPages
 
     path, ids = text_tokens(args.model, args.text, args.tokens)
     tokens = ids[:-1]

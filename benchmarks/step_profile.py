@@ -24,8 +24,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from ninfer._artifacts import DEFAULT_MODEL, cache_dir, resolve_model
 from ninfer.engine._kernels import build_kernels, load_kernels, torch_isa
+from ninfer.engine._kvpool import KVPages
 from ninfer.engine._loader import load_model
-from ninfer.engine._model import KVPages, Transformer
+from ninfer.engine._model import Transformer
 
 PAGE = 16
 

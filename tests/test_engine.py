@@ -610,11 +610,11 @@ def test_prefill_passes_shrink_with_depth_and_keep_the_numbers(
     took 0.42 s at depth 0 and 1.8 s at depth 3,072). Every pass costs at most
     --prefill-chunk tokens at depth 0, and the prompt's greedy tokens and prompt
     logprobs are exactly those of passes of the full chunk."""
-    from ninfer.engine import _engine
+    from ninfer.engine import _engine, _startup
     from ninfer.engine._gguf import ModelArgs
 
     smollm2 = ModelArgs("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1e5, 1e-5)
-    assert _engine.keys_per_token(smollm2) == pytest.approx(1024)
+    assert _startup.keys_per_token(smollm2) == pytest.approx(1024)
     path = write_tiny_gguf(tmp_path / "long.gguf", context=4096)
     prompt = _prompt(900, salt=3)
     config = EngineConfig(max_batch=4, kv_capacity=2048, page_size=16, prefill_chunk=64)
@@ -623,7 +623,7 @@ def test_prefill_passes_shrink_with_depth_and_keep_the_numbers(
         """(depth, tokens) of each pass, the greedy tokens, the prompt logprobs, and the
         engine's keys per token."""
         if not shrink:
-            monkeypatch.setattr(_engine, "keys_per_token", lambda _args: 1e12)
+            monkeypatch.setattr(_startup, "keys_per_token", lambda _args: 1e12)
         passes: list[tuple[int, int]] = []
         real = _engine.Engine._prefill_pass
 
@@ -634,7 +634,8 @@ def test_prefill_passes_shrink_with_depth_and_keep_the_numbers(
         monkeypatch.setattr(_engine.Engine, "_prefill_pass", counted)
         running = start_engine(path, config)
         try:
-            keys = running.engine._keys_per_token
+            assert running.engine.plan is not None
+            keys = running.engine.plan.keys_per_token
             handle = running.engine.submit(GenerationRequest("long", prompt, 6, prompt_logprobs=2))
             running.sink.wait_done(handle)
         finally:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ninfer.engine import _native
 from ninfer.engine._kernels import ISAS, build_kernels, load_kernels
-from ninfer.engine._model import KVPages
+from ninfer.engine._kvpool import KVPages
 from ninfer.engine._native import Packed
 from ninfer.engine._sampling import native_top_p_kept, top_p_kept
 

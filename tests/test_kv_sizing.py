@@ -15,8 +15,7 @@ from server import serve
 
 from ninfer._cli import build_parser
 from ninfer._config import ConfigError, build_config, config_from_namespace
-from ninfer.engine import KV_HEADROOM_BYTES, EngineConfig
-from ninfer.engine import _engine as engine_module
+from ninfer.engine import KV_HEADROOM_BYTES, EngineConfig, _startup
 from ninfer.engine._contract import KV_MEMORY_FLOOR_BYTES
 from ninfer.engine._engine import Engine
 from ninfer.engine._loader import load_model
@@ -28,7 +27,7 @@ PAGE = 16
 
 
 def _memory(monkeypatch: pytest.MonkeyPatch, available: int) -> None:
-    monkeypatch.setattr(engine_module, "available_memory", lambda _d: (available, "test"))
+    monkeypatch.setattr(_startup, "available_memory", lambda _d: (available, "test"))
 
 
 def _start_fails(path: Path, config: EngineConfig) -> BaseException:
@@ -215,11 +214,11 @@ async def test_pages_the_memory_cannot_hold_are_not_taken(
     once the memory is back it is served."""
     spare_pages = [1000]  # beside KV_MEMORY_FLOOR_BYTES, in the fake machine
     monkeypatch.setattr(
-        engine_module,
+        _startup,
         "available_memory",
         lambda _d: (KV_MEMORY_FLOOR_BYTES + spare_pages[0] * PAGE * PER_TOKEN, "test"),
     )
-    monkeypatch.setattr(engine_module, "MEMORY_READ_EVERY_S", 0.0)
+    monkeypatch.setattr(_startup, "MEMORY_READ_EVERY_S", 0.0)
     small = {"prompt": "hi", "max_new_tokens": 40, "temperature": 0}
     large = {"prompt": "hi", "max_new_tokens": 400, "temperature": 0}
     async with (

@@ -60,7 +60,7 @@ def test_an_int8_cache_keeps_each_row_to_half_a_step_of_its_scale() -> None:
     import torch
 
     from ninfer.engine._gguf import ModelArgs
-    from ninfer.engine._model import KVPages
+    from ninfer.engine._kvpool import KVPages
 
     args = ModelArgs(architecture="llama", n_layers=2, dim=32, n_heads=4, n_kv_heads=2,
                      head_dim=16, ffn_dim=8, vocab_size=8, context_length=64, rope_base=1e4,

@@ -21,8 +21,8 @@ from ninfer.engine import (
     SpeculativeCounts,
     TokenDelta,
     _model,
+    _startup,
 )
-from ninfer.engine._engine import Engine
 from ninfer.engine._speculative import (
     NGRAM_MIN,
     NgramIndex,
@@ -433,10 +433,10 @@ def test_the_default_model_speculates_without_changing_a_token(
     a CPU where a row costs a ninth of it, so that drafts are made whatever this one
     measures (the plan decides how much is drafted, never what is computed)."""
 
-    def fixed_cost(self: Engine) -> None:
-        self._row_cost = 9.0
+    def fixed_cost(self: Any, pool: Any, kv: Any) -> float:
+        return 9.0
 
-    monkeypatch.setattr(Engine, "_measure_row_cost", fixed_cost)
+    monkeypatch.setattr(_startup._Startup, "measure_row_cost", fixed_cost)
     outputs: dict[tuple[str, bool], list[list[int]]] = {}
     kept = 0
     for spec in ("none", "ngram"):
@@ -542,7 +542,7 @@ async def test_every_route_answers_the_same_with_speculation(
     machine's quiet figure: measured on a loaded machine it came out near 1, nothing was
     drafted among 8 rows, and the comparison proved nothing (it decides only how much
     is drafted, never what is computed)."""
-    monkeypatch.setattr(Engine, "_measure_row_cost", lambda self: setattr(self, "_row_cost", 9.0))
+    monkeypatch.setattr(_startup._Startup, "measure_row_cost", lambda _self, _pool, _kv: 9.0)
     import httpx
     import orjson
     import trio

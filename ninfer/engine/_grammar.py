@@ -19,17 +19,21 @@ the answers to a subset of those the grammar accepts, never to none.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from typing import Any, cast
 
 import llguidance
 import torch
 
+from ninfer.engine._contract import CompiledGrammar
 from ninfer.engine._tokenizer import TextTokenizer
 
 __all__ = [
     "EXPONENT_DIGITS",
     "NUMBER_DIGITS",
     "Constraint",
+    "GrammarTable",
     "GrammarVocabulary",
     "TokenDigits",
     "grammar_tokenizer",
@@ -188,3 +192,39 @@ class Constraint:
     def done(self) -> bool:
         """The grammar is complete and allows nothing more."""
         return bool(self.matcher.is_stopped())
+
+
+class GrammarTable:
+    """One model's grammar side: llguidance's table of its tokens and the digit cap's,
+    built on first use by whichever thread needs them first (the engine's, or a
+    frontend's worker compiling a grammar); then each request's Constraint."""
+
+    def __init__(self, tokenizer: TextTokenizer, n_vocab: int) -> None:
+        self._tokenizer = tokenizer
+        self._n_vocab = n_vocab
+        self._lock = threading.Lock()
+        self._table: llguidance.LLTokenizer | None = None
+        self._digits: TokenDigits | None = None
+
+    def _built(self) -> tuple[llguidance.LLTokenizer, TokenDigits]:
+        with self._lock:
+            if self._table is None or self._digits is None:
+                vocab = GrammarVocabulary.of(self._tokenizer)
+                self._digits = TokenDigits(vocab, self._n_vocab)
+                self._table = grammar_tokenizer(vocab, self._n_vocab)
+            return self._table, self._digits
+
+    def compile(self, grammar: str) -> CompiledGrammar:
+        """`grammar` compiled on the calling thread (a frontend's worker thread: the
+        engine's own would stall every row while a large one compiles)."""
+        return CompiledGrammar(grammar, Constraint.compile(self._built()[0], grammar))
+
+    def constraint(self, grammar: str | CompiledGrammar) -> Constraint:
+        """A request's Constraint in its grammar's initial state: a copy of a compiled
+        grammar's matcher (microseconds), or compiled here from text."""
+        table, digits = self._built()
+        if isinstance(grammar, CompiledGrammar):  # compiled off the engine's thread
+            matcher = cast(Any, grammar.matcher).deep_copy()
+        else:
+            matcher = Constraint.compile(table, grammar)
+        return Constraint(matcher, self._n_vocab, digits)

@@ -1,5 +1,6 @@
-"""Accounting of KV-cache pages: a fixed pool of fixed-size pages, owned by the engine,
-with a prefix cache of full pages.
+"""The KV cache's pages: their tensors (`KVPages`: every layer's keys and values, page
+by page, float or int8) and their accounting (`PagePool`: a fixed pool of fixed-size
+pages, owned by the engine, with a prefix cache of full pages).
 
 A page full of a request's tokens (its prompt's, once prefilled; its output's too, once
 it has finished) is never written again; it is indexed by a digest of every token up
@@ -32,8 +33,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import attrs
+import torch
 
-__all__ = ["PagePool", "page_keys", "pages_for"]
+from ninfer.engine._gguf import ModelArgs
+
+__all__ = ["KVPages", "PagePool", "page_keys", "pages_for", "reserve_prompt"]
 
 
 def pages_for(tokens: int, page_size: int) -> int:
@@ -246,3 +250,229 @@ class PagePool:
                 self._idle[page] = None
             else:
                 self._free.append(page)
+
+
+# --kv-dtype int8: keys and values as 8-bit integers with one float32 scale per position
+# and head (llama.cpp's q8_0 cache, with a block of one head's row).
+_INT8_MAX = 127.0
+
+
+@attrs.define(eq=False)
+class KVPages:
+    """The key/value page pool: (layers, pages, kv_heads, page_size, head_dim) each. A
+    page holds each kv head's keys as one block, so that one `index_select` gathers a
+    batch's keys in attention's own layout, (rows x kv heads, keys, head_dim), with no
+    copy after it.
+
+    Page 0 is an always-zero padding page; real pages are 1..n_pages; page
+    n_pages + 1 is scratch, written by the padding rows of a decode batch.
+
+    Quantized (int8), each position's head row is stored as int8 with its scale
+    (max |x| / 127, a (layers, pages, kv_heads, page_size, 1) float32 tensor each for
+    keys and values), and gathered back to float32: row by row, so a row's keys do not
+    depend on what else is in the batch.
+
+    For the native layers (`keys_transposed`) the keys are (layers, pages, kv_heads,
+    head_dim, page_size): each head's page transposed, so that the native attention reads
+    one element of 16 keys as one vector (csrc/api.h); the torch path's `write` and
+    `gather` do not read that layout.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    page_size: int
+    k_scale: torch.Tensor | None = None  # int8 only
+    v_scale: torch.Tensor | None = None
+    keys_transposed: bool = False
+    # Each layer's keys and values as views made once: (pages, kv heads, page size,
+    # head dim) to write into, (pages * kv heads, page size, head dim) blocks to gather
+    # (and, int8, the scales' likewise).
+    _layers: list[tuple[torch.Tensor, ...]] = attrs.field(init=False)
+    _scales: list[tuple[torch.Tensor, ...]] = attrs.field(init=False)
+    _heads: torch.Tensor = attrs.field(init=False)  # 0..kv heads - 1
+
+    def __attrs_post_init__(self) -> None:
+        _, pages, heads, size, dim = self.v.shape  # the keys' last two may be transposed
+        self._heads = torch.arange(heads, device=self.k.device)
+        self._layers = [
+            (k, v, k.view(pages * heads, size, dim), v.view(pages * heads, size, dim))
+            for k, v in zip(self.k.unbind(0), self.v.unbind(0), strict=True)
+        ]
+        self._scales = []
+        if self.k_scale is not None and self.v_scale is not None:
+            self._scales = [
+                (k, v, k.view(pages * heads, size, 1), v.view(pages * heads, size, 1))
+                for k, v in zip(self.k_scale.unbind(0), self.v_scale.unbind(0), strict=True)
+            ]
+
+    @property
+    def quantized(self) -> bool:
+        return self.k_scale is not None
+
+    @classmethod
+    def allocate(
+        cls,
+        args: ModelArgs,
+        *,
+        n_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: str,
+        kv_dtype: str = "auto",
+        keys_transposed: bool = False,
+    ) -> KVPages:
+        shape = (args.n_layers, n_pages + 2, args.n_kv_heads, page_size, args.head_dim)
+        quantized = kv_dtype == "int8"
+        store = torch.int8 if quantized else dtype
+        # empty, not zeros: pages are zeroed when handed out (`zero_pages`), so memory
+        # for pages never used is never touched and does not count in RSS.
+        k_shape = (*shape[:3], args.head_dim, page_size) if keys_transposed else shape
+        k = torch.empty(k_shape, dtype=store, device=device)
+        v = torch.empty(shape, dtype=store, device=device)
+        scales: tuple[torch.Tensor | None, ...] = (None, None)
+        if quantized:
+            scale_shape = (*shape[:-1], 1)
+            scales = tuple(torch.empty(scale_shape, device=device) for _ in range(2))
+        kv = cls(k=k, v=v, page_size=page_size, k_scale=scales[0], v_scale=scales[1],
+                 keys_transposed=keys_transposed)  # fmt: skip
+        # The padding page and the scratch page are zeroed now: garbage there (a NaN
+        # among it) must never reach a padding row's output, however masked.
+        kv.zero_pages([0, n_pages + 1])
+        return kv
+
+    @staticmethod
+    def bytes_per_token(args: ModelArgs, dtype: torch.dtype, kv_dtype: str = "auto") -> int:
+        """Memory one token's keys and values take, every layer (int8: a byte a number
+        and a float32 scale a head row)."""
+        rows = 2 * args.n_layers * args.n_kv_heads
+        if kv_dtype == "int8":
+            return rows * (args.head_dim + 4)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return rows * args.head_dim * itemsize
+
+    @property
+    def n_pages(self) -> int:
+        return int(self.k.shape[1]) - 2
+
+    @property
+    def scratch_page(self) -> int:
+        return int(self.k.shape[1]) - 1
+
+    def slots(self, page: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Where (B, T) new positions' keys go, every kv head: (B, T, G) indices."""
+        B, T = page.shape
+        return (page.view(B, T, 1), self._heads.view(1, 1, -1), offset.view(B, T, 1))
+
+    def write(
+        self, layer: int, slots: tuple[torch.Tensor, ...], k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """A layer's new keys and values (B, T, G, D) at `slots`."""
+        assert not self.keys_transposed, "the native layers write their own keys"
+        keys, values, _, _ = self._layers[layer]
+        if not self._scales:
+            keys.index_put_(slots, k)
+            values.index_put_(slots, v)
+            return
+        k_scales, v_scales, _, _ = self._scales[layer]
+        for rows, store, scales in ((k, keys, k_scales), (v, values, v_scales)):
+            q, scale = _quantize(rows)
+            store.index_put_(slots, q)
+            scales.index_put_(slots, scale)
+
+    def blocks(self, page_table: torch.Tensor) -> torch.Tensor:
+        """The blocks rows' keys are in, (B * G * P,) in (row, head, page) order:
+        page * G + head."""
+        B, P = page_table.shape
+        G = self._heads.numel()
+        return (page_table.view(B, 1, P) * G + self._heads.view(1, G, 1)).view(-1)
+
+    def gather(self, layer: int, blocks: torch.Tensor, rows: int) -> tuple[torch.Tensor, ...]:
+        """A layer's keys and values at `blocks` (from `blocks`, for `rows` rows): each
+        (rows * kv heads, pages * page size, head dim), attention's layout (int8: as
+        float32)."""
+        assert not self.keys_transposed, "the native layers read their own keys"
+        _, _, k_blocks, v_blocks = self._layers[layer]
+        dim = k_blocks.shape[-1]
+        groups = rows * self._heads.numel()
+        k = k_blocks.index_select(0, blocks).view(groups, -1, dim)
+        v = v_blocks.index_select(0, blocks).view(groups, -1, dim)
+        if not self._scales:
+            return k, v
+        _, _, k_scales, v_scales = self._scales[layer]
+        k_scale = k_scales.index_select(0, blocks).view(groups, -1, 1)
+        v_scale = v_scales.index_select(0, blocks).view(groups, -1, 1)
+        return k.float() * k_scale, v.float() * v_scale
+
+    def _tensors(self) -> list[torch.Tensor]:
+        out = [self.k, self.v]
+        if self.k_scale is not None and self.v_scale is not None:
+            out += [self.k_scale, self.v_scale]
+        return out
+
+    def clear_slots(self, pages: Sequence[int], offsets: Sequence[int]) -> None:
+        """Every layer's keys and values at (page, offset) slots back to zeros: the
+        positions a rejected draft wrote, so that the pool holds what plain steps leave."""
+        if not pages:
+            return
+        page = torch.tensor(pages, dtype=torch.long, device=self.k.device)
+        offset = torch.tensor(offsets, dtype=torch.long, device=self.k.device)
+        for t in self._tensors():
+            self._by_slot(t)[:, page, :, offset] = 0
+
+    def copy_rows(self, source: int, target: int, rows: int) -> None:
+        """Every layer's keys and values of the first `rows` slots of page `source`
+        into page `target`."""
+        for t in self._tensors():
+            s = self._by_slot(t)
+            s[:, target, :, :rows] = s[:, source, :, :rows]
+
+    def _by_slot(self, t: torch.Tensor) -> torch.Tensor:
+        """One of the pool's tensors with a page's slots as its fourth axis: a view of the
+        transposed keys (layers, pages, kv heads, slots, head dim), the others as they are."""
+        return t.transpose(3, 4) if t is self.k and self.keys_transposed else t
+
+    def zero_pages(self, pages: list[int]) -> None:
+        idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
+        for t in self._tensors():
+            t.index_fill_(1, idx, 0)
+
+
+def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T, G, D) rows as int8 and their float32 scales (B, T, G, 1): each row on its
+    own, symmetric, max |x| / 127 (a row of zeros: scale 0)."""
+    x = rows.float()
+    scale = x.abs().amax(dim=-1, keepdim=True) / _INT8_MAX
+    q = torch.round(x / torch.where(scale > 0, scale, 1.0)).clamp_(-_INT8_MAX, _INT8_MAX)
+    return q.to(torch.int8), scale
+
+
+def reserve_prompt(
+    pool: PagePool,
+    kv: KVPages,
+    prompt: Sequence[int],
+    keys: Sequence[bytes],
+    pages: int,
+    *,
+    share: bool,
+) -> tuple[list[int], int] | None:
+    """A prompt's `pages` (its whole prompt and the output reserved for it), and how
+    many of its tokens are in them already: with `share`, the pages of its longest
+    cached prefix are shared (`keys`: its whole pages' digests) and the rows of a
+    cached page that goes on as the prompt does are copied into its own first fresh
+    page; the fresh pages are zeroed. None, and nothing held, when the pool cannot
+    give the fresh ones."""
+    shared: list[int] = []
+    part = None
+    if share:
+        shared, part = pool.cached_prefix(prompt, keys)
+    fresh = pool.allocate(pages - len(shared))
+    if fresh is None:
+        pool.release(shared + ([part[0]] if part else []))
+        return None
+    kv.zero_pages(fresh)
+    prefilled = len(shared) * pool.page_size
+    if part:  # its rows copied into this prompt's own page, which goes on from there
+        kv.copy_rows(part[0], fresh[0], part[1])
+        pool.release([part[0]])
+        prefilled += part[1]
+    return shared + fresh, prefilled

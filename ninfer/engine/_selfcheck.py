@@ -64,12 +64,11 @@ from ninfer.engine import _native
 from ninfer.engine._contract import PathCheck
 from ninfer.engine._errors import EngineError
 from ninfer.engine._gguf import GGUFFile, ModelArgs, decode_blocks
-from ninfer.engine._kvpool import pages_for
+from ninfer.engine._kvpool import KVPages, pages_for
 from ninfer.engine._model import (
     LAYER_TENSORS,
     Dense,
     Int4,
-    KVPages,
     Linear,
     Transformer,
     _attention,

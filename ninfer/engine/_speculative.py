@@ -34,17 +34,19 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import torch
 
 from ninfer.engine._contract import SpeculativeCounts
-from ninfer.engine._model import KVPages, Transformer
+from ninfer.engine._kvpool import KVPages
+from ninfer.engine._model import Transformer
 
 __all__ = [
     "NgramIndex",
     "RowSpeculation",
+    "by_length",
     "group_lengths",
     "plan_drafts",
     "step_logits",
@@ -105,6 +107,19 @@ def group_lengths(drafts: list[list[int]]) -> list[list[int]]:
     if len({len(d) for d in drafts if d}) <= 2:
         return drafts
     return [d[: 1 << (len(d).bit_length() - 1)] if d else d for d in drafts]
+
+
+R = TypeVar("R")  # a row, as the engine keeps it
+
+
+def by_length(rows: Sequence[R], drafts: Sequence[list[int]]) -> list[list[tuple[R, list[int]]]]:
+    """The rows with a draft, with it, grouped by its length (one verifying group each),
+    in the order each length first occurs."""
+    groups: dict[int, list[tuple[R, list[int]]]] = {}
+    for row, draft in zip(rows, drafts, strict=True):
+        if draft:
+            groups.setdefault(len(draft), []).append((row, draft))
+    return list(groups.values())
 
 
 Group = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
