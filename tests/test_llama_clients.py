@@ -19,7 +19,7 @@ from fakeengine import FakeEngine
 from server import serve, serve_app
 
 from ninfer.engine import SamplingParams
-from ninfer.frontends._budget import follow_samplers
+from ninfer.frontends._sampling import follow_samplers
 from protocols import ApiError
 
 CHAT = "/v1/chat/completions"

@@ -14,7 +14,7 @@ from tinymodel import write_tiny_gguf
 from ninfer._config import build_config
 from ninfer.engine import SamplingPreset
 from ninfer.engine._loader import sampling_preset
-from ninfer.frontends._budget import SamplingRequest, resolve_sampling, sampling_defaults
+from ninfer.frontends._sampling import SamplingRequest, resolve_sampling, sampling_defaults
 
 PRESET = SamplingPreset(temperature=0.6, top_p=0.95, top_k=20, min_p=0.05, source="test")
 FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")

@@ -28,7 +28,8 @@ from ninfer.engine import GenerationRequest, ThinkingSupport
 from ninfer.engine._grammar import GrammarVocabulary, grammar_tokenizer
 from ninfer.engine._loader import load_model
 from ninfer.engine._tokenizer import ChatTemplate
-from ninfer.frontends._reasoning import OutputReader, ReasoningPiece
+from ninfer.frontends._output import OutputReader
+from ninfer.frontends._reasoning import ReasoningPiece
 from ninfer.frontends._structured import json_schema_grammar
 from ninfer.frontends._tools import TextPiece, Tool, ToolPlan, tool_grammar
 

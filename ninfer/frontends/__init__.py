@@ -21,12 +21,12 @@ from ninfer.frontends._base import (
     Prepared,
     Routed,
 )
-from ninfer.frontends._budget import sampling_record
 from ninfer.frontends._grammar import GrammarCompiler
 from ninfer.frontends._llama import LlamaCompletionFrontend
 from ninfer.frontends._native import NativeFrontend, TokenizeFrontend, server_props
 from ninfer.frontends._openai import ChatFrontend, CompletionsFrontend, ModelsFrontend
 from ninfer.frontends._responses import ResponsesFrontend
+from ninfer.frontends._sampling import sampling_record
 
 __all__ = [
     "FRONTENDS",

@@ -18,15 +18,10 @@ from ninfer.frontends._base import (
     Outcome,
     Prepared,
 )
-from ninfer.frontends._budget import SamplingRequest
 from ninfer.frontends._finish import anthropic_stop
-from ninfer.frontends._reasoning import (
-    OutputReader,
-    PieceWriter,
-    Reading,
-    ThinkingAsk,
-    ThinkingMode,
-)
+from ninfer.frontends._output import OutputReader, PieceWriter, Reading
+from ninfer.frontends._reasoning import ThinkingAsk, ThinkingMode
+from ninfer.frontends._sampling import SamplingRequest
 from ninfer.frontends._tools import (
     CallArgs,
     CallEnd,

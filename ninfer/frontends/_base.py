@@ -32,15 +32,16 @@ from ninfer.engine import (
     Usage,
     opens_thinking,
 )
-from ninfer.frontends._budget import Budget, Grant, SamplingRequest, resolve_sampling
+from ninfer.frontends._budget import Budget, Grant
 from ninfer.frontends._grammar import GrammarCompiler
+from ninfer.frontends._output import Reading
 from ninfer.frontends._reasoning import (
-    Reading,
     ThinkingAsk,
     ThinkingMode,
     close_unwanted_thinking,
     resolve_thinking,
 )
+from ninfer.frontends._sampling import SamplingRequest, resolve_sampling
 from ninfer.frontends._tools import Tool, ToolPlan, render_tool_turns
 from protocols import ApiError, Dialect, loads
 

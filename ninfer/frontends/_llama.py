@@ -9,7 +9,7 @@ import attrs
 
 from ninfer.engine import TokenDelta
 from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
-from ninfer.frontends._budget import SamplingRequest
+from ninfer.frontends._sampling import SamplingRequest
 from protocols import (
     ApiError,
     Encoder,

@@ -16,8 +16,8 @@ from ninfer.frontends._base import (
     Prepared,
     Routed,
 )
-from ninfer.frontends._budget import SamplingRequest, sampling_defaults
 from ninfer.frontends._finish import FINISH
+from ninfer.frontends._sampling import SamplingRequest, sampling_defaults
 from protocols import (
     ApiError,
     DetokenizeResponse,

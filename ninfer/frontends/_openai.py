@@ -30,15 +30,11 @@ from ninfer.frontends._base import (
     Routed,
     clamp_headers,
 )
-from ninfer.frontends._budget import Grant, SamplingRequest
+from ninfer.frontends._budget import Grant
 from ninfer.frontends._finish import FINISH, chat_finish
-from ninfer.frontends._reasoning import (
-    OutputReader,
-    PieceWriter,
-    Reading,
-    ThinkingAsk,
-    ThinkingMode,
-)
+from ninfer.frontends._output import OutputReader, PieceWriter, Reading
+from ninfer.frontends._reasoning import ThinkingAsk, ThinkingMode
+from ninfer.frontends._sampling import SamplingRequest
 from ninfer.frontends._structured import ANY_JSON_OBJECT
 from ninfer.frontends._tools import (
     CallArgs,

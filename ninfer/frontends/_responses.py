@@ -28,15 +28,9 @@ from ninfer.frontends._base import (
     PathArgs,
     Prepared,
 )
-from ninfer.frontends._budget import SamplingRequest
 from ninfer.frontends._finish import FINISH
-from ninfer.frontends._reasoning import (
-    OutputReader,
-    PieceWriter,
-    Reading,
-    ThinkingAsk,
-    ThinkingMode,
-)
+from ninfer.frontends._output import OutputReader, PieceWriter, Reading
+from ninfer.frontends._reasoning import ThinkingAsk, ThinkingMode
 from ninfer.frontends._response_store import (
     Item,
     ResponseStore,
@@ -46,6 +40,7 @@ from ninfer.frontends._response_store import (
     not_found,
     stored_size,
 )
+from ninfer.frontends._sampling import SamplingRequest
 from ninfer.frontends._structured import ANY_JSON_OBJECT
 from ninfer.frontends._tools import (
     CallArgs,
