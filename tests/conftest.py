@@ -30,6 +30,9 @@ from ninfer.engine._runtime import configure_process, create_engine
 
 HANG_GUARD_S = 120.0
 
+# Qwen2.5's chat template (its tool calls), as its GGUF files carry it.
+QWEN25 = (Path(__file__).parent / "qwen25_chat_template.jinja").read_text()
+
 # No verdict may depend on how fast the machine is: Hypothesis's per-example deadline
 # and its "input generation is slow" health check fail a correct test on a busy or slow
 # machine (a 1.6 s stall failed test_percentile_matches_numpy once, in a full run).

@@ -12,7 +12,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import httpx
 import jsonschema
+import orjson
 from hypothesis import strategies as st
 
 from ninfer import __version__
@@ -135,3 +137,34 @@ def from_schema(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
 
 def _shared(schema: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in schema.items() if k != "anyOf"}
+
+
+def check_answer(path: str, r: httpx.Response, body: dict[str, Any]) -> str:
+    """What a route's answer is ("refused", "streamed", "answered"), asserting it is no
+    5xx and that it validates against the documented schema (an error: against the
+    route's error envelope; a stream: each event)."""
+    assert r.status_code < 500, (r.status_code, r.text[:300])
+    if r.status_code >= 400:
+        envelope = {
+            "/v1/generate": "NativeErrorBody",
+        }.get(path, "AnthropicErrorBody" if "/messages" in path else "OpenAIErrorBody")
+        validator({"$ref": f"#/components/schemas/{envelope}"}).validate(r.json())
+        return "refused"
+    if r.headers["content-type"].startswith("text/event-stream"):
+        _check_stream(path, r.text)
+        return "streamed"
+    response_validator(path, 200).validate(r.json())
+    return "answered"
+
+
+def _check_stream(path: str, text: str) -> None:
+    events, data = stream_validators(path)
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "data" not in lines:
+            continue
+        if events is not None:
+            events[lines["event"]].validate(orjson.loads(lines["data"]))
+        elif lines["data"] != "[DONE]":
+            assert data is not None
+            data.validate(orjson.loads(lines["data"]))

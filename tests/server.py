@@ -114,6 +114,29 @@ async def serve_app(
 
 
 @asynccontextmanager
+async def running_app(tmp_path: Path, engine: Any, **settings: Any) -> AsyncIterator[App]:
+    """The app over `engine` (a FakeEngine), between its lifespan's startup and
+    shutdown, for tests that drive it through memory channels (fakeengine's
+    AsgiClient) on Trio's autojump clock; the request log at tmp_path/requests.jsonl."""
+    values: dict[str, Any] = {
+        "model": "fake",
+        "request_log_jsonl": str(tmp_path / "requests.jsonl"),
+        "log_stats_interval_ms": 0,
+        **settings,
+    }
+    app = App(build_config(values), argv=["test"], engine=engine)
+    async with app_running(app):
+        yield app
+
+
+async def wait_for(predicate: Any) -> None:
+    """Poll a condition of the server's state, every virtual millisecond: on the autojump
+    clock that is free and deterministic (the state has no event to wait on)."""
+    while not predicate():  # noqa: ASYNC110
+        await trio.sleep(0.001)
+
+
+@asynccontextmanager
 async def app_running(app: App) -> AsyncIterator[App]:
     """`app` between its ASGI lifespan's startup (the model loaded, admitting) and its
     shutdown, driven through memory channels as a server would drive it."""

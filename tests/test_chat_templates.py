@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 import trio
+from conftest import QWEN25
 from server import serve
 from tinymodel import CHATML, GEMMA3_TEMPLATE, write_tiny_gguf
 
 from ninfer.engine._tokenizer import ChatTemplate
-
-# Qwen 2.5 Instruct's published template (tokenizer_config.json), as its GGUF files carry it.
-QWEN25 = (Path(__file__).parent / "qwen25_chat_template.jinja").read_text()
 
 
 def _template(source: str, bos: str = "") -> ChatTemplate:

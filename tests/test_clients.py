@@ -16,8 +16,7 @@ import pytest
 import trio
 import trio.testing
 from fakeengine import FakeEngine, request
-from server import serve
-from test_flow import _wait_for, running
+from server import running_app, serve, wait_for
 
 MODEL = "tiny-test-llama"
 # Names tools default to, served as aliases of the one model.
@@ -150,14 +149,14 @@ async def test_clamped_requests_do_not_monopolise_the_pool(
     four decode at once instead of one after another."""
     engine = FakeEngine(step_s=0.01, max_context=512, kv_pages=32)
     settings = {"max_concurrency": 4, "default_max_tokens": 16}
-    async with running(tmp_path, engine, **settings) as app, trio.open_nursery() as n:
+    async with running_app(tmp_path, engine, **settings) as app, trio.open_nursery() as n:
         body = {"model": "fake", "max_tokens": 16384,
                 "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
         for _ in range(4):
             n.start_soon(request, app, "POST", "/v1/chat/completions", body)
         assert app.scheduler is not None
         scheduler = app.scheduler
-        await _wait_for(lambda: scheduler.statistics().running == 4)
+        await wait_for(lambda: scheduler.statistics().running == 4)
         stats = scheduler.statistics()
         assert stats.waiting == 0
         assert stats.units_used == 4 * 3  # prompt and 16 reserved tokens: 3 pages each

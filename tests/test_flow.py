@@ -10,8 +10,6 @@ log back and finds exactly one terminal record per request.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +18,10 @@ import pytest
 import trio
 import trio.testing
 from fakeengine import FAIL, AsgiClient, FakeEngine, request
-from server import app_running
+from server import running_app as running
+from server import wait_for as _wait_for
 
 from ninfer._app import App
-from ninfer._config import build_config
 from ninfer._lifecycle import TABLE, TERMINAL, Lifecycle, LifecycleError, Stage, Trigger
 from ninfer.engine import EngineTimings, Finish, Usage
 
@@ -121,19 +119,6 @@ def test_table_has_no_way_out_of_a_terminal_state() -> None:
 # ---- the app over a fake engine, on the autojump clock -------------------------------------
 
 
-@asynccontextmanager
-async def running(tmp_path: Path, engine: FakeEngine, **settings: Any) -> AsyncIterator[App]:
-    values: dict[str, Any] = {
-        "model": "fake",
-        "request_log_jsonl": str(tmp_path / "requests.jsonl"),
-        "log_stats_interval_ms": 0,
-        **settings,
-    }
-    app = App(build_config(values), argv=["test"], engine=engine)
-    async with app_running(app):
-        yield app
-
-
 def records(tmp_path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in (tmp_path / "requests.jsonl").read_bytes().splitlines()]
 
@@ -155,13 +140,6 @@ def _client(app: App, rid: str, path: str = GEN) -> AsgiClient:
         path,
         headers=[(b"content-type", b"application/json"), (b"x-request-id", rid.encode())],
     )
-
-
-async def _wait_for(predicate: Any) -> None:
-    """Poll a condition of the server's state, every virtual millisecond: on the autojump
-    clock that is free and deterministic (the state has no event to wait on)."""
-    while not predicate():  # noqa: ASYNC110
-        await trio.sleep(0.001)
 
 
 def _quiet(app: App, engine: FakeEngine) -> None:

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 import trio
-from contract import from_schema, request_schema, response_validator, stream_validators
+from contract import check_answer, from_schema, request_schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server import serve
@@ -80,36 +80,6 @@ def _tamed(path: str, model: str) -> dict[str, Any]:
     return schema
 
 
-def _check_answer(path: str, r: httpx.Response, body: dict[str, Any]) -> str:
-    assert r.status_code < 500, (r.status_code, r.text[:300])
-    if r.status_code >= 400:
-        envelope = {
-            "/v1/generate": "NativeErrorBody",
-        }.get(path, "AnthropicErrorBody" if "/messages" in path else "OpenAIErrorBody")
-        from contract import validator
-
-        validator({"$ref": f"#/components/schemas/{envelope}"}).validate(r.json())
-        return "refused"
-    if r.headers["content-type"].startswith("text/event-stream"):
-        _check_stream(path, r.text)
-        return "streamed"
-    response_validator(path, 200).validate(r.json())
-    return "answered"
-
-
-def _check_stream(path: str, text: str) -> None:
-    events, data = stream_validators(path)
-    for block in text.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "data" not in lines:
-            continue
-        if events is not None:
-            events[lines["event"]].validate(orjson.loads(lines["data"]))
-        elif lines["data"] != "[DONE]":
-            assert data is not None
-            data.validate(orjson.loads(lines["data"]))
-
-
 @pytest.mark.parametrize("path", ROUTES)
 async def test_fuzz_route(path: str, tiny_gguf: Path, tmp_path: Path) -> None:
     seen: Counter[str] = Counter()
@@ -126,7 +96,7 @@ async def test_fuzz_route(path: str, tiny_gguf: Path, tmp_path: Path) -> None:
                         raw = json.dumps(body).encode()
                     r = client.post(path, content=raw,
                                     headers={"content-type": "application/json"})  # fmt: skip
-                    seen[_check_answer(path, r, body)] += 1
+                    seen[check_answer(path, r, body)] += 1
 
                 @settings(max_examples=70, deadline=None, database=None, derandomize=True,
                           suppress_health_check=list(HealthCheck))  # fmt: skip

@@ -209,3 +209,21 @@ def test_the_checker_fails_on_planted_violations(tmp_path: Path) -> None:
     assert "import ninfer.app loads torch" in problems
     assert "import ninfer.engine loads torch" in problems
     assert any(p.startswith("ninfer/_flow.py:") for p in problems)
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in the harness (conftest, server, fakeengine, tinymodel,
+    contract): a test module that imports another runs the other's collection-time
+    code and breaks when a private helper of it moves."""
+    found = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            found += [
+                f"{path.name}:{node.lineno} imports {n}" for n in names if n.startswith("test_")
+            ]
+    assert found == []

@@ -17,12 +17,12 @@ import openai
 import pydantic
 import pytest
 import trio
+from conftest import QWEN25
+from contract import check_answer
 from server import serve
-from test_chat_templates import QWEN25
-from test_fuzz import _check_answer
 
 from ninfer.engine._tokenizer import ChatTemplate
-from ninfer.frontends._reasoning import Reading
+from ninfer.frontends._output import Reading
 from ninfer.frontends._tools import (
     CallArgs,
     CallStart,
@@ -216,9 +216,9 @@ async def test_openai_chat_calls_of_a_random_model_parse_and_match(
                         "tool_choice": choice, "max_tokens": 400, "temperature": 1.0,
                         "parallel_tool_calls": parallel}  # fmt: skip
                 plain = await http.post("/v1/chat/completions", json=body)
-                _check_answer("/v1/chat/completions", plain, body)
+                check_answer("/v1/chat/completions", plain, body)
                 streamed = await http.post("/v1/chat/completions", json={**body, "stream": True})
-                _check_answer("/v1/chat/completions", streamed, body)
+                check_answer("/v1/chat/completions", streamed, body)
                 calls: dict[int, dict[str, str]] = {}
                 for line in streamed.text.splitlines():
                     if line.startswith("data: {"):
@@ -598,7 +598,7 @@ async def test_tool_answers_match_the_published_contract(roomy_gguf: Path, tmp_p
                 for stream in (False, True):
                     sent = {**body, "stream": stream}
                     r = await http.post(path, json=sent)
-                    assert _check_answer(path, r, sent) == ("streamed" if stream else "answered")
+                    assert check_answer(path, r, sent) == ("streamed" if stream else "answered")
                     marker = {"/v1/chat/completions": '"tool_calls"',
                               "/v1/messages": '"tool_use"',
                               "/v1/responses": '"function_call"'}[path]  # fmt: skip
