@@ -163,6 +163,7 @@ from protocols._responses_api import (
     ResponsesInputItem,
     ResponsesReasoning,
     ResponsesRequest,
+    ResponsesTextFormat,
     ResponsesTool,
 )
 from protocols._schema import (
@@ -285,6 +286,7 @@ __all__ = [
     "ResponsesInputItem",
     "ResponsesReasoning",
     "ResponsesRequest",
+    "ResponsesTextFormat",
     "ResponsesTool",
     "SignatureDelta",
     "StopDelta",

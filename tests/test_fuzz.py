@@ -29,7 +29,12 @@ ROUTES = [
 REFUSED = ("logprobs", "top_logprobs", "tools", "tool_choice", "response_format", "thinking",
            "echo", "suffix", "best_of", "n", "logit_bias", "metadata", "modalities",
            "background", "include", "reasoning", "truncation", "text",
-           "previous_response_id")  # fmt: skip
+           "previous_response_id",
+           # llama-server's fields whose random values are mostly refused: a random
+           # schema, sampler orders ninfer cannot follow, reasoning on a model without
+           # it (the tiny model's template cannot think), a second budget beside max_tokens
+           "json_schema", "samplers", "reasoning_format", "reasoning_effort",
+           "chat_template_kwargs", "n_predict")  # fmt: skip
 BUDGET_FIELDS = ("max_new_tokens", "max_tokens", "max_completion_tokens")
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -68,15 +73,17 @@ def _tamed(path: str, model: str) -> dict[str, Any]:
     if "messages" in props:
         # Conversations the chat template takes: one user turn (roles and their order
         # are fuzzed by the wrong-field bodies).
+        # A user turn has text: its content parts, calls and reasoning (an assistant's)
+        # are fuzzed by the wrong-field bodies too; and one budget field, as the two
+        # must agree.
         item = props["messages"]["items"]
         item["properties"]["role"] = {"const": "user"}
-        content = item["properties"]["content"]
-        if "anyOf" in content:
-            content["anyOf"] = [b for b in content["anyOf"] if b.get("type") != "null"]
+        item["properties"]["content"] = {"type": "string"}
         item["required"] = ["role", "content"]
-        for extra in ("name", "tool_call_id"):
+        for extra in ("name", "tool_call_id", "tool_calls", "reasoning_content"):
             item["properties"].pop(extra, None)
         props["messages"]["maxItems"] = 1
+        props.pop("max_completion_tokens", None)
     return schema
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import orjson
 
-from ninfer.engine import ChatText, TokenDelta
+from ninfer.engine import TokenDelta
 from ninfer.frontends._base import (
     Count,
     Frontend,
@@ -18,9 +18,10 @@ from ninfer.frontends._base import (
     Outcome,
     Prepared,
 )
+from ninfer.frontends._chat import ChatCall, chat_prompt, prepare_chat
 from ninfer.frontends._finish import anthropic_stop
 from ninfer.frontends._output import OutputReader, PieceWriter, Reading
-from ninfer.frontends._reasoning import ThinkingAsk, ThinkingMode
+from ninfer.frontends._reasoning import ThinkingAsk
 from ninfer.frontends._sampling import SamplingRequest
 from ninfer.frontends._tools import (
     CallArgs,
@@ -42,11 +43,13 @@ from protocols import (
     ContentBlockDelta,
     ContentBlockStart,
     ContentBlockStop,
+    CountTokensRequest,
     CountTokensResponse,
     Encoder,
     InputJsonDelta,
     MessageDelta,
     MessageResponse,
+    MessagesRequest,
     MessageStart,
     MessageStop,
     Ping,
@@ -77,7 +80,7 @@ def _signature(thinking: str) -> str:
     return hashlib.sha256(thinking.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class MessageAnswer(PieceWriter):
     """A stream's `message_start` waits for the engine's first delta, which says how much
     of the prompt the prefix cache served (its usage reports it); the frames before it
@@ -242,61 +245,52 @@ class MessagesFrontend(Frontend):
         count = FrontendRoute("/v1/messages/count_tokens", {"POST": Count(cls.count_tokens)})
         return (*super().routes(), count)
 
-    async def _render(
-        self,
-        system: str | None,
-        messages: list[AnthropicMessage],
-        tools: tuple[Tool, ...],
-        thinking: ThinkingMode | None,
-    ) -> ChatText:
-        conv: list[dict[str, Any]] = []
-        if system is not None:
-            conv.append({"role": "system", "content": system})
-        for m in messages:
-            conv.extend(_turns(m))
-        return await self.render_chat(conv, param="messages", tools=tools, thinking=thinking)
-
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_messages)
-        self.ctx.check_model(req.model)
-        tools = _tools(req.tools)
-        plan = _plan(tools, req.tool_choice)
-        thinking = self.thinking(_thinking_ask(req.thinking))
-        prompt = await self._render(req.system_text(), req.messages, tools, thinking)
-        ids = await self.tokens(prompt, prompt_param="messages")
-        grammar = await self.output_grammar(plan, None, "", thinking)
-        gen, grant, _warnings = self.request(
+        chat = await prepare_chat(self, _chat_call(req, req.max_tokens))
+        gen, _warnings = self.generation(
             request_id,
-            ids,
-            requested=req.max_tokens,
-            param="max_tokens",
-            prompt_param="messages",
+            chat.ids,
+            chat.grant,
             sampling=SamplingRequest(
-                temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, grammar=grammar
+                temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, grammar=chat.grammar
             ),
             stop=tuple(req.stop_sequences or ()),
-            clamp=True,
         )
         answer = MessageAnswer(
-            self.dialect.encoder,
-            "msg_" + request_id,
-            req.model,
-            len(ids),
-            self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
+            encoder=self.dialect.encoder,
+            id="msg_" + request_id,
+            label=chat.model,
+            input_tokens=len(chat.ids),
+            reading=chat.reading,
         )
-        fields = self.log_fields(plan, thinking)
-        return self.prepared(gen, grant, stream=bool(req.stream), answer=answer, log_fields=fields)
+        return self.prepared(
+            gen, chat.grant, stream=bool(req.stream), answer=answer, log_fields=chat.log_fields
+        )
 
     async def count_tokens(self, body: bytes) -> bytes:
         """POST /v1/messages/count_tokens: the prompt /v1/messages would build, counted."""
         req = await self.decode(body, self._codec.parse_count)
-        self.ctx.check_model(req.model)
-        thinking = self.thinking(_thinking_ask(req.thinking))
-        ids = await self.tokens(
-            await self._render(req.system_text(), req.messages, _tools(req.tools), thinking),
-            prompt_param="messages",
-        )
-        return self.dialect.encoder.json(CountTokensResponse(input_tokens=len(ids)))
+        first = await chat_prompt(self, _chat_call(req, None))
+        return self.dialect.encoder.json(CountTokensResponse(input_tokens=len(first.ids)))
+
+
+def _chat_call(req: MessagesRequest | CountTokensRequest, requested: int | None) -> ChatCall:
+    """A Messages request (or a count of one) in the chat pipeline's words."""
+    conversation: list[dict[str, Any]] = []
+    system = req.system_text()
+    if system is not None:
+        conversation.append({"role": "system", "content": system})
+    for m in req.messages:
+        conversation.extend(_turns(m))
+    return ChatCall(
+        model=req.model,
+        conversation=conversation,
+        plan=lambda: _plan(_tools(req.tools), req.tool_choice),
+        thinking=_thinking_ask(req.thinking),
+        requested=requested,
+        budget_param="max_tokens",
+    )
 
 
 def _thinking_ask(thinking: AnthropicThinking | None) -> ThinkingAsk:

@@ -514,6 +514,26 @@ class Frontend(Routed):
         grant = self.budget.grant(
             len(prompt_ids), requested, param=param, prompt_param=prompt_param, clamp=clamp
         )
+        gen, warnings = self.generation(
+            request_id, prompt_ids, grant, sampling=sampling, stop=stop, ignore_eos=ignore_eos,
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+        )  # fmt: skip
+        return gen, grant, warnings
+
+    def generation(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        grant: Grant,
+        *,
+        sampling: SamplingRequest,
+        stop: tuple[str, ...],
+        ignore_eos: bool = False,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+    ) -> tuple[GenerationRequest, tuple[str, ...]]:
+        """The engine request of a prompt whose budget was checked (`grant`), with its
+        sampling resolved, and the warnings about fields that had no effect."""
         params, warnings = resolve_sampling(
             sampling, self.ctx.config, self.ctx.model.sampling_preset
         )
@@ -528,4 +548,4 @@ class Frontend(Routed):
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
         )
-        return gen, grant, tuple(warnings)
+        return gen, tuple(warnings)

@@ -33,7 +33,7 @@ def _per(n: int, ms: float) -> tuple[float, float]:
     return (ms / n if n else 0.0), (n * 1000.0 / ms if ms > 0 else 0.0)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class LlamaAnswer:
     encoder: Encoder
     model: str
@@ -172,7 +172,12 @@ class LlamaCompletionFrontend(Frontend):
             ignore_eos=bool(req.ignore_eos),
             clamp=True,
         )
-        answer = LlamaAnswer(self.dialect.encoder, model, prompt, bool(req.return_tokens))
+        answer = LlamaAnswer(
+            encoder=self.dialect.encoder,
+            model=model,
+            prompt=prompt,
+            return_tokens=bool(req.return_tokens),
+        )
         return self.prepared(
             gen, grant, stream=bool(req.stream), answer=answer, log_fields=self.log_fields()
         )

@@ -37,7 +37,7 @@ from protocols import (
 __all__ = ["NativeFrontend", "TokenizeFrontend", "server_props"]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class NativeAnswer:
     encoder: Encoder
     model: NativeModel
@@ -114,7 +114,9 @@ class NativeFrontend(Frontend):
             stop=tuple(req.stop or ()),
             ignore_eos=req.ignore_eos,
         )
-        answer = NativeAnswer(self.dialect.encoder, self.model, request_id, warnings)
+        answer = NativeAnswer(
+            encoder=self.dialect.encoder, model=self.model, request_id=request_id, warnings=warnings
+        )
         return self.prepared(
             gen, grant, stream=req.stream, answer=answer, log_fields=self.log_fields()
         )

@@ -31,9 +31,10 @@ from ninfer.frontends._base import (
     clamp_headers,
 )
 from ninfer.frontends._budget import Grant
+from ninfer.frontends._chat import ChatCall, chat_prompt, prepare_chat
 from ninfer.frontends._finish import FINISH, chat_finish
 from ninfer.frontends._output import OutputReader, PieceWriter, Reading
-from ninfer.frontends._reasoning import ThinkingAsk, ThinkingMode
+from ninfer.frontends._reasoning import ThinkingAsk
 from ninfer.frontends._sampling import SamplingRequest
 from ninfer.frontends._structured import ANY_JSON_OBJECT
 from ninfer.frontends._tools import (
@@ -194,7 +195,7 @@ class Spelling:
         )
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class ChatAnswer(PieceWriter):
     encoder: Encoder
     id: str
@@ -375,7 +376,7 @@ class EchoedPrompt:
     ids: tuple[int, ...]
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class CompletionAnswer:
     encoder: Encoder
     id: str
@@ -534,38 +535,39 @@ class _OpenAIFrontend(Frontend):
         request_id: str,
         prompts: list[list[int]],
         *,
-        requested: int | None,
-        param: str,
         prompt_param: str,
         logprobs: int | None,
+        sampling: SamplingRequest,
+        grant: Grant | None = None,
+        requested: int | None = None,
+        param: str = "max_tokens",
         prompt_logprobs: int | None = None,
-        sampling: SamplingRequest | None = None,
     ) -> tuple[tuple[GenerationRequest, ...], tuple[int, ...], tuple[tuple[bytes, bytes], ...]]:
         """The engine requests of every choice (n per prompt, in OpenAI's index order),
-        the prompt each continues, and the clamp header (`sampling`: as checked before,
-        so that a schema is compiled once)."""
+        the prompt each continues, and the clamp header. `grant`: the budget a chat's
+        one prompt got from the chat pipeline; else each prompt's is checked here."""
         n = req.n or 1
-        if sampling is None:
-            sampling = self._checked_sampling(req, len(prompts), prompt_param=prompt_param)
         requests: list[GenerationRequest] = []
         groups: list[int] = []
         clamped: list[Grant] = []
         for group, ids in enumerate(prompts):
-            gen, grant, _warnings = self.request(
+            got = grant
+            if got is None:
+                got = self.budget.grant(
+                    len(ids), requested, param=param, prompt_param=prompt_param, clamp=True
+                )
+            gen, _warnings = self.generation(
                 request_id,
                 ids,
-                requested=requested,
-                param=param,
-                prompt_param=prompt_param,
+                got,
                 sampling=sampling,
                 stop=_stops(req.stop),
                 ignore_eos=bool(req.ignore_eos),
-                clamp=True,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
             )
-            if grant.clamped_from is not None:
-                clamped.append(grant)
+            if got.clamped_from is not None:
+                clamped.append(got)
             for k in range(n):
                 requests.append(_sibling(gen, k))
                 groups.append(group)
@@ -573,16 +575,11 @@ class _OpenAIFrontend(Frontend):
         headers = clamp_headers(min(clamped, key=lambda g: g.max_new_tokens)) if clamped else ()
         return tuple(requests), tuple(groups), headers
 
-    def _checked_sampling(
-        self,
-        req: ChatRequest | CompletionRequest,
-        prompts: int,
-        *,
-        prompt_param: str,
-        grammar: str | CompiledGrammar | None = None,
-    ) -> SamplingRequest:
-        """The checks of `n` and the sampling fields that need no prompt (a chat's are
-        made before its template is rendered), and the sampling they ask for."""
+    def _check_n(
+        self, req: ChatRequest | CompletionRequest, prompts: int, *, prompt_param: str
+    ) -> None:
+        """`n` times the prompts against what the server decodes at once (a chat's is
+        checked before its template is rendered)."""
         n = req.n or 1
         limit = self.ctx.config.max_concurrency
         if n * prompts > limit:
@@ -593,7 +590,6 @@ class _OpenAIFrontend(Frontend):
                 param="n" if n > 1 else prompt_param,
                 code="invalid_value",
             )
-        return _sampling(req, self.ctx.model.identity.vocab_size, grammar)
 
     def _prepared(
         self,
@@ -602,14 +598,13 @@ class _OpenAIFrontend(Frontend):
         groups: tuple[int, ...],
         headers: tuple[tuple[bytes, bytes], ...],
         answer: ChatAnswer | CompletionAnswer,
-        plan: ToolPlan | None = None,
-        thinking: ThinkingMode | None = None,
+        log_fields: dict[str, Any],
     ) -> Prepared:
         return Prepared(
             requests=requests,
             stream=bool(req.stream),
             answer=answer,
-            log_fields=self.log_fields(plan, thinking),
+            log_fields=log_fields,
             prompt_of=groups,
             headers=headers,
         )
@@ -642,6 +637,22 @@ def _format_schema(req: ChatRequest) -> tuple[dict[str, Any] | None, str]:
     assert fmt.json_schema is not None  # checked by the codec
     schema = fmt.json_schema.get("schema")
     return (schema if schema is not None else ANY_JSON_OBJECT), "response_format.json_schema.schema"
+
+
+def _chat_call(req: ChatRequest) -> ChatCall:
+    """A chat completion in the chat pipeline's words."""
+    schema, where = _format_schema(req)
+    requested, param = req.requested_tokens("max_completion_tokens", "max_tokens")
+    return ChatCall(
+        model=req.model,
+        conversation=[_turn(m) for m in req.messages],
+        plan=lambda: _tool_plan(req),
+        thinking=_chat_thinking(req),
+        schema=schema,
+        schema_param=where,
+        requested=requested,
+        budget_param=param,
+    )
 
 
 def _tool_plan(req: ChatRequest) -> ToolPlan | None:
@@ -701,58 +712,39 @@ class ChatFrontend(_OpenAIFrontend):
     async def apply(self, body: bytes) -> bytes:
         """{"prompt": the text the chat route would tokenize for `body`}."""
         req = await self.decode(body, self._codec.parse_chat)
-        self.ctx.check_model(req.model)
-        plan = _tool_plan(req)
-        thinking = self.thinking(_chat_thinking(req))
-        prompt = await self.render_chat(
-            [_turn(m) for m in req.messages],
-            param="messages",
-            tools=plan.tools if plan is not None else (),
-            thinking=thinking,
-        )
-        text = self.ctx.model.tokenizer.chat_prompt(prompt)
+        first = await chat_prompt(self, _chat_call(req))
+        text = self.ctx.model.tokenizer.chat_prompt(first.prompt)
         return self.dialect.encoder.json(AppliedTemplate(prompt=text))
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_chat)
-        model = self.ctx.check_model(req.model)  # checked whole before the template
-        plan = _tool_plan(req)
-        thinking = self.thinking(_chat_thinking(req))
-        grammar = await self.output_grammar(plan, *_format_schema(req), thinking)
-        sampling = self._checked_sampling(req, 1, prompt_param="messages", grammar=grammar)
-        conversation = [_turn(m) for m in req.messages]
-        prompt = await self.render_chat(
-            conversation,
-            param="messages",
-            tools=plan.tools if plan is not None else (),
-            thinking=thinking,
-        )
-        ids = await self.tokens(prompt, prompt_param="messages")
-        requested, param = req.requested_tokens("max_completion_tokens", "max_tokens")
+        # OpenAI's own checks first: n, and the sampling fields (logit_bias's ids).
+        self._check_n(req, 1, prompt_param="messages")
+        sampling = _sampling(req, self.ctx.model.identity.vocab_size, None)
+        chat = await prepare_chat(self, _chat_call(req))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         requests, groups, headers = self._choices(
             req,
             request_id,
-            [ids],
-            requested=requested,
-            param=param,
+            [chat.ids],
+            grant=chat.grant,
             prompt_param="messages",
             logprobs=logprobs,
-            sampling=sampling,
+            sampling=attrs.evolve(sampling, grammar=chat.grammar),
         )
         answer = ChatAnswer(
-            self.dialect.encoder,
-            "chatcmpl-" + request_id,
-            model,  # the served name the client used (an alias is answered as sent)
-            int(time.time()),  # OpenAI's `created`: when this completion was made
-            self._include_usage(req),
-            len(requests),
-            _tier(req.service_tier),
-            self._spelling if logprobs is not None else None,
-            self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
-            reasoning_usage=thinking is not None,
+            encoder=self.dialect.encoder,
+            id="chatcmpl-" + request_id,
+            model=chat.model,  # the served name the client used (an alias answered as sent)
+            created=int(time.time()),  # OpenAI's `created`: when this completion was made
+            include_usage=self._include_usage(req),
+            choices=len(requests),
+            service_tier=_tier(req.service_tier),
+            spelling=self._spelling if logprobs is not None else None,
+            reading=chat.reading,
+            reasoning_usage=chat.thinking is not None,
         )
-        return self._prepared(req, requests, groups, headers, answer, plan, thinking)
+        return self._prepared(req, requests, groups, headers, answer, chat.log_fields)
 
 
 class CompletionsFrontend(_OpenAIFrontend):
@@ -778,6 +770,7 @@ class CompletionsFrontend(_OpenAIFrontend):
         if req.max_tokens is None and req.n_predict is None:
             requested = self.DEFAULT_MAX_TOKENS
         logprobs = req.logprobs
+        self._check_n(req, len(prompts), prompt_param="prompt")
         requests, groups, headers = self._choices(
             req,
             request_id,
@@ -787,18 +780,19 @@ class CompletionsFrontend(_OpenAIFrontend):
             prompt_param="prompt",
             logprobs=logprobs,
             prompt_logprobs=logprobs if req.echo and logprobs is not None else None,
+            sampling=_sampling(req, self.ctx.model.identity.vocab_size, None),
         )
         echoed = None
         if req.echo:
             echoed = tuple(EchoedPrompt(texts[g], tuple(prompts[g])) for g in groups)
         answer = CompletionAnswer(
-            self.dialect.encoder,
-            "cmpl-" + request_id,
-            model,
-            int(time.time()),
-            self._include_usage(req),
-            len(requests),
-            echoed,
-            self._spelling if logprobs is not None else None,
+            encoder=self.dialect.encoder,
+            id="cmpl-" + request_id,
+            model=model,
+            created=int(time.time()),
+            include_usage=self._include_usage(req),
+            choices=len(requests),
+            prompts=echoed,
+            spelling=self._spelling if logprobs is not None else None,
         )
-        return self._prepared(req, requests, groups, headers, answer)
+        return self._prepared(req, requests, groups, headers, answer, self.log_fields())

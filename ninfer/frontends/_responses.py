@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ninfer.engine import ChatText, CompiledGrammar, TokenDelta
+from ninfer.engine import TokenDelta
 from ninfer.frontends._base import (
     Count,
     Frontend,
@@ -28,9 +28,10 @@ from ninfer.frontends._base import (
     PathArgs,
     Prepared,
 )
+from ninfer.frontends._chat import ChatCall, chat_prompt, prepare_chat
 from ninfer.frontends._finish import FINISH
 from ninfer.frontends._output import OutputReader, PieceWriter, Reading
-from ninfer.frontends._reasoning import ThinkingAsk, ThinkingMode
+from ninfer.frontends._reasoning import ThinkingAsk
 from ninfer.frontends._response_store import (
     Item,
     ResponseStore,
@@ -64,6 +65,7 @@ from protocols import (
     InputText,
     InputTokensCount,
     InputTokensDetails,
+    InputTokensRequest,
     OpenAIDialect,
     OutputItemEvent,
     OutputMessage,
@@ -83,6 +85,7 @@ from protocols import (
     ResponsesInputItem,
     ResponsesReasoning,
     ResponsesRequest,
+    ResponsesTextFormat,
     ResponsesTool,
     ResponseTextConfig,
     ResponseTextFormat,
@@ -220,7 +223,7 @@ def _turns(items: Sequence[Item]) -> list[Turn]:
 Streamed = ReasoningItem | OutputMessage | FunctionCallItem  # an output Item
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class ResponseAnswer(PieceWriter):
     """One Response's answer: a body, or semantic events numbered in order. A finished
     Response (completed or incomplete) is stored when the request asked for it."""
@@ -576,77 +579,71 @@ class ResponsesFrontend(Frontend):
             raise not_found("previous_response_id")
         return stored.history
 
-    async def _prompt(
+    def _chat_call(
         self,
-        instructions: str | None,
-        turns: Sequence[Turn],
-        tools: Sequence[Tool],
-        thinking: ThinkingMode | None,
-    ) -> tuple[ChatText, list[int]]:
-        conv: list[dict[str, Any]] = []
-        if instructions is not None:
-            conv.append({"role": "system", "content": instructions})
-        conv.extend(t.message() for t in turns)
-        prompt = await self.render_chat(conv, param="input", tools=tools, thinking=thinking)
-        return prompt, await self.tokens(prompt, prompt_param="input")
-
-    async def _grammar(
-        self, req: ResponsesRequest, plan: ToolPlan | None, thinking: ThinkingMode | None
-    ) -> str | CompiledGrammar | None:
-        """`text.format` (as chat's response_format) and the tools as a grammar (None:
-        free text)."""
-        fmt = req.text.format if req.text else None
-        if fmt is None or fmt.type == "text":
-            return await self.output_grammar(plan, None, "text.format", thinking)
-        if fmt.type == "json_object" or fmt.schema is None:
-            return await self.output_grammar(plan, ANY_JSON_OBJECT, "text.format", thinking)
-        return await self.output_grammar(plan, fmt.schema, "text.format.schema", thinking)
+        req: ResponsesRequest | InputTokensRequest,
+        history: Sequence[Turn],
+        requested: int | None,
+    ) -> ChatCall:
+        """A Responses request (or a count of one) in the chat pipeline's words: its
+        instructions, then the conversation it continues and its input (`history`)."""
+        conversation: list[dict[str, Any]] = []
+        if req.instructions is not None:
+            conversation.append({"role": "system", "content": req.instructions})
+        conversation.extend(t.message() for t in history)
+        tools = _tools(req.tools)
+        parallel = req.parallel_tool_calls is not False
+        schema, where = _format_schema(req.text.format if req.text else None)
+        return ChatCall(
+            model=req.model,
+            conversation=conversation,
+            plan=lambda: ToolPlan.of(tools, req.tool_choice, parallel) if tools else None,
+            thinking=_thinking_ask(req.reasoning),
+            schema=schema,
+            schema_param=where,
+            requested=requested,
+            budget_param="max_output_tokens",
+            prompt_param="input",
+        )
 
     async def prepare(self, body: bytes, request_id: str) -> Prepared:
         req = await self.decode(body, self._codec.parse_create)
-        label = self.ctx.check_model(req.model)
         items = tuple(_input_items(req.input))
         earlier = self._history(req.previous_response_id)
         _check_outputs_answer_calls(earlier, items)
         history = (*earlier, *_turns(items))
-        tools = _tools(req.tools)
-        plan = (
-            ToolPlan.of(tools, req.tool_choice, req.parallel_tool_calls is not False)
-            if (tools)
-            else None
+        store = req.store is not False
+        chat = await prepare_chat(
+            self,
+            self._chat_call(req, history, req.max_output_tokens),
+            store=store,
+            previous_response_id=req.previous_response_id,
         )
-        thinking = self.thinking(_thinking_ask(req.reasoning))
-        prompt, ids = await self._prompt(req.instructions, history, tools, thinking)
-        gen, grant, _warnings = self.request(
+        gen, _warnings = self.generation(
             request_id,
-            ids,
-            requested=req.max_output_tokens,
-            param="max_output_tokens",
-            prompt_param="input",
+            chat.ids,
+            chat.grant,
             sampling=SamplingRequest(
-                temperature=req.temperature,
-                top_p=req.top_p,
-                grammar=await self._grammar(req, plan, thinking),
+                temperature=req.temperature, top_p=req.top_p, grammar=chat.grammar
             ),
             stop=(),
-            clamp=True,
         )
-        store = req.store is not False
-        template = self._template(req, label, gen.sampling.temperature, gen.sampling.top_p, store)
+        template = self._template(
+            req, chat.model, gen.sampling.temperature, gen.sampling.top_p, store
+        )
         if store:
-            self._check_room(template, items, history, grant.max_new_tokens)
+            self._check_room(template, items, history, chat.grant.max_new_tokens)
         answer = ResponseAnswer(
-            self.dialect.encoder,
-            self.store if store else None,
-            template,
-            items,
-            history,
-            self.reading(prompt, thinking, tools=plan is not None and plan.calls_allowed),
+            encoder=self.dialect.encoder,
+            store=self.store if store else None,
+            template=template,
+            input_items=items,
+            history=history,
+            reading=chat.reading,
         )
-        fields = self.log_fields(
-            plan, thinking, store=store, previous_response_id=req.previous_response_id
+        return self.prepared(
+            gen, chat.grant, stream=bool(req.stream), answer=answer, log_fields=chat.log_fields
         )
-        return self.prepared(gen, grant, stream=bool(req.stream), answer=answer, log_fields=fields)
 
     def _check_room(
         self,
@@ -752,7 +749,6 @@ class ResponsesFrontend(Frontend):
     async def input_tokens(self, body: bytes) -> bytes:
         """POST /v1/responses/input_tokens: the prompt /v1/responses would build, counted."""
         req = await self.decode(body, self._codec.parse_input_tokens)
-        self.ctx.check_model(req.model)
         items = _input_items(req.input) if req.input is not None else []
         history = (*self._history(req.previous_response_id), *_turns(items))
         if not history:
@@ -762,9 +758,8 @@ class ResponsesFrontend(Frontend):
                 param="input",
                 code="missing_required_parameter",
             )
-        thinking = self.thinking(_thinking_ask(req.reasoning))
-        _prompt, ids = await self._prompt(req.instructions, history, _tools(req.tools), thinking)
-        return self.dialect.encoder.json(InputTokensCount(input_tokens=len(ids)))
+        first = await chat_prompt(self, self._chat_call(req, history, None))
+        return self.dialect.encoder.json(InputTokensCount(input_tokens=len(first.ids)))
 
 
 def _thinking_ask(reasoning: ResponsesReasoning | None) -> ThinkingAsk:
@@ -779,6 +774,16 @@ def _tools(tools: Sequence[ResponsesTool] | None) -> tuple[Tool, ...]:
         for i, t in enumerate(tools or ())
         if t.name is not None  # checked by the codec
     )
+
+
+def _format_schema(fmt: ResponsesTextFormat | None) -> tuple[dict[str, Any] | None, str]:
+    """`text.format` as the schema the output must match (as chat's response_format;
+    None: free text), and where it is in the request."""
+    if fmt is None or fmt.type == "text":
+        return None, "text.format"
+    if fmt.type == "json_object" or fmt.schema is None:
+        return ANY_JSON_OBJECT, "text.format"
+    return fmt.schema, "text.format.schema"
 
 
 def _echoed_format(req: ResponsesRequest) -> ResponseTextFormat:
