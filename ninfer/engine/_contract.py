@@ -15,8 +15,6 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from ninfer.engine._kvpool import pages_for  # torch-free, like this module
-
 __all__ = [
     "DTYPE_NAMES",
     "KERNEL_MODES",
@@ -50,6 +48,7 @@ __all__ = [
     "Usage",
     "misfit",
     "opens_thinking",
+    "pages_for",
     "reserved_pages",
 ]
 
@@ -192,6 +191,11 @@ class KVSizing:
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    """The KV pages `tokens` tokens take."""
+    return -(-tokens // page_size)
 
 
 def reserved_pages(prompt_tokens: int, reserved_tokens: int, page_size: int) -> int:

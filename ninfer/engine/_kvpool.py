@@ -35,13 +35,10 @@ from collections.abc import Callable, Sequence
 import attrs
 import torch
 
+from ninfer.engine._contract import pages_for
 from ninfer.engine._gguf import ModelArgs
 
 __all__ = ["KVPages", "PagePool", "page_keys", "pages_for", "reserve_prompt"]
-
-
-def pages_for(tokens: int, page_size: int) -> int:
-    return -(-tokens // page_size)
 
 
 def page_keys(
