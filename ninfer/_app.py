@@ -29,7 +29,7 @@ from hypercorn.typing import (
     WebsocketScope,
 )
 
-from ninfer._bridge import EngineHost, EngineService
+from ninfer._bridge import EngineHost
 from ninfer._config import ServerConfig, config_from_env
 from ninfer._errors import ConfigError
 from ninfer._flow import serve_generation
@@ -48,11 +48,8 @@ from ninfer._http import (
 )
 from ninfer._hypercorn import adapt_hypercorn
 from ninfer._lifecycle import Lifecycle, Stage, Trigger
-from ninfer._lifespan import Lifespan, Serving
+from ninfer._lifespan import Lifespan
 from ninfer._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from ninfer._metrics import Metrics
-from ninfer._requestlog import RequestLog
-from ninfer.engine import ServedModel
 from ninfer.frontends import (
     FRONTENDS,
     Count,
@@ -64,7 +61,6 @@ from ninfer.frontends import (
     server_props,
 )
 from protocols import ApiError, Dialect, NativeDialect, dumps
-from scheduler import AdmissionController
 
 __all__ = ["App", "create_app"]
 
@@ -212,43 +208,6 @@ class App:
                     declared.path, route, rest=declared.rest, unversioned=cls.unversioned
                 )
 
-    # What the lifespan owns, by the names tests and the CLI use.
-
-    @property
-    def log(self) -> RequestLog:
-        return self.lifespan.log
-
-    @property
-    def service(self) -> EngineService:
-        return self.lifespan.service
-
-    @property
-    def metrics(self) -> Metrics:
-        return self.lifespan.metrics
-
-    @property
-    def settled(self) -> trio.Event:
-        return self.lifespan.settled
-
-    @property
-    def public_id(self) -> str:
-        return self.lifespan.public_id
-
-    @property
-    def serving(self) -> Serving | None:
-        return self.lifespan.serving
-
-    @property
-    def model(self) -> ServedModel | None:
-        return self.serving.model if self.serving else None
-
-    @property
-    def scheduler(self) -> AdmissionController | None:
-        return self.serving.scheduler if self.serving else None
-
-    def begin_drain(self) -> None:
-        self.lifespan.begin_drain()
-
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
@@ -278,8 +237,8 @@ class App:
         for life in list(self._lives):
             if life.allows(Trigger.GONE):
                 life.cut(now)
-        self.log.emit("server_stop", forced=True)
-        self.log.close()
+        self.lifespan.log.emit("server_stop", forced=True)
+        self.lifespan.log.close()
 
     # ---- HTTP -----------------------------------------------------------------------------
 
@@ -293,7 +252,7 @@ class App:
         exchange = Exchange(receive, send)
         path, method = scope["path"], scope["method"]
         label, route, dialect, params = self.routes.resolve(path)
-        emit = self.log.emit if route is None or route.logged else _silent
+        emit = self.lifespan.log.emit if route is None or route.logged else _silent
         life = Lifecycle(request_id, label, trio.current_time(), emit)
         self._lives.add(life)
         try:
@@ -350,7 +309,7 @@ class App:
         finally:
             self._lives.discard(life)
             if exchange.status:
-                self.metrics.http_done(label, exchange.status)
+                self.lifespan.metrics.http_done(label, exchange.status)
             if not self.config.no_access_log and (route is None or route.logged):
                 self._access(method, label, exchange.status, life)
 
@@ -367,7 +326,7 @@ class App:
         if life.tokens is not None:
             fields["tokens"] = f"{life.tokens[0]}+{life.tokens[1]}"
         fields["seconds"] = round(trio.current_time() - life.arrival, 3)
-        self.log.console("access", request_id=life.request_id, **fields)
+        self.lifespan.log.console("access", request_id=life.request_id, **fields)
 
     async def _websocket(
         self, scope: WebsocketScope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -381,7 +340,7 @@ class App:
         label, _route, dialect, _params = self.routes.resolve(scope["path"])
         err = ApiError("bad_request", "WebSocket is not served here; streams use HTTP and SSE")
         status = dialect.status(err)
-        life = Lifecycle(request_id, label, trio.current_time(), self.log.emit)
+        life = Lifecycle(request_id, label, trio.current_time(), self.lifespan.log.emit)
         life.refused(trio.current_time(), status=status, kind=err.kind, code=None, param=None)
         if "websocket.http.response" not in scope.get("extensions", {}):
             await send({"type": "websocket.close", "code": 1003, "reason": ""})
@@ -524,7 +483,7 @@ class App:
 
     async def _ready(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs) -> None:
         model = self.lifespan.ready().model
-        summary = {"id": self.public_id, "architecture": model.identity.architecture}
+        summary = {"id": self.lifespan.public_id, "architecture": model.identity.architecture}
         summary["sha256"] = model.identity.sha256
         log = self.lifespan.log_health()
         # The fast paths the self-check refused at start-up, and what runs instead.
@@ -536,7 +495,7 @@ class App:
 
     async def _metrics(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs) -> None:
         """Prometheus text format; served while loading too (levels read as zero)."""
-        body = self.metrics.render()
+        body = self.lifespan.metrics.render()
         await self._ok(ex, life, body, content_type=METRICS_CONTENT_TYPE)
 
 

@@ -273,6 +273,16 @@ class Lifespan:
             by_class={cls: cls(ctx) for cls in FRONTENDS},
         )
 
+    @property
+    def model(self) -> ServedModel | None:
+        """The model being served (None until it is ready)."""
+        return self.serving.model if self.serving else None
+
+    @property
+    def scheduler(self) -> AdmissionController | None:
+        """The admission scheduler (None until the model is ready)."""
+        return self.serving.scheduler if self.serving else None
+
     def begin_drain(self) -> None:
         """Stop admitting: new generation requests get 503 shutting_down."""
         if not self.draining:

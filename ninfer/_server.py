@@ -120,13 +120,13 @@ def serve(app: App, config: ServerConfig, console: Any) -> int:
                     if stop.is_set():
                         console.info("already draining")
                         continue
-                    app.begin_drain()
+                    app.lifespan.begin_drain()
                     nursery.start_soon(force_exit_later)
                     stop.set()
 
         async def engine_watch() -> None:
             nonlocal exit_code
-            await app.service.failed.wait()  # failed to load, or died later
+            await app.lifespan.service.failed.wait()  # failed to load, or died later
             exit_code = 1
             stop.set()
 

@@ -1,7 +1,20 @@
-"""Running ninfer inside a test: `serve` runs the real server (Hypercorn, trio worker) on a
-loopback port; `serve_app` calls the same app in-process through httpx's ASGI transport,
-over a fake engine by default, for tests about what the protocols answer rather than
-about sockets or the model."""
+"""Every way a test runs ninfer, each for what it is about:
+
+- `serve`: the real server (Hypercorn's trio worker, ninfer's Hypercorn adapter) on a
+  loopback port, for what needs sockets and HTTP framing: streams read as they come,
+  clients that stall or leave, body limits on the wire, connections, status lines;
+- `serve_model`: the same app with a model's real engine thread (the tiny GGUF the
+  suite writes, or the default model), called in-process through httpx's ASGI
+  transport (each answer whole, a stream's frames at once), for what the protocols
+  answer with a real engine behind them;
+- `serve_app`: the app over tests/fakeengine.py's FakeEngine through the same
+  transport, for refusal tables and shapes that need no model;
+- `running_app` (with fakeengine's AsgiClient): the app driven through memory
+  channels on Trio's autojump clock, a stream's frames as the app writes them, for
+  the request flow's stages and times.
+
+`Server.client()`, `.openai()` and `.anthropic()` give an httpx client and the SDKs'
+async clients for whichever of the first three runs it."""
 
 from __future__ import annotations
 
@@ -10,7 +23,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import httpx
@@ -39,10 +52,49 @@ class Server:
             kwargs["transport"] = self.transport
         return httpx.AsyncClient(base_url=self.url, **kwargs)
 
+    def openai(self, api_key: str = "unused", **kwargs: Any) -> Any:
+        """The OpenAI SDK's async client for this server (over its transport when
+        in-process)."""
+        import openai
+
+        return openai.AsyncOpenAI(
+            base_url=self.url + "/v1", api_key=api_key, max_retries=0,
+            http_client=self.client() if self.transport is not None else None, **kwargs,
+        )  # fmt: skip
+
+    def anthropic(self, api_key: str = "unused", **kwargs: Any) -> Any:
+        """The Anthropic SDK's async client for this server (likewise)."""
+        import anthropic
+
+        http_client = None
+        if self.transport is not None:  # (the SDK takes its own httpx fork's client)
+            import httpx2
+
+            app = cast(Any, self.transport).app
+            transport = httpx2.ASGITransport(app=app, client=("127.0.0.1", 1234))
+            http_client = httpx2.AsyncClient(base_url=self.url, transport=transport)
+        return anthropic.AsyncAnthropic(
+            base_url=self.url, api_key=api_key, max_retries=0, http_client=http_client, **kwargs
+        )
+
     def log_records(self) -> list[dict[str, Any]]:
         import orjson
 
         return [orjson.loads(line) for line in self.log_path.read_bytes().splitlines() if line]
+
+
+def _app(model: Path, tmp_path: Path, engine: Any, settings: dict[str, Any]) -> tuple[App, Path]:
+    """The app `serve` and `serve_model` run, and where its request log goes."""
+    log_path = tmp_path / f"requests-{id(settings)}.jsonl"
+    values: dict[str, Any] = {
+        "model": str(model),
+        "port": 0,
+        "request_log_jsonl": str(log_path),
+        "log_stats_interval_ms": 0,
+        "threads": 2,
+        **settings,
+    }
+    return App(build_config(values), argv=["test"], engine=engine), log_path
 
 
 @asynccontextmanager
@@ -57,16 +109,7 @@ async def serve(
     """Serve `model` with the given settings on 127.0.0.1:<free port> until the block ends
     (`keep_alive_timeout`: Hypercorn's, as `ninfer serve` leaves it by default; `engine`:
     an engine host in place of the model's, e.g. tests/fakeengine.py's)."""
-    log_path = tmp_path / f"requests-{id(settings)}.jsonl"
-    values: dict[str, Any] = {
-        "model": str(model),
-        "port": 0,
-        "request_log_jsonl": str(log_path),
-        "log_stats_interval_ms": 0,
-        "threads": 2,
-    }
-    values.update(settings)
-    app = App(build_config(values), argv=["test"], engine=engine)
+    app, log_path = _app(model, tmp_path, engine, settings)
     adapt_hypercorn()  # as `ninfer serve` does before it serves
     hconfig = hypercorn.config.Config()
     hconfig.bind = ["127.0.0.1:0"]
@@ -79,11 +122,27 @@ async def serve(
             binds = await nursery.start(
                 partial(hypercorn.trio.serve, app, hconfig, shutdown_trigger=stop.wait)
             )
-            await app.settled.wait()
+            await app.lifespan.settled.wait()
             try:
                 yield Server(url=binds[0], app=app, log_path=log_path)
             finally:
                 stop.set()
+    validate_log(log_path)
+
+
+@asynccontextmanager
+async def serve_model(
+    model: Path, tmp_path: Path, *, engine: Any = None, **settings: Any
+) -> AsyncIterator[Server]:
+    """`serve`'s app and settings, with `model`'s real engine (or `engine`), called
+    in-process through httpx's ASGI transport: no socket, no Hypercorn. The request
+    log is checked against its schema as `serve` checks it."""
+    app, log_path = _app(model, tmp_path, engine, settings)
+    with trio.fail_after(SERVER_HANG_GUARD_S):
+        async with app_running(app):
+            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1234))
+            yield Server(url="http://ninfer.test", app=app, log_path=log_path,
+                         transport=transport)  # fmt: skip
     validate_log(log_path)
 
 
@@ -147,7 +206,7 @@ async def app_running(app: App) -> AsyncIterator[App]:
         nursery.start_soon(app, lifespan, app_receive.receive, app_send.send)
         await to_app.send({"type": "lifespan.startup"})
         assert (await from_app.receive())["type"] == "lifespan.startup.complete"
-        await app.settled.wait()
+        await app.lifespan.settled.wait()
         yield app  # a test that fails leaves by cancelling the app instead
         await to_app.send({"type": "lifespan.shutdown"})
         assert (await from_app.receive())["type"] == "lifespan.shutdown.complete"

@@ -6,22 +6,17 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
 import pytest
-from server import serve, serve_app
+from server import serve_app, serve_model
 
 # Every name the tests give as `model` is served (aliases of the one model).
 NAMES = ["m", "any-label", "x"]
 
 
-def _client(url: str, key: str = "unused") -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=url, api_key=key, max_retries=0)
-
-
 async def test_messages_whole_and_streamed(tiny_gguf: Path, tmp_path: Path) -> None:
     async with (
-        serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv,
-        _client(srv.url) as client,
+        serve_model(tiny_gguf, tmp_path, served_model_name=NAMES) as srv,
+        srv.anthropic() as client,
     ):
         kwargs = {
             "model": "any-label",
@@ -35,11 +30,11 @@ async def test_messages_whole_and_streamed(tiny_gguf: Path, tmp_path: Path) -> N
         assert msg.model == "any-label"
         assert msg.stop_reason in ("max_tokens", "end_turn")
         assert msg.usage.output_tokens <= 9
-        template = srv.app.model.tokenizer.chat_template  # type: ignore[union-attr]
+        template = srv.app.lifespan.model.tokenizer.chat_template  # type: ignore[union-attr]
         prompt = template.render(  # type: ignore[union-attr]
             [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the cat"}]
         )
-        n_prompt = len(srv.app.model.tokenizer.encode(prompt))  # type: ignore[union-attr]
+        n_prompt = len(srv.app.lifespan.model.tokenizer.encode(prompt))  # type: ignore[union-attr]
         assert msg.usage.input_tokens == n_prompt
         count = await client.messages.count_tokens(
             model="x", system="be brief", messages=[{"role": "user", "content": "the cat"}]
@@ -53,7 +48,7 @@ async def test_messages_whole_and_streamed(tiny_gguf: Path, tmp_path: Path) -> N
         assert events[-1] == "message_stop"
         assert final.content[0].text == msg.content[0].text  # type: ignore[union-attr]
         assert final.stop_reason == msg.stop_reason
-        async with httpx.AsyncClient(base_url=srv.url) as c:
+        async with srv.client() as c:
             native = (
                 await c.post(
                     "/v1/generate",
@@ -65,8 +60,8 @@ async def test_messages_whole_and_streamed(tiny_gguf: Path, tmp_path: Path) -> N
 
 async def test_stop_sequence(tiny_gguf: Path, tmp_path: Path) -> None:
     async with (
-        serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv,
-        _client(srv.url) as client,
+        serve_model(tiny_gguf, tmp_path, served_model_name=NAMES) as srv,
+        srv.anthropic() as client,
     ):
         base = {
             "model": "m",
@@ -85,12 +80,12 @@ async def test_stop_sequence(tiny_gguf: Path, tmp_path: Path) -> None:
 
 
 async def test_errors_map_to_the_sdk_classes(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path, api_key="k", served_model_name=NAMES) as srv:
+    async with serve_model(tiny_gguf, tmp_path, api_key="k", served_model_name=NAMES) as srv:
         msgs = [{"role": "user", "content": "x"}]
-        async with _client(srv.url, "wrong") as bad:
+        async with srv.anthropic("wrong") as bad:
             with pytest.raises(anthropic.AuthenticationError):
                 await bad.messages.create(model="m", max_tokens=5, messages=msgs)  # type: ignore[arg-type]
-        async with _client(srv.url, "k") as client:
+        async with srv.anthropic("k") as client:
             image = {"type": "base64", "media_type": "image/png", "data": "AA=="}
             with pytest.raises(anthropic.BadRequestError) as e:
                 await client.messages.create(
@@ -112,7 +107,7 @@ async def test_errors_map_to_the_sdk_classes(tiny_gguf: Path, tmp_path: Path) ->
                 messages=msgs,  # type: ignore[arg-type]
             )
             assert r.headers["request-id"]
-            async with httpx.AsyncClient(base_url=srv.url) as c:
+            async with srv.client() as c:
                 raw = await c.post(
                     "/v1/messages", json={"max_tokens": 5}, headers={"x-api-key": "k"}
                 )
@@ -134,11 +129,11 @@ async def test_huge_prompts_are_refused_before_tokenizing(tiny_gguf: Path, tmp_p
     without being tokenized whole, on every route, while /health keeps answering."""
     huge = "lorem ipsum " * 250_000
     messages = [{"role": "user", "content": huge}]
-    async with serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path, served_model_name=NAMES) as srv, srv.client() as c:
         for path, body in (
             ("/v1/messages/count_tokens", {"model": "m", "messages": messages}),
             ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": messages}),
-            ("/v1/completions", {"model": srv.app.public_id, "prompt": huge}),
+            ("/v1/completions", {"model": srv.app.lifespan.public_id, "prompt": huge}),
             ("/v1/generate", {"prompt": huge}),
         ):
             r = await c.post(path, json=body)
@@ -150,7 +145,7 @@ async def test_huge_prompts_are_refused_before_tokenizing(tiny_gguf: Path, tmp_p
 async def test_token_counting_has_a_limit_of_its_own(tiny_gguf: Path, tmp_path: Path) -> None:
     """Counts take no place in the scheduler; past their own limit they get 429 at once."""
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
-    async with serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path, served_model_name=NAMES) as srv, srv.client() as c:
         holders = [object() for _ in range(int(srv.app.counting.total_tokens))]
         for h in holders:
             srv.app.counting.acquire_on_behalf_of_nowait(h)
@@ -189,7 +184,7 @@ async def test_large_bodies_are_read_and_rendered_off_the_event_loop(
     monkeypatch.setattr(_base, "loads", loads)
     monkeypatch.setattr(_base.Frontend, "render_template", render)
     many = [{"role": ("user", "assistant")[i % 2], "content": "word " * 20} for i in range(1001)]
-    async with serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path, served_model_name=NAMES) as srv, srv.client() as c:
         for path, body in (
             ("/v1/messages/count_tokens", {"model": "m", "messages": many}),
             ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": many}),

@@ -103,7 +103,7 @@ async def test_browser_sdk_headers_pass_the_preflight(tiny_gguf: Path, tmp_path:
         with trio.fail_after(HANG_GUARD_S):
             async with serve(tiny_gguf, tmp_path, **settings) as srv:
                 _Page.page = (PAGE % {"api": srv.url, "key": "browser-key",
-                                      "model": srv.app.public_id}).encode()  # fmt: skip
+                                      "model": srv.app.lifespan.public_id}).encode()  # fmt: skip
                 browser = await trio.lowlevel.open_process(
                     [
                         CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 from conftest import QWEN25
-from server import serve
+from server import serve, serve_model
 from tinymodel import CHATML, GEMMA3_TEMPLATE, write_tiny_gguf
 
 from ninfer.engine._tokenizer import ChatTemplate
@@ -69,7 +69,7 @@ async def test_a_template_refusal_is_a_400_naming_messages(tmp_path: Path) -> No
     `messages` (not a 500); a conversation it accepts is answered."""
     model = write_tiny_gguf(tmp_path / "g.gguf", architecture="gemma3")
     with trio.fail_after(120):
-        async with serve(model, tmp_path) as server, server.client() as client:
+        async with serve_model(model, tmp_path) as server, server.client() as client:
             name = (await client.get("/v1/models")).json()["data"][0]["id"]
             twice = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
             bad = {"model": name, "max_tokens": 2, "messages": twice}

@@ -42,7 +42,7 @@ async def test_prompt_arrays_give_one_choice_per_prompt(tiny_gguf: Path, tmp_pat
         assert [c.text for c in both.choices] == [a.choices[0].text for a in alone]
         assert both.usage is not None
         assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone if a.usage)
-        tok = srv.app.model.tokenizer  # type: ignore[union-attr]
+        tok = srv.app.lifespan.model.tokenizer  # type: ignore[union-attr]
         ids = [tok.encode(p) for p in prompts]
         one_by_ids = await client.completions.create(prompt=ids[0], **greedy)
         assert one_by_ids.choices[0].text == alone[0].choices[0].text
@@ -80,13 +80,13 @@ async def test_n_choices_are_decoded_together(tiny_gguf: Path, tmp_path: Path) -
         assert one.usage is not None
         assert greedy.usage.prompt_tokens == one.usage.prompt_tokens
         assert greedy.usage.completion_tokens == 3 * one.usage.completion_tokens
-        before = srv.app.service.statistics()
+        before = srv.app.lifespan.service.statistics()
         seeded: dict[str, Any] = {
             "model": MODEL, "messages": msgs, "max_tokens": 8, "temperature": 1.0,
             "extra_body": {"ignore_eos": True},
         }  # fmt: skip
         two = await client.chat.completions.create(n=2, seed=7, **seeded)
-        after = srv.app.service.statistics()
+        after = srv.app.lifespan.service.statistics()
         assert before is not None
         assert after is not None
         # The second copy shares the first's full prompt pages (the prefix cache).
@@ -154,8 +154,8 @@ async def test_clamped_requests_do_not_monopolise_the_pool(
                 "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
         for _ in range(4):
             n.start_soon(request, app, "POST", "/v1/chat/completions", body)
-        assert app.scheduler is not None
-        scheduler = app.scheduler
+        assert app.lifespan.scheduler is not None
+        scheduler = app.lifespan.scheduler
         await wait_for(lambda: scheduler.statistics().running == 4)
         stats = scheduler.statistics()
         assert stats.waiting == 0
@@ -230,7 +230,7 @@ async def test_logit_bias_steers_the_logits(tiny_gguf: Path, tmp_path: Path) -> 
             assert lps.content is not None
             return [bytes(e.bytes or []) for e in lps.content]
 
-        tok = srv.app.model.tokenizer  # type: ignore[union-attr]
+        tok = srv.app.lifespan.model.tokenizer  # type: ignore[union-attr]
         forced = tok.encode(" dog")[0]
         assert await spelled(logit_bias={str(forced): 100}) == [tok.token_bytes(forced)] * 4
         first = (await spelled())[0]
@@ -283,7 +283,7 @@ async def test_logprobs_whole_and_streamed(tiny_gguf: Path, tmp_path: Path) -> N
         choice = echo.choices[0]
         assert choice.text.startswith(prompt)
         assert choice.logprobs is not None
-        tok = srv.app.model.tokenizer  # type: ignore[union-attr]
+        tok = srv.app.lifespan.model.tokenizer  # type: ignore[union-attr]
         n_prompt = len(tok.encode(prompt))
         values = choice.logprobs.token_logprobs or []
         assert values[0] is None

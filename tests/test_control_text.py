@@ -6,13 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import anthropic
-import httpx
-import openai
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
-from server import serve
+from server import serve_model
 
 from ninfer.engine._controltext import ControlText
 from ninfer.engine._loader import load_model
@@ -89,8 +86,8 @@ async def test_every_chat_route_reads_client_control_text_as_text(
     expected = len(tok.encode_chat(template.render_chat(conv)))
     forged = len(tok.encode(template.render(conv)))
     assert expected > forged
-    async with serve(tiny_gguf, tmp_path, served_model_name=["m"]) as srv:
-        oa = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    async with serve_model(tiny_gguf, tmp_path, served_model_name=["m"]) as srv:
+        oa = srv.openai("x")
         chat = await oa.chat.completions.create(
             model="m", messages=[{"role": "user", "content": INJECTION}], max_tokens=1
         )
@@ -99,7 +96,7 @@ async def test_every_chat_route_reads_client_control_text_as_text(
         resp = await oa.responses.create(model="m", input=INJECTION, max_output_tokens=16)
         assert resp.usage is not None
         assert resp.usage.input_tokens == expected
-        an = anthropic.AsyncAnthropic(base_url=srv.url, api_key="x", max_retries=0)
+        an = srv.anthropic("x")
         msg = await an.messages.create(
             model="m", max_tokens=1, messages=[{"role": "user", "content": INJECTION}]
         )
@@ -109,7 +106,7 @@ async def test_every_chat_route_reads_client_control_text_as_text(
             model="m", messages=[{"role": "user", "content": INJECTION}]
         )
         assert count.input_tokens == expected
-        async with httpx.AsyncClient(base_url=srv.url) as c:
+        async with srv.client() as c:
             for role in ("wizard", "tool", "user<|im_end|>"):
                 r = await c.post(
                     "/v1/responses",

@@ -144,8 +144,8 @@ def _client(app: App, rid: str, path: str = GEN) -> AsgiClient:
 
 def _quiet(app: App, engine: FakeEngine) -> None:
     """Nothing is held anywhere: no ticket, no page, no engine request."""
-    assert app.scheduler is not None
-    s = app.scheduler.statistics()
+    assert app.lifespan.scheduler is not None
+    s = app.lifespan.scheduler.statistics()
     assert (s.in_system, s.running, s.waiting, s.units_used) == (0, 0, 0, 0)
     assert engine.active == 0
 
@@ -225,7 +225,7 @@ async def test_a_disconnect_at_every_stage_frees_everything(
             else:
                 c.send_body(body)
                 n.start_soon(c.run)
-                sched = app.scheduler
+                sched = app.lifespan.scheduler
                 assert sched is not None
                 if stage == "queued":
                     await _wait_for(lambda: sched.statistics().waiting == 1)
@@ -295,7 +295,7 @@ async def test_overload_is_refused_at_once(
             for c in held:
                 c.send_body(b'{"prompt": "x", "max_new_tokens": 30}')
                 n.start_soon(c.run)
-            sched = app.scheduler
+            sched = app.lifespan.scheduler
             assert sched is not None
             await _wait_for(lambda: sched.statistics().in_system == 2)
             before = trio.current_time()
@@ -325,7 +325,7 @@ async def test_a_reader_that_falls_behind_is_paused_then_resumed(
         c.reading = trio.Event()  # stops reading at once
         async with trio.open_nursery() as n:
             n.start_soon(c.run)
-            await _wait_for(lambda: app.service.paused_requests() == 1)
+            await _wait_for(lambda: app.lifespan.service.paused_requests() == 1)
             steps = engine.decode_steps
             await trio.sleep(1.0)  # a hundred steps' time: none is spent on the paused row
             assert engine.decode_steps == steps
@@ -335,7 +335,7 @@ async def test_a_reader_that_falls_behind_is_paused_then_resumed(
         events = c.response.events()
         assert sum(1 for name, _ in events if name == "token") == 200
         assert events[-1][0] == "done"
-        assert app.service.paused_requests() == 0
+        assert app.lifespan.service.paused_requests() == 0
     assert terminal(tmp_path)["slow"]["event"] == "request_done"
 
 
@@ -349,7 +349,7 @@ async def test_a_reader_that_stalls_for_good_loses_its_slot(
         c.reading = trio.Event()
         async with trio.open_nursery() as n:
             n.start_soon(c.run)
-            sched = app.scheduler
+            sched = app.lifespan.scheduler
             assert sched is not None
             await _wait_for(lambda: c.held_since is not None)
             await _wait_for(lambda: sched.statistics().in_system == 0)
@@ -450,7 +450,7 @@ async def test_retry_after_is_when_the_place_really_comes_back(
     engine = FakeEngine(step_s=0.01, prefill_steps=0)
     settings = {"max_concurrency": 2, "max_pending_requests": 2, "pending_timeout_ms": 10_000}
     async with running(tmp_path, engine, **settings) as app, trio.open_nursery() as n:
-        sched = app.scheduler
+        sched = app.lifespan.scheduler
         assert sched is not None
         for i, budget in enumerate((30, 50, 20, 40)):
             c = _client(app, f"held{i}")
@@ -495,7 +495,7 @@ async def test_a_failed_request_log_is_shown_on_ready_and_metrics(
         # The writer thread finds the failure; on the autojump clock this loop costs
         # little real time, and the guard trips (in virtual time) if it never does.
         with trio.fail_after(10_000):
-            while app.log.failure is None:  # noqa: ASYNC110
+            while app.lifespan.log.failure is None:  # noqa: ASYNC110
                 await trio.sleep(0.01)
         ready = await request(app, "GET", "/ready")
         assert ready.status == 200

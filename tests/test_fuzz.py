@@ -91,7 +91,7 @@ def _tamed(path: str, model: str) -> dict[str, Any]:
 async def test_fuzz_route(path: str, tiny_gguf: Path, tmp_path: Path) -> None:
     seen: Counter[str] = Counter()
     async with serve(tiny_gguf, tmp_path, max_pending_requests=64, default_max_tokens=4) as srv:
-        valid = from_schema(_tamed(path, srv.app.public_id))
+        valid = from_schema(_tamed(path, srv.app.lifespan.public_id))
 
         def run() -> None:
             with httpx.Client(base_url=srv.url, timeout=60) as client:

@@ -80,21 +80,26 @@ def _bridge_violations(root: Path) -> list[str]:
     return found
 
 
+def _imports(path: Path) -> list[tuple[ast.stmt, str]]:
+    """Each import statement of a module (at any depth) with each module it names."""
+    found: list[tuple[ast.stmt, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node, a.name) for a in node.names]
+    return found
+
+
 def _engine_violations(root: Path) -> list[str]:
     """Engine modules that import a server module (anything of `ninfer.` outside
     `ninfer.engine`): the engine's errors are its own, the server takes them from it."""
     found = []
     for path in sorted((root / "ninfer" / "engine").glob("*.py")):
         rel = path.relative_to(root)
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            for name in names:
-                if name.startswith("ninfer.") and not name.startswith("ninfer.engine"):
-                    found.append(f"{rel}:{node.lineno} imports {name}")
+        for node, name in _imports(path):
+            if name.startswith("ninfer.") and not name.startswith("ninfer.engine"):
+                found.append(f"{rel}:{node.lineno} imports {name}")
     return found
 
 
@@ -217,13 +222,9 @@ def test_no_test_module_imports_another() -> None:
     code and breaks when a private helper of it moves."""
     found = []
     for path in sorted((ROOT / "tests").glob("test_*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            found += [
-                f"{path.name}:{node.lineno} imports {n}" for n in names if n.startswith("test_")
-            ]
+        found += [
+            f"{path.name}:{node.lineno} imports {name}"
+            for node, name in _imports(path)
+            if name.startswith("test_")
+        ]
     assert found == []

@@ -16,7 +16,7 @@ import orjson
 import pytest
 import trio
 from fakeengine import FakeEngine
-from server import serve, serve_app
+from server import serve_app, serve_model
 
 from ninfer.engine import SamplingParams
 from ninfer.frontends._sampling import follow_samplers
@@ -228,7 +228,7 @@ async def test_llama_servers_structured_output_shapes(tiny_gguf: Path, tmp_path:
         ({"json_schema": {"const": 1}, "response_format": {"type": "json_object"}},
          "json_schema"),
     ]  # fmt: skip
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
         for extra, content in shapes:
             r = await c.post(CHAT, json={**base, **extra})
             assert r.status_code == 200, (extra, r.text)
@@ -243,7 +243,7 @@ async def test_llama_servers_logit_bias_forms(tiny_gguf: Path, tmp_path: Path) -
     """/completion's logit_bias in llama-server's forms: [[id, bias]], [[text, bias]] (the
     text's tokens), {"id": bias}, false for a ban; each bans greedy's first token."""
     base = {"prompt": "the capital", "n_predict": 3, "temperature": 0, "return_tokens": True}
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
         free = (await c.post("/completion", json=base)).json()
         first = free["tokens"][0]
         text = (await c.post("/detokenize", json={"tokens": [first]})).json()["content"]

@@ -49,7 +49,7 @@ async def _overload(model: Path, tmp_path: Path) -> tuple[Path, Counter[int]]:
                 r = await c.post(
                     CHAT,
                     json={
-                        "model": srv.app.public_id,
+                        "model": srv.app.lifespan.public_id,
                         "messages": [{"role": "user", "content": "hi"}],
                         "max_tokens": 24,
                     },
@@ -60,7 +60,7 @@ async def _overload(model: Path, tmp_path: Path) -> tuple[Path, Counter[int]]:
         async with trio.open_nursery() as n:
             for i in range(18):
                 n.start_soon(one, i)
-        sched = srv.app.scheduler
+        sched = srv.app.lifespan.scheduler
         assert sched is not None
         assert sched.statistics().promised == 0
         seen[(await c.post(GEN, json={"prompt": "x", "temperature": -1})).status_code] += 1
@@ -70,7 +70,7 @@ async def _overload(model: Path, tmp_path: Path) -> tuple[Path, Counter[int]]:
             async for line in r.aiter_lines():
                 if line.startswith("data:"):
                     break
-        sched = srv.app.scheduler
+        sched = srv.app.lifespan.scheduler
         assert sched is not None
         while sched.statistics().in_system:
             await trio.lowlevel.checkpoint()

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import trio
 from prometheus_client.parser import text_string_to_metric_families
-from server import serve
+from server import serve, serve_model
 
 GEN = "/v1/generate"
 
@@ -90,7 +90,7 @@ async def test_metrics_count_what_clients_saw(tiny_gguf: Path, tmp_path: Path) -
 
 
 async def test_metrics_need_the_api_key(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path, api_key="sekrit") as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path, api_key="sekrit") as srv, srv.client() as c:
         refused = await c.get("/metrics")
         assert refused.status_code == 401
         assert refused.json()["error"]["type"] == "unauthorized"
@@ -102,9 +102,9 @@ async def test_metrics_need_the_api_key(tiny_gguf: Path, tmp_path: Path) -> None
 async def test_a_repeated_prompt_is_served_from_the_prefix_cache(
     tiny_gguf: Path, tmp_path: Path
 ) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
-        body = {"model": srv.app.public_id, "prompt": " ".join(["x y"] * 30), "max_tokens": 4,
-                "temperature": 0}  # fmt: skip
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        body = {"model": srv.app.lifespan.public_id, "prompt": " ".join(["x y"] * 30),
+                "max_tokens": 4, "temperature": 0}  # fmt: skip
         first = (await c.post("/v1/completions", json=body)).json()
         second = (await c.post("/v1/completions", json=body)).json()
         m = _samples((await c.get("/metrics")).text)

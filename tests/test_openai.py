@@ -1,22 +1,18 @@
-"""The OpenAI-compatible routes, driven by the official openai SDK against a real server."""
+"""The OpenAI-compatible routes, driven by the official openai SDK: in-process over the
+tiny model's real engine, and the default model over a real socket."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 import trio
-from server import serve
-
-
-def _client(url: str, **kw: object) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, **kw)  # type: ignore[arg-type]
+from server import serve, serve_model
 
 
 async def test_models(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.openai() as client:
         models = await client.models.list()
         assert [m.id for m in models.data] == ["tiny-test-llama"]
         assert (await client.models.retrieve("tiny-test-llama")).id == "tiny-test-llama"
@@ -26,7 +22,7 @@ async def test_models(tiny_gguf: Path, tmp_path: Path) -> None:
 
 async def test_chat_completion_matches_the_native_route(tiny_gguf: Path, tmp_path: Path) -> None:
     """The same greedy request through OpenAI chat and the native route: the same tokens."""
-    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.openai() as client:
         raw = await client.chat.completions.with_raw_response.create(
             model="tiny-test-llama",
             messages=[{"role": "user", "content": "the cat"}],
@@ -40,11 +36,11 @@ async def test_chat_completion_matches_the_native_route(tiny_gguf: Path, tmp_pat
         assert chat.usage is not None
         assert chat.usage.completion_tokens == 12
         assert chat.usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]
-        template = srv.app.model.tokenizer.chat_template  # type: ignore[union-attr]
+        template = srv.app.lifespan.model.tokenizer.chat_template  # type: ignore[union-attr]
         assert template is not None
         prompt = template.render([{"role": "user", "content": "the cat"}])
-        assert chat.usage.prompt_tokens == len(srv.app.model.tokenizer.encode(prompt))  # type: ignore[union-attr]
-        async with httpx.AsyncClient(base_url=srv.url) as c:
+        assert chat.usage.prompt_tokens == len(srv.app.lifespan.model.tokenizer.encode(prompt))  # type: ignore[union-attr]
+        async with srv.client() as c:
             native = (
                 await c.post(
                     "/v1/generate",
@@ -60,7 +56,7 @@ async def test_chat_completion_matches_the_native_route(tiny_gguf: Path, tmp_pat
 
 
 async def test_chat_streaming_with_usage(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.openai() as client:
         kwargs = {
             "model": "tiny-test-llama",
             "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
@@ -83,7 +79,7 @@ async def test_chat_streaming_with_usage(tiny_gguf: Path, tmp_path: Path) -> Non
 
 
 async def test_text_completions(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.openai() as client:
         c = await client.completions.create(
             model="tiny-test-llama", prompt="the", max_tokens=5, temperature=0,
             extra_body={"ignore_eos": True},
@@ -100,13 +96,11 @@ async def test_text_completions(tiny_gguf: Path, tmp_path: Path) -> None:
 
 
 async def test_errors_map_to_the_sdk_classes(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path, api_key="k") as srv:
-        async with openai.AsyncOpenAI(
-            base_url=srv.url + "/v1", api_key="nope", max_retries=0
-        ) as bad_key:
+    async with serve_model(tiny_gguf, tmp_path, api_key="k") as srv:
+        async with srv.openai("nope") as bad_key:
             with pytest.raises(openai.AuthenticationError):
                 await bad_key.models.list()
-        client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0)
+        client = srv.openai("k")
         await _errors(client)
         await client.close()
 
@@ -138,8 +132,8 @@ async def _errors(client: openai.AsyncOpenAI) -> None:
 
 async def test_overload_is_a_rate_limit_error(tiny_gguf: Path, tmp_path: Path) -> None:
     async with (
-        serve(tiny_gguf, tmp_path, max_concurrency=1, max_pending_requests=0) as srv,
-        _client(srv.url) as client,
+        serve_model(tiny_gguf, tmp_path, max_concurrency=1, max_pending_requests=0) as srv,
+        srv.openai() as client,
     ):
         results: list[str] = []
         async with trio.open_nursery() as n:
@@ -162,8 +156,8 @@ async def test_overload_is_a_rate_limit_error(tiny_gguf: Path, tmp_path: Path) -
 
 async def test_cors_preflight_and_headers(tiny_gguf: Path, tmp_path: Path) -> None:
     async with (
-        serve(tiny_gguf, tmp_path, cors=True, api_key="k") as srv,
-        httpx.AsyncClient(base_url=srv.url) as c,
+        serve_model(tiny_gguf, tmp_path, cors=True, api_key="k") as srv,
+        srv.client() as c,
     ):
         pre = await c.options(
             "/v1/chat/completions",
@@ -173,14 +167,14 @@ async def test_cors_preflight_and_headers(tiny_gguf: Path, tmp_path: Path) -> No
         assert "POST" in pre.headers["access-control-allow-methods"]
         r = await c.get("/v1/models", headers={"authorization": "Bearer k"})
         assert r.headers["access-control-allow-origin"] == "*"
-    async with serve(tiny_gguf, tmp_path) as srv, httpx.AsyncClient(base_url=srv.url) as c:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
         r = await c.get("/v1/models")
         assert "access-control-allow-origin" not in r.headers
     # --cors ORIGINS: only those origins are allowed, each echoed back with Vary
     origins = "https://app.example, http://localhost:5173/"
     async with (
-        serve(tiny_gguf, tmp_path, cors=origins) as srv,
-        httpx.AsyncClient(base_url=srv.url) as c,
+        serve_model(tiny_gguf, tmp_path, cors=origins) as srv,
+        srv.client() as c,
     ):
         for origin, allowed in (
             ("http://localhost:5173", True),
@@ -232,8 +226,8 @@ async def test_a_registered_model_is_served_under_its_name_alone(
     async with serve(Path(DEFAULT_MODEL), tmp_path) as srv, srv.client() as c:
         models = (await c.get("/v1/models")).json()["data"]
         assert [m["id"] for m in models] == [DEFAULT_MODEL]
-        assert srv.app.serving is not None
-        file_id = srv.app.serving.model.identity.model_id
+        assert srv.app.lifespan.serving is not None
+        file_id = srv.app.lifespan.serving.model.identity.model_id
         assert file_id != DEFAULT_MODEL
         body = {"model": file_id, "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 1}  # fmt: skip
@@ -242,7 +236,7 @@ async def test_a_registered_model_is_served_under_its_name_alone(
 
 
 async def test_stop_strings_on_the_openai_routes(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, _client(srv.url) as client:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.openai() as client:
         base = {"model": "tiny-test-llama", "prompt": "and", "max_tokens": 40, "temperature": 0}
         full = (
             (await client.completions.create(**base, extra_body={"ignore_eos": True}))

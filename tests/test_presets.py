@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from server import serve
 from tinymodel import write_tiny_gguf
@@ -84,12 +83,12 @@ async def test_a_server_uses_the_layers_and_says_so(preset_gguf: Path, tmp_path:
     flags and request fields all in play."""
     async with serve(preset_gguf, tmp_path, top_p=0.5, min_p=0.02, presence_penalty=0.4,
                      frequency_penalty=0.1, seed=11) as srv:  # fmt: skip
-        async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+        async with srv.client() as c:
             props = (await c.get("/props")).json()
             bare = await c.post("/v1/generate", json={"prompt": "hi", "max_new_tokens": 2})
             told = await c.post(
                 "/v1/chat/completions",
-                json={"model": srv.app.public_id, "max_tokens": 2, "temperature": 0.9,
+                json={"model": srv.app.lifespan.public_id, "max_tokens": 2, "temperature": 0.9,
                       "presence_penalty": -1.0, "messages": [{"role": "user", "content": "hi"}]},
             )  # fmt: skip
         assert bare.status_code == told.status_code == 200

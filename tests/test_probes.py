@@ -27,7 +27,7 @@ def test_the_table_is_large_and_names_are_unique() -> None:
 
 async def test_every_probe_gets_its_documented_answer(tiny_gguf: Path, tmp_path: Path) -> None:
     async with serve(tiny_gguf, tmp_path, api_key="probe-key") as srv:
-        env = ProbeEnv(model=srv.app.public_id, api_key="probe-key")
+        env = ProbeEnv(model=srv.app.lifespan.public_id, api_key="probe-key")
         results = await run_probes(srv.url, env)
     assert all(r.skipped is None for r in results)
     assert all(r.ok for r in results), _report(results)
@@ -41,7 +41,7 @@ async def test_probes_skip_what_needs_a_key_when_there_is_none(
     tiny_gguf: Path, tmp_path: Path
 ) -> None:
     async with serve(tiny_gguf, tmp_path) as srv:
-        env = ProbeEnv(model=srv.app.public_id)
+        env = ProbeEnv(model=srv.app.lifespan.public_id)
         only = tuple(p for p in PROBES if p.route == "native" or p.status == 401)
         results = await run_probes(srv.url, env, probes=only)
     assert all(r.ok for r in results), _report(results)
@@ -75,7 +75,7 @@ async def test_probes_on_a_model_without_a_chat_template(tmp_path: Path) -> None
 @pytest.mark.realmodel
 async def test_probes_against_the_default_model(real_gguf: Path, tmp_path: Path) -> None:
     async with serve(real_gguf, tmp_path, api_key="probe-key") as srv:
-        env = ProbeEnv(model=srv.app.public_id, api_key="probe-key")
+        env = ProbeEnv(model=srv.app.lifespan.public_id, api_key="probe-key")
         results = await run_probes(srv.url, env)
     assert all(r.ok for r in results), _report(results)
 

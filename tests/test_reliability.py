@@ -39,10 +39,10 @@ def _terminal_by_id(srv: Server) -> dict[str, list[dict[str, Any]]]:
 async def _settled(srv: Server) -> None:
     """Wait until nothing is held: no ticket in the scheduler, no request or page in the
     engine. The engine thread frees pages at its next step: there is no event to wait on."""
-    sched = srv.app.scheduler
+    sched = srv.app.lifespan.scheduler
     assert sched is not None
     while True:
-        eng = srv.app.service.statistics()
+        eng = srv.app.lifespan.service.statistics()
         assert eng is not None
         s = sched.statistics()
         if (
@@ -89,7 +89,7 @@ async def test_overload_every_request_answered_and_logged_once(
                     r = await c.post(
                         CHAT,
                         json={
-                            "model": srv.app.public_id,
+                            "model": srv.app.lifespan.public_id,
                             "messages": [{"role": "user", "content": "hi"}],
                             "max_tokens": 24,
                             "ignore_eos": True,
@@ -251,7 +251,7 @@ async def test_a_client_that_stops_reading_does_not_stall_others(
         srv.client() as c,
     ):
         sock = await stalled_stream(srv.url, "stalled")
-        sched = srv.app.scheduler
+        sched = srv.app.lifespan.scheduler
         assert sched is not None
         await _until(lambda: sched.statistics().running > 0)
         answered = []
@@ -261,8 +261,8 @@ async def test_a_client_that_stops_reading_does_not_stall_others(
         assert answered == [(200, 64)] * 4
         # Once its buffers are full and 64 events wait unread, the stalled stream is left
         # out of decode steps: the others' steps compute their own rows only.
-        await _until(lambda: srv.app.service.paused_requests() == 1)
-        engine = srv.app.service
+        await _until(lambda: srv.app.lifespan.service.paused_requests() == 1)
+        engine = srv.app.lifespan.service
         assert engine is not None
         before = engine.statistics()
         for _ in range(3):
@@ -294,7 +294,7 @@ async def test_a_client_that_stops_reading_loses_its_slot(
         srv.client() as c,
     ):
         sock = await stalled_stream(srv.url, "stalled")
-        sched = srv.app.scheduler
+        sched = srv.app.lifespan.scheduler
         assert sched is not None
         await _until(lambda: sched.statistics().running > 0)
         # The buffers fill, one write waits 0.5 s, and the request is cancelled.

@@ -57,10 +57,10 @@ async def test_an_engine_traceback_reaches_the_console_and_the_log(
     that fails inside the engine is a console line and a `diagnostic` record (with the
     request id) in the JSONL log, while the client gets a clean 500 without it."""
     from conftest import FAILING_SEED, plant_sampling_failure
-    from server import serve
+    from server import serve_model
 
     plant_sampling_failure(monkeypatch, "planted failure")
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
         r = await c.post(
             "/v1/generate",
             json={"prompt": "x", "temperature": 1.0, "seed": FAILING_SEED},

@@ -14,19 +14,15 @@ import orjson
 import pytest
 import trio
 from contract import response_validator, stream_validators
-from server import SERVER_HANG_GUARD_S, serve, serve_app, validate_log
+from server import SERVER_HANG_GUARD_S, serve, serve_app, serve_model, validate_log
 
 NAMES = ["tiny", "gpt-4.1-mini"]
 INSTRUCTIONS = "You are a careful assistant who answers in one short sentence, always."
 
 
-def _client(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-
-
 async def test_create_retrieve_list_delete(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv:
-        client = _client(srv.url)
+    async with serve_model(tiny_gguf, tmp_path, served_model_name=NAMES) as srv:
+        client = srv.openai()
         first = await client.responses.create(
             model="gpt-4.1-mini",
             instructions=INSTRUCTIONS,
@@ -117,8 +113,8 @@ async def test_create_retrieve_list_delete(tiny_gguf: Path, tmp_path: Path) -> N
 
 
 async def test_stream_events_in_order(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path, served_model_name=NAMES) as srv:
-        client = _client(srv.url)
+    async with serve_model(tiny_gguf, tmp_path, served_model_name=NAMES) as srv:
+        client = srv.openai()
         async with client.responses.stream(
             model="tiny", input="Tell me a story.", max_output_tokens=20, temperature=0
         ) as stream:
@@ -206,7 +202,7 @@ async def test_refusals_name_the_field(
 
 async def test_store_bounds_and_the_routes_that_refuse(tiny_gguf: Path, tmp_path: Path) -> None:
     async with (
-        serve(tiny_gguf, tmp_path, served_model_name=NAMES, response_store_max_records=2,
+        serve_model(tiny_gguf, tmp_path, served_model_name=NAMES, response_store_max_records=2,
               response_store_max_mib=0.004) as srv,
         srv.client() as c,
     ):  # fmt: skip
@@ -256,7 +252,7 @@ async def test_the_store_counts_the_whole_response(tiny_gguf: Path, tmp_path: Pa
         return {"model": "tiny", "input": "hi", "max_output_tokens": 16, "text": {"format": fmt}}
 
     async with (
-        serve(tiny_gguf, tmp_path, served_model_name=NAMES, response_store_max_mib=50 / 1024)
+        serve_model(tiny_gguf, tmp_path, served_model_name=NAMES, response_store_max_mib=50 / 1024)
         as srv,
         srv.client() as c,
     ):  # fmt: skip
@@ -282,7 +278,7 @@ async def test_a_stream_cut_by_an_engine_failure_ends_with_response_failed(
     plant_sampling_failure(monkeypatch, "planted failure")
     # The Responses API has no seed: the server's default seed picks the planted failure.
     async with (
-        serve(tiny_gguf, tmp_path, served_model_name=NAMES, seed=FAILING_SEED) as srv,
+        serve_model(tiny_gguf, tmp_path, served_model_name=NAMES, seed=FAILING_SEED) as srv,
         srv.client() as c,
     ):
         body = {"model": "tiny", "input": "x", "stream": True, "temperature": 1.0,

@@ -37,7 +37,7 @@ async def test_every_retry_after_is_near_the_true_wait(
     monkeypatch.setattr(AdmissionController, "_release", recording)
     settings = {"max_concurrency": 2, "max_pending_requests": 2, "pending_timeout_ms": 600_000}
     async with serve(tiny_gguf, tmp_path, **settings) as srv, srv.client() as c:
-        sched = srv.app.scheduler
+        sched = srv.app.lifespan.scheduler
         assert sched is not None
         # One request first, so that the engine has measured its pace.
         r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 40, "ignore_eos": True})
@@ -98,7 +98,7 @@ async def test_a_client_told_to_come_back_is_let_in(tiny_gguf: Path, tmp_path: P
     async with serve(tiny_gguf, tmp_path, **settings) as srv, srv.client() as c:
         r = await c.post(GEN, json=long)  # the engine measures its pace, requests' size
         assert r.status_code == 200
-        sched = srv.app.scheduler
+        sched = srv.app.lifespan.scheduler
         assert sched is not None
         while sched.statistics().in_system:  # released just after its last byte is sent
             await trio.lowlevel.checkpoint()
@@ -143,7 +143,7 @@ async def test_a_token_holds_its_place_against_a_poller(tiny_gguf: Path, tmp_pat
     short = {"prompt": "back", "max_new_tokens": 2}
     async with serve(tiny_gguf, tmp_path, **settings) as srv, srv.client() as c:
         assert (await c.post(GEN, json=long)).status_code == 200  # the engine's pace
-        sched = srv.app.scheduler
+        sched = srv.app.lifespan.scheduler
         assert sched is not None
         while sched.statistics().in_system:
             await trio.lowlevel.checkpoint()

@@ -1,4 +1,5 @@
-"""End to end over a real socket with the tiny model: /health, /ready, /v1/generate."""
+"""/health, /ready, /v1/generate with the tiny model: in-process over its real engine, and
+over a real socket for what needs one (framing, uploads, streams read as they come)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import httpx
 import orjson
 import pytest
 import trio
-from server import SERVER_HANG_GUARD_S, serve, serve_app
+from server import SERVER_HANG_GUARD_S, serve, serve_app, serve_model
 
 GEN = "/v1/generate"
 
@@ -24,7 +25,7 @@ def _sse_events(text: str) -> list[tuple[str, Any]]:
 
 
 async def test_generate_contract_field_by_field(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
         r = await c.post(
             GEN,
             json={"prompt": "the cat", "max_new_tokens": 7, "temperature": 0, "top_k": 3},
@@ -40,11 +41,11 @@ async def test_generate_contract_field_by_field(tiny_gguf: Path, tmp_path: Path)
         assert body["model"] == {
             "id": "tiny-test-llama",
             "architecture": "llama",
-            "sha256": srv.app.model.identity.sha256,  # type: ignore[union-attr]
+            "sha256": srv.app.lifespan.model.identity.sha256,  # type: ignore[union-attr]
         }
         assert len(body["token_ids"]) == body["usage"]["completion_tokens"] <= 7
         assert body["finish_reason"] in ("length", "eos")
-        prompt_ids = srv.app.model.tokenizer.encode("the cat")  # type: ignore[union-attr]
+        prompt_ids = srv.app.lifespan.model.tokenizer.encode("the cat")  # type: ignore[union-attr]
         assert body["usage"]["prompt_tokens"] == len(prompt_ids)
         assert body["usage"]["total_tokens"] == len(prompt_ids) + len(body["token_ids"])
         assert body["warnings"] == ["top_k has no effect with greedy decoding (temperature 0)"]
@@ -57,7 +58,7 @@ async def test_generate_contract_field_by_field(tiny_gguf: Path, tmp_path: Path)
 
 
 async def test_stream_matches_the_whole_response(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
         req = {"prompt": "in the", "max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
         whole = (await c.post(GEN, json=req)).json()
         r = await c.post(GEN, json={**req, "stream": True})
@@ -76,7 +77,7 @@ async def test_stream_matches_the_whole_response(tiny_gguf: Path, tmp_path: Path
 
 
 async def test_stop_string_ends_the_text(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
         req = {"prompt": "and", "max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
         full = (await c.post(GEN, json=req)).json()["text"]
         stop = full[5:8]
@@ -87,7 +88,7 @@ async def test_stop_string_ends_the_text(tiny_gguf: Path, tmp_path: Path) -> Non
 
 
 async def test_seeded_sampling_repeats(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
         req = {"prompt": "the", "max_new_tokens": 10, "temperature": 1.0, "seed": 5}
         a, b = (await c.post(GEN, json=req)).json(), (await c.post(GEN, json=req)).json()
         assert a["token_ids"] == b["token_ids"]
@@ -144,7 +145,7 @@ async def test_errors_have_one_shape(
 
 
 async def test_budget_over_the_context_names_the_numbers(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path, max_context=64) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path, max_context=64) as srv, srv.client() as c:
         long_prompt = "x " * 200
         r = await c.post(GEN, json={"prompt": long_prompt})
         assert r.status_code == 422
@@ -183,12 +184,12 @@ async def test_version(tiny_gguf: Path, tmp_path: Path) -> None:
     from ninfer import __version__
     from ninfer._requestlog import SCHEMA_VERSION
 
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
         r = await c.get("/version")
         contract = await c.get("/openapi.json")
         props = (await c.get("/props")).json()
-    assert props["model"] == srv.app.public_id
-    assert props["served_names"] == [srv.app.public_id]
+    assert props["model"] == srv.app.lifespan.public_id
+    assert props["served_names"] == [srv.app.lifespan.public_id]
     assert props["n_ctx"] == props["default_generation_settings"]["n_ctx"] > 0
     assert props["total_slots"] == srv.app.config.max_concurrency
     assert "{%" in props["chat_template"]  # the tiny model's ChatML template
@@ -196,7 +197,7 @@ async def test_version(tiny_gguf: Path, tmp_path: Path) -> None:
     assert props["default_generation_settings"]["params"]["temperature"] == 1.0
     # llama-server's fields (its web UI reads them)
     assert props["model_path"] == str(tiny_gguf)
-    assert props["model_alias"] == srv.app.public_id
+    assert props["model_alias"] == srv.app.lifespan.public_id
     assert (props["bos_token"], props["eos_token"]) == ("<|im_start|>", "<|im_end|>")
     assert props["default_generation_settings"]["params"]["n_predict"] == 512
     assert props["chat_template_caps"]["supports_tools"] is True
@@ -302,7 +303,7 @@ async def test_health_answers_while_the_engine_decodes(tiny_gguf: Path, tmp_path
             async for line in lines:
                 if line.startswith("data:"):
                     break  # its first token: the request is decoding now
-            engine = srv.app.service
+            engine = srv.app.lifespan.service
             h = await c.get("/health")
             assert h.status_code == 200
             assert engine.statistics().decoding == 1, "health answered while decoding"
@@ -325,14 +326,14 @@ async def test_disconnect_mid_stream_frees_the_slot(tiny_gguf: Path, tmp_path: P
                 if line.startswith("data:"):
                     break
         # The client is gone: the slot and pages come back, and the next request runs at once.
-        sched = srv.app.scheduler
+        sched = srv.app.lifespan.scheduler
         assert sched is not None
         while sched.statistics().in_system:
             await trio.lowlevel.checkpoint()
         async with srv.client() as c2:
             r2 = await c2.post(GEN, json={"prompt": "x", "max_new_tokens": 2})
             assert r2.status_code == 200
-        engine = srv.app.service
+        engine = srv.app.lifespan.service
         assert engine is not None
         while engine.statistics().pages_used:
             await trio.lowlevel.checkpoint()
@@ -398,7 +399,7 @@ async def test_queue_timeout_is_503_with_retry_after(tiny_gguf: Path, tmp_path: 
         hog = {"prompt": "x", "max_new_tokens": 450, "ignore_eos": True, "stream": True}
         async with c.stream("POST", GEN, json=hog) as stream:
             assert stream.status_code == 200
-            sched = srv.app.scheduler
+            sched = srv.app.lifespan.scheduler
             assert sched is not None
             while sched.statistics().running == 0:
                 await trio.lowlevel.checkpoint()
@@ -412,8 +413,8 @@ async def test_queue_timeout_is_503_with_retry_after(tiny_gguf: Path, tmp_path: 
 
 
 async def test_draining_refuses_new_requests(tiny_gguf: Path, tmp_path: Path) -> None:
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
-        srv.app.begin_drain()
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        srv.app.lifespan.begin_drain()
         r = await c.post(GEN, json={"prompt": "x"})
         assert (r.status_code, r.json()["error"]["type"]) == (503, "shutting_down")
         # what remains of the drain (--graceful-timeout-s, 10 s by default)
@@ -427,7 +428,7 @@ async def test_a_small_kv_pool_clamps_the_default_budget(tiny_gguf: Path, tmp_pa
     """`--kv-capacity 10` (one page of 16 tokens): a request that names no budget is
     served within what the pool holds, as the docs promise; one that names more than
     the pool holds is refused with the numbers."""
-    async with serve(tiny_gguf, tmp_path, kv_capacity=10) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path, kv_capacity=10) as srv, srv.client() as c:
         r = await c.post(GEN, json={"prompt": "the cat", "ignore_eos": True})
         assert r.status_code == 200, r.text
         usage = r.json()["usage"]
@@ -451,13 +452,13 @@ async def test_a_dead_engine_fails_health_and_says_why(
     def dies(self: Engine) -> None:
         raise RuntimeError("planted engine death in /opt/models/x.gguf")
 
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
         assert (await c.get("/health")).status_code == 200
         monkeypatch.setattr(Engine, "_step", dies)
         r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 2})
         assert r.status_code == 500
         with trio.fail_after(SERVER_HANG_GUARD_S):
-            await srv.app.service.failed.wait()
+            await srv.app.lifespan.service.failed.wait()
         for route in ("/health", "/ready"):
             r = await c.get(route)
             assert r.status_code == 503
@@ -474,8 +475,8 @@ async def test_a_dead_engine_fails_health_and_says_why(
 
 async def test_retry_after_stays_in_the_documented_range(tiny_gguf: Path, tmp_path: Path) -> None:
     """A drain longer than a minute is still advised as at most 60 s (docs/errors.md)."""
-    async with serve(tiny_gguf, tmp_path, graceful_timeout_s=600.0) as srv, srv.client() as c:
-        srv.app.begin_drain()
+    async with serve_model(tiny_gguf, tmp_path, graceful_timeout_s=600.0) as srv, srv.client() as c:
+        srv.app.lifespan.begin_drain()
         r = await c.post(GEN, json={"prompt": "x"})
         assert r.status_code == 503
         assert (r.headers["retry-after"], r.headers["retry-after-ms"]) == ("60", "60000")
@@ -488,9 +489,9 @@ async def test_tokenize_and_detokenize_in_both_servers_shapes(
     vLLM (prompt, model, add_special_tokens) ask it, one answer for both (tokens,
     count, max_model_len); POST /detokenize gives llama.cpp's content and vLLM's
     prompt; the text round-trips; mistakes are refused by name."""
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
-        served = srv.app.public_id
-        model = srv.app.serving.model if srv.app.serving else None
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        served = srv.app.lifespan.public_id
+        model = srv.app.lifespan.serving.model if srv.app.lifespan.serving else None
         assert model is not None
         text = "the quick fox"
         llama = (await c.post("/tokenize", json={"content": text})).json()
@@ -526,7 +527,7 @@ async def test_tokenize_pieces_carry_their_bytes_and_special_text_can_be_plain(
     (a byte-level token holding part of a character) is its bytes, so the pieces
     round-trip the text's bytes; parse_special false reads a control token's text as
     plain text (true, the default, as that token)."""
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
         text = "caf\u00e9 \u65e5\u672c"  # 2- and 3-byte characters, a byte a token here
         pieces = (await c.post("/tokenize", json={"content": text, "with_pieces": True})).json()
         parts = [p["piece"] for p in pieces["tokens"]]
@@ -549,9 +550,9 @@ async def test_tokenize_and_detokenize_take_no_more_than_a_context(
     that length is (422 context_length_exceeded naming the field, with the count),
     and /detokenize takes at most a context's worth of ids (422 naming `tokens`);
     a context's worth exactly is answered (docs/api.md)."""
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
-        assert srv.app.serving is not None
-        context = srv.app.serving.model.max_context
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
+        assert srv.app.lifespan.serving is not None
+        context = srv.app.lifespan.serving.model.max_context
         word = "hello "
         per_word = len((await c.post("/tokenize", json={"content": word * 10})).json()["tokens"])
         fits = word * ((context - 16) * 10 // per_word)
@@ -578,7 +579,7 @@ async def test_each_request_has_an_access_line_unless_turned_off(
     """One console line per request, in the console's format: method, route (never the
     raw path), status, tokens when it generated, seconds; none for the probes, and
     none at all with --no-access-log."""
-    async with serve(tiny_gguf, tmp_path) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as c:
         await c.get("/health")
         r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 3, "ignore_eos": True})
         assert r.status_code == 200
@@ -592,6 +593,6 @@ async def test_each_request_has_an_access_line_unless_turned_off(
     assert r.headers["x-request-id"] in done
     assert "route=unmatched status=404" in missing
     assert "secret-path" not in missing
-    async with serve(tiny_gguf, tmp_path, no_access_log=True) as srv, srv.client() as c:
+    async with serve_model(tiny_gguf, tmp_path, no_access_log=True) as srv, srv.client() as c:
         await c.post(GEN, json={"prompt": "x", "max_new_tokens": 1})
     assert " access " not in capsys.readouterr().err

@@ -13,7 +13,7 @@ import openai
 import pydantic
 import pytest
 import trio
-from server import serve
+from server import serve, serve_model
 
 
 class Forecast(pydantic.BaseModel):
@@ -33,8 +33,8 @@ async def test_sampled_outputs_of_a_random_model_match_the_schema(
     at temperature 1 with eight seeds: every answer ends by itself (`stop`) and parses
     into the model; the usage counts the tokens."""
     with trio.fail_after(120):
-        async with serve(tiny_gguf, tmp_path) as srv:
-            client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        async with serve_model(tiny_gguf, tmp_path) as srv:
+            client = srv.openai("x")
             name = (await client.models.list()).data[0].id
             for seed in range(8):
                 r = await client.chat.completions.parse(
@@ -53,7 +53,7 @@ async def test_json_object_and_streaming(tiny_gguf: Path, tmp_path: Path) -> Non
     streamed answer's deltas join into the same text as the whole answer."""
     schema = {"name": "f", "strict": True, "schema": Forecast.model_json_schema()}
     with trio.fail_after(120):
-        async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
+        async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as http:
             name = (await http.get("/v1/models")).json()["data"][0]["id"]
             body = {"model": name, "messages": [{"role": "user", "content": "x"}],
                     "max_tokens": 120, "temperature": 0}  # fmt: skip
@@ -112,7 +112,7 @@ async def test_a_plain_schema_gets_its_keys_and_numbers_that_end(
              "json_schema": {"name": "r", "schema": Reading.model_json_schema()}}  # fmt: skip
     assert "additionalProperties" not in plain["json_schema"]["schema"]  # type: ignore[index]
     with trio.fail_after(120):
-        async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
+        async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as http:
             name = (await http.get("/v1/models")).json()["data"][0]["id"]
             for fmt in (plain, {"type": "json_object"}):
                 for seed in range(6):
@@ -137,7 +137,7 @@ async def test_a_constrained_row_is_the_same_alone_and_batched(
     fmt = {"type": "json_schema",
            "json_schema": {"name": "f", "schema": Forecast.model_json_schema()}}  # fmt: skip
     with trio.fail_after(120):
-        async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
+        async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as http:
             name = (await http.get("/v1/models")).json()["data"][0]["id"]
 
             def body(seed: int, constrained: bool) -> dict[str, object]:
@@ -170,8 +170,8 @@ async def test_the_responses_api_text_format(tiny_gguf: Path, tmp_path: Path) ->
     output parses, the Response echoes the format; json_object gives an object; a
     format without a name is refused naming text.format.name."""
     with trio.fail_after(120):
-        async with serve(tiny_gguf, tmp_path) as srv:
-            client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        async with serve_model(tiny_gguf, tmp_path) as srv:
+            client = srv.openai("x")
             name = (await client.models.list()).data[0].id
             r = await client.responses.parse(
                 model=name, input="the weather", text_format=Forecast, max_output_tokens=200,
@@ -222,7 +222,7 @@ async def test_formats_that_cannot_be_honoured_are_refused_by_name(
     tiny_gguf: Path, tmp_path: Path, fmt: dict[str, object], param: str, words: str
 ) -> None:
     with trio.fail_after(60):
-        async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
+        async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as http:
             name = (await http.get("/v1/models")).json()["data"][0]["id"]
             r = await http.post("/v1/chat/completions", json={
                 "model": name, "messages": [{"role": "user", "content": "x"}],
@@ -245,7 +245,7 @@ async def test_a_schema_past_the_grammar_engines_limits_is_a_400(
                          "required": [f"k{i}"]} for i in range(3000)]}  # fmt: skip
     fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
     with trio.fail_after(120):
-        async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
+        async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as http:
             name = (await http.get("/v1/models")).json()["data"][0]["id"]
             body = {"model": name, "messages": [{"role": "user", "content": "x"}],
                     "max_tokens": 16, "response_format": fmt}  # fmt: skip
@@ -325,7 +325,7 @@ async def test_schemas_compile_off_the_event_loop(
     monkeypatch.setattr(_grammar.Constraint, "compile", staticmethod(compile_spy))
     monkeypatch.setattr(_engine.Engine, "_admit", admit_spy)
     with trio.fail_after(60):
-        async with serve(tiny_gguf, tmp_path) as srv, srv.client() as http:
+        async with serve_model(tiny_gguf, tmp_path) as srv, srv.client() as http:
             loop_thread = threading.current_thread().name
             name = (await http.get("/v1/models")).json()["data"][0]["id"]
             for route, body in (

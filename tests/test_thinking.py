@@ -342,12 +342,10 @@ async def test_what_a_template_cannot_do_is_refused_by_name(tmp_path: Path) -> N
 
 
 async def test_the_openai_and_anthropic_sdks_read_the_reasoning(tmp_path: Path) -> None:
-    import anthropic
-    import openai
 
     async with _serving(tmp_path) as (srv, _engine):
         with trio.fail_after(SERVER_HANG_GUARD_S):
-            oa = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+            oa = srv.openai("x")
             chat = await oa.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "Why?"}])  # fmt: skip
             message: Any = chat.choices[0].message
@@ -361,7 +359,7 @@ async def test_the_openai_and_anthropic_sdks_read_the_reasoning(tmp_path: Path) 
             assert response.output[0].type == "reasoning"
             assert response.output[0].content is not None
             assert response.output[0].content[0].text == REASONING
-            an = anthropic.AsyncAnthropic(base_url=srv.url, api_key="x", max_retries=0)
+            an = srv.anthropic("x")
             msg = await an.messages.create(
                 model=MODEL, max_tokens=2048, messages=[{"role": "user", "content": "Why?"}],
                 thinking={"type": "enabled", "budget_tokens": 1024})  # fmt: skip

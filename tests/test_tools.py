@@ -11,7 +11,6 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-import anthropic
 import jsonschema
 import openai
 import pydantic
@@ -19,7 +18,7 @@ import pytest
 import trio
 from conftest import QWEN25
 from contract import check_answer
-from server import serve
+from server import serve, serve_model
 
 from ninfer.engine._tokenizer import ChatTemplate
 from ninfer.frontends._output import Reading
@@ -60,10 +59,6 @@ GREEDY = {"temperature": 0}
 
 def _check_call(name: str, arguments: str) -> None:
     jsonschema.validate(json.loads(arguments), SCHEMAS[name])
-
-
-def _client(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
 
 
 # ---- the stream reader ----------------------------------------------------------------
@@ -184,8 +179,8 @@ async def test_openai_chat_calls_of_a_random_model_parse_and_match(
     streamed deltas (id and name first, then arguments) join into the same calls as the
     whole answer of the same seed."""
     with trio.fail_after(HANG_GUARD_S):
-        async with serve(roomy_gguf, tmp_path) as srv, srv.client() as http:
-            client = _client(srv.url)
+        async with serve_model(roomy_gguf, tmp_path) as srv, srv.client() as http:
+            client = srv.openai()
             name = (await client.models.list()).data[0].id
             msgs: Any = [{"role": "user", "content": "weather?"}]
             named = {"type": "function", "function": {"name": "get_time"}}
@@ -249,9 +244,9 @@ async def test_anthropic_tool_use_of_a_random_model(roomy_gguf: Path, tmp_path: 
                     input_examples=[{"city": "Paris"}], cache_control={"type": "ephemeral"},
                     allowed_callers=["direct"], defer_loading=False)  # fmt: skip
     with trio.fail_after(HANG_GUARD_S):
-        async with serve(roomy_gguf, tmp_path) as srv:
-            client = anthropic.AsyncAnthropic(base_url=srv.url, api_key="x", max_retries=0)
-            name = (await _client(srv.url).models.list()).data[0].id
+        async with serve_model(roomy_gguf, tmp_path) as srv:
+            client = srv.anthropic("x")
+            name = (await srv.openai().models.list()).data[0].id
             msgs: Any = [{"role": "user", "content": "weather?"}]
             r = await client.messages.create(
                 model=name, max_tokens=400, messages=msgs, tools=tools, extra_body=GREEDY,
@@ -297,8 +292,8 @@ async def test_responses_function_calls_of_a_random_model(roomy_gguf: Path, tmp_
                    "parameters": t["function"]["parameters"], "strict": True}
                   for t in CHAT_TOOLS]  # fmt: skip
     with trio.fail_after(HANG_GUARD_S):
-        async with serve(roomy_gguf, tmp_path) as srv:
-            client = _client(srv.url)
+        async with serve_model(roomy_gguf, tmp_path) as srv:
+            client = srv.openai()
             name = (await client.models.list()).data[0].id
             r = await client.responses.create(
                 model=name, input="weather?", tools=tools, tool_choice="required",
@@ -354,7 +349,15 @@ async def test_pydantic_ai_output_type_on_a_random_model(roomy_gguf: Path, tmp_p
 
     with trio.fail_after(HANG_GUARD_S):
         async with serve(roomy_gguf, tmp_path) as srv:
-            name = (await _client(srv.url).models.list()).data[0].id
+            name = (
+                (
+                    await openai.AsyncOpenAI(
+                        base_url=srv.url + "/v1", api_key="x", max_retries=0
+                    ).models.list()
+                )
+                .data[0]
+                .id
+            )
             model = OpenAIChatModel(name, provider=OpenAIProvider(base_url=srv.url + "/v1",
                                                                   api_key="x"))  # fmt: skip
             agent = Agent(model, output_type=Forecast, retries=0,
@@ -428,7 +431,7 @@ async def test_malformed_tools_and_histories_are_refused_by_name(
     roomy_gguf: Path, tmp_path: Path
 ) -> None:
     with trio.fail_after(HANG_GUARD_S):
-        async with serve(roomy_gguf, tmp_path) as srv, srv.client() as http:
+        async with serve_model(roomy_gguf, tmp_path) as srv, srv.client() as http:
             name = (await http.get("/v1/models")).json()["data"][0]["id"]
             base: dict[str, dict[str, Any]] = {
                 "/v1/chat/completions": {"model": name, "max_tokens": 4,
@@ -454,7 +457,7 @@ async def test_smollm2_calls_the_named_tool(real_gguf: Path, tmp_path: Path) -> 
     one call: get_weather for Paris, in celsius."""
     with trio.fail_after(HANG_GUARD_S):
         async with serve(real_gguf, tmp_path) as srv:
-            client = _client(srv.url)
+            client = srv.openai()
             name = (await client.models.list()).data[0].id
             r = await client.chat.completions.create(
                 model=name, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
@@ -479,8 +482,8 @@ async def test_a_call_cut_by_the_budget_is_reported_not_given(
     is not replayed)."""
     tools: Any = [{"type": "function", "name": "get_weather", "parameters": PARAMS}]
     with trio.fail_after(HANG_GUARD_S):
-        async with serve(roomy_gguf, tmp_path) as srv:
-            client = _client(srv.url)
+        async with serve_model(roomy_gguf, tmp_path) as srv:
+            client = srv.openai()
             name = (await client.models.list()).data[0].id
             r = await client.chat.completions.create(
                 model=name, messages=[{"role": "user", "content": "x"}], tools=CHAT_TOOLS,
@@ -510,8 +513,8 @@ async def test_the_request_log_says_tools_without_their_schemas(
     request's grammar by its size: the schemas and descriptions are the client's text,
     never written (nor the grammar built from them)."""
     with trio.fail_after(HANG_GUARD_S):
-        async with serve(roomy_gguf, tmp_path) as srv:
-            client = _client(srv.url)
+        async with serve_model(roomy_gguf, tmp_path) as srv:
+            client = srv.openai()
             name = (await client.models.list()).data[0].id
             await client.chat.completions.create(
                 model=name, messages=[{"role": "user", "content": "x"}], tools=CHAT_TOOLS,
@@ -580,7 +583,7 @@ async def test_tool_answers_match_the_published_contract(roomy_gguf: Path, tmp_p
     docs/openapi.json's shapes (no field beyond them)."""
     anthropic_tools = [{"name": "get_weather", "input_schema": PARAMS}]
     with trio.fail_after(HANG_GUARD_S):
-        async with serve(roomy_gguf, tmp_path) as srv, srv.client() as http:
+        async with serve_model(roomy_gguf, tmp_path) as srv, srv.client() as http:
             name = (await http.get("/v1/models")).json()["data"][0]["id"]
             bodies: list[tuple[str, dict[str, Any]]] = [
                 ("/v1/chat/completions", {"model": name, "max_tokens": 300, "temperature": 0,
