@@ -76,7 +76,10 @@ case "$cmd" in
     .venv/bin/ruff check .
     .venv/bin/ruff format --check .
     .venv/bin/mypy
-    exec .venv/bin/pytest "$@"
+    # A worker a core, up to four (each holds torch and its servers' engines); with
+    # worksteal an idle worker takes tests queued for a busy one, so the cores stay busy
+    # to the end. Arguments given after `test` come later and win (`-n 0`: one process).
+    exec .venv/bin/pytest -n auto --maxprocesses 4 --dist worksteal "$@"
     ;;
   *)
     echo "usage: ./dev.sh serve [ninfer serve flags] | ./dev.sh test [pytest args]" >&2

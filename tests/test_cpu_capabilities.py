@@ -79,7 +79,7 @@ def test_real_model_answers_hold_under_a_lesser_cpu_capability(
     assert probe.stdout.strip() == TORCH_NAMES[capability]
     tests = TESTS + (AVX2_TESTS if capability == "avx2" else [])
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *tests],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
