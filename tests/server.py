@@ -138,12 +138,8 @@ async def serve_model(
     in-process through httpx's ASGI transport: no socket, no Hypercorn. The request
     log is checked against its schema as `serve` checks it."""
     app, log_path = _app(model, tmp_path, engine, settings)
-    with trio.fail_after(SERVER_HANG_GUARD_S):
-        async with app_running(app):
-            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1234))
-            yield Server(url="http://ninfer.test", app=app, log_path=log_path,
-                         transport=transport)  # fmt: skip
-    validate_log(log_path)
+    async with _in_process(app, log_path) as srv:
+        yield srv
 
 
 @asynccontextmanager
@@ -164,6 +160,14 @@ async def serve_app(
         **settings,
     }
     app = App(build_config(values), argv=["test"], engine=engine or FakeEngine())
+    async with _in_process(app, log_path) as srv:
+        yield srv
+
+
+@asynccontextmanager
+async def _in_process(app: App, log_path: Path) -> AsyncIterator[Server]:
+    """`app` running its lifespan, called through httpx's ASGI transport; its request log
+    checked against the schema once it has stopped."""
     with trio.fail_after(SERVER_HANG_GUARD_S):
         async with app_running(app):
             transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 1234))
