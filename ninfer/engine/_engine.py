@@ -760,6 +760,11 @@ class Engine:
             reason = a.accept(
                 token, scored, eos_ids=self.model.tokenizer.eos_ids, max_context=self._p.max_context
             )
+            if reason is None:
+                if deliver:
+                    self._events.append((a.handle, a.step_delta()))
+                return True
+            self._finish(a, reason)
         except GrammarLimitReached as exc:
             self._log.info(
                 "grammar_limit_reached",
@@ -767,16 +772,9 @@ class Engine:
                 error=str(exc).split("\n", 1)[0][:200],
             )
             self._finish(a, "error", GRAMMAR_LIMIT)
-            return False
         except Exception:
             self._fail(a, "decode")
-            return False
-        if reason is not None:
-            self._finish(a, reason)
-            return False
-        if deliver:
-            self._events.append((a.handle, a.step_delta()))
-        return True
+        return False
 
     def _finish(self, a: Row, reason: FinishReason, error: str | None = None) -> None:
         if self._by_id.pop(a.handle.id, None) is None:
