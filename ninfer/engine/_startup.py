@@ -43,7 +43,7 @@ __all__ = ["Started", "StartupPlan", "keys_per_token", "served_model", "start_up
 # The least seconds between two readings of the memory left for never-used KV pages on
 # the CPU (a reading takes ~0.3 ms; the pool reads only when it takes such pages).
 MEMORY_READ_EVERY_S = 0.1
-# Rows of the pass whose cost is measured against one row's (_measure_row_cost).
+# Rows of the pass whose cost is measured against one row's (measure_row_cost).
 ROW_COST_ROWS = 17
 # What a pass costs per row against its fixed cost, where it was not measured.
 DEFAULT_ROW_COST = 9.0
