@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import attrs
 import httpx
@@ -70,8 +70,7 @@ class Server:
         if self.transport is not None:  # (the SDK takes its own httpx fork's client)
             import httpx2
 
-            app = cast(Any, self.transport).app
-            transport = httpx2.ASGITransport(app=app, client=("127.0.0.1", 1234))
+            transport = httpx2.ASGITransport(app=self.app, client=("127.0.0.1", 1234))
             http_client = httpx2.AsyncClient(base_url=self.url, transport=transport)
         return anthropic.AsyncAnthropic(
             base_url=self.url, api_key=api_key, max_retries=0, http_client=http_client, **kwargs

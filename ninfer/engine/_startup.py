@@ -14,7 +14,7 @@ of it; a warm-up pass; the cost of a pass per row (what drafting is worth).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 import torch
@@ -85,7 +85,7 @@ class StartupPlan:
     def padded(self, rows: int) -> int:
         """The batch size `rows` rows are padded to: the next one whose rows are
         computed as in any other (see _invariance)."""
-        return next((n for n in self.batch_sizes if n >= rows), rows)
+        return _padded(self.batch_sizes, rows)
 
 
 @attrs.frozen
@@ -148,7 +148,9 @@ class _Startup:
         self.self_check: tuple[PathCheck, ...] = ()
 
     def padded(self, rows: int) -> int:
-        return next((n for n in self.batch_sizes if n >= rows), rows)
+        """As StartupPlan.padded, over the batch sizes decided so far (the self-check
+        measures padded batches before the plan exists)."""
+        return _padded(self.batch_sizes, rows)
 
     def run(self) -> Started:
         cfg = self.config
@@ -393,6 +395,11 @@ def _warm_up(loaded: LoadedModel, pool: PagePool, kv: KVPages, device: str) -> N
     model.forward(tokens, torch.arange(2).view(1, 2), table, kv, last_only=True)
     model.forward(tokens[:, :1], torch.tensor([[2]]), table, kv, last_only=True)
     pool.release(pages)
+
+
+def _padded(batch_sizes: Sequence[int], rows: int) -> int:
+    """The first of `batch_sizes` (ascending) that holds `rows` rows; `rows` past them."""
+    return next((n for n in batch_sizes if n >= rows), rows)
 
 
 def _gib(n: int) -> str:
