@@ -423,6 +423,15 @@ class KVPages:
             s = self._by_slot(t)
             s[:, target, :, :rows] = s[:, source, :, :rows]
 
+    def saved(self) -> list[torch.Tensor]:
+        """A copy of every page, for `restore`."""
+        return [t.clone() for t in self._tensors()]
+
+    def restore(self, saved: list[torch.Tensor]) -> None:
+        """Every page back to what `saved` copied."""
+        for t, s in zip(self._tensors(), saved, strict=True):
+            t.copy_(s)
+
     def _by_slot(self, t: torch.Tensor) -> torch.Tensor:
         """One of the pool's tensors with a page's slots as its fourth axis: a view of the
         transposed keys (layers, pages, kv heads, slots, head dim), the others as they are."""

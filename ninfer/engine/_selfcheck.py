@@ -142,6 +142,9 @@ class SelfCheck:
     results: list[PathCheck] = attrs.field(factory=list)
     seconds: float = 0.0
     _inputs: dict[str, torch.Tensor] = attrs.field(factory=dict)
+    # The whole-pass checks' pool a page size, its prompts prefilled alone (`_prefilled`)
+    _pools: dict[int, tuple[KVPages, list[torch.Tensor]]] = attrs.field(factory=dict)
+    _saved: dict[int, list[torch.Tensor]] = attrs.field(factory=dict)
 
     # ---- kernels, on real rows --------------------------------------------------------
 
@@ -504,12 +507,9 @@ class SelfCheck:
     def together(self, page_size: int) -> bool:
         """Two prompts in one prefill pass get the hidden states each gets alone."""
         started = time.perf_counter()
-        kv = self._scratch(page_size)
-        groups = self._prompts(page_size, [1, 2], [3, 4])
-        both = self.model.hidden_many(groups, kv)
-        alone = [
-            self.model.hidden_many([g], kv)[0] for g in self._prompts(page_size, [5, 6], [7, 8])
-        ]
+        kv, alone = self._prefilled(page_size)
+        both = self.model.hidden_many(self._prompts(page_size), kv)
+        kv.restore(self._saved[page_size])
         same = all(torch.equal(x, y) for x, y in zip(both, alone, strict=True))
         self.seconds += time.perf_counter() - started
         return self._record("prefill_together", 0.0 if same else 1.0, 0.0, "one prompt a pass")
@@ -520,14 +520,13 @@ class SelfCheck:
         """Two rows of different lengths decoded in one batch (padded as the engine pads)
         get the logits each gets alone."""
         started = time.perf_counter()
-        kv = self._scratch(page_size)
-        tables = ([1, 2], [3, 4])
-        for group in self._prompts(page_size, *tables):
-            self.model.hidden_many([group], kv)
-        short, long = 6, len(self.tokens) - 2
+        kv, _ = self._prefilled(page_size)
+        short, long = self._lengths()
+        tables = self._tables(page_size)
         rows = [(self.tokens[short], short, tables[0]), (self.tokens[long], long, tables[1])]
         alone = [self._decode([r], padded, kv) for r in rows]
         together = self._decode(rows, padded, kv)
+        kv.restore(self._saved[page_size])
         same = torch.equal(torch.cat(alone), together)
         self.seconds += time.perf_counter() - started
         return self._record(path, 0.0 if same else 1.0, 0.0, "padded to the largest batch")
@@ -537,31 +536,16 @@ class SelfCheck:
         row, in one pass: each gets the logits plain one-token steps give at each of
         its positions, and the plain row the logits it gets alone."""
         started = time.perf_counter()
-        short, long = 6, len(self.tokens) - 2
+        kv, _ = self._prefilled(page_size)
+        short, long = self._lengths()
+        tables = self._tables(page_size)
         # Each verifying row's last token and draft: real tokens, in two new orders.
         drafts = [self.tokens[: DRAFT_CHECK + 1], self.tokens[-DRAFT_CHECK - 1 :][::-1]]
-        first = pages_for(short + 1, page_size)
-        more = pages_for(long + DRAFT_CHECK + 1, page_size)
-        tables = [
-            list(range(1, 1 + first)),
-            list(range(1 + first, 1 + first + more)),
-            list(range(1 + first + more, 1 + first + 2 * more)),
-        ]
-
-        def prefilled() -> KVPages:
-            """A pool holding the short prompt and the long one twice."""
-            kv = self._scratch(page_size, first + 2 * more)
-            for group in self._prompts(page_size, tables[0], tables[1]):
-                self.model.hidden_many([group], kv)
-            self.model.hidden_many([self._prompts(page_size, tables[0], tables[2])[1]], kv)
-            return kv
-
         plain_row = [(self.tokens[short], short, tables[0])]
-        kv = prefilled()
         alone = [self._decode(plain_row, padded, kv)]
         for draft, table in zip(drafts, tables[1:], strict=True):
             alone += [self._decode([(t, long + i, table)], padded, kv) for i, t in enumerate(draft)]
-        kv = prefilled()
+        kv.restore(self._saved[page_size])  # the prompts alone again, as the steps began
         dev = self.model.device
         verifying = (
             torch.tensor(drafts, device=dev),
@@ -571,11 +555,44 @@ class SelfCheck:
         plain, (spans,) = step_logits(
             self.model, kv, self._plain_group(plain_row, padded, kv), [verifying]
         )
+        kv.restore(self._saved[page_size])
         assert plain is not None
         together = [plain[:1], *spans.reshape(-1, 1, spans.shape[-1]).unbind(0)]
         same = all(torch.equal(x, y) for x, y in zip(alone, together, strict=True))
         self.seconds += time.perf_counter() - started
         return self._record("speculative", 0.0 if same else 1.0, 0.0, "no speculation")
+
+    def _lengths(self) -> tuple[int, int]:
+        """The two prompts' lengths: 6 probe tokens, and all but the last 2."""
+        return 6, len(self.tokens) - 2
+
+    def _tables(self, page_size: int) -> list[list[int]]:
+        """The pages of the whole-pass checks' three rows: the short prompt's (and its
+        next position), the long prompt's (and a draft after it), and the long prompt's
+        again (a second verifying row)."""
+        short, long = self._lengths()
+        first = pages_for(short + 1, page_size)
+        more = pages_for(long + DRAFT_CHECK + 1, page_size)
+        return [
+            list(range(1, 1 + first)),
+            list(range(1 + first, 1 + first + more)),
+            list(range(1 + first + more, 1 + first + 2 * more)),
+        ]
+
+    def _prefilled(self, page_size: int) -> tuple[KVPages, list[torch.Tensor]]:
+        """A pool holding the two prompts, each prefilled alone (and the long one again,
+        copied to the third row's pages), with their hidden states; made once a page
+        size and saved, so that each check starts from the prompts alone (`restore`)
+        instead of prefilling them again."""
+        if page_size not in self._pools:
+            tables = self._tables(page_size)
+            kv = self._scratch(page_size, tables[-1][-1])
+            alone = [self.model.hidden_many([g], kv)[0] for g in self._prompts(page_size)]
+            for source, target in zip(tables[1], tables[2], strict=True):
+                kv.copy_rows(source, target, page_size)
+            self._pools[page_size] = (kv, alone)
+            self._saved[page_size] = kv.saved()
+        return self._pools[page_size]
 
     def _scratch(self, page_size: int, pages: int = 8) -> KVPages:
         kv = KVPages.allocate(
@@ -585,14 +602,11 @@ class SelfCheck:
         kv.zero_pages(list(range(1, kv.scratch_page + 1)))
         return kv
 
-    def _prompts(
-        self, page_size: int, first: list[int], second: list[int]
-    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Two prompts of the probe tokens (6 and all but 2), on the pages given."""
+    def _prompts(self, page_size: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The two prompts of the probe tokens (`_lengths`), on the first two rows' pages."""
         dev = self.model.device
         out = []
-        for n, pages in ((6, first), (len(self.tokens) - 2, second)):
-            assert n <= len(pages) * page_size
+        for n, pages in zip(self._lengths(), self._tables(page_size)[:2], strict=True):
             out.append((
                 torch.tensor([self.tokens[:n]], device=dev),
                 torch.arange(n, device=dev).view(1, -1),
