@@ -63,6 +63,11 @@ async def _overload(model: Path, tmp_path: Path) -> tuple[Path, Counter[int]]:
         sched = srv.app.lifespan.scheduler
         assert sched is not None
         assert sched.statistics().promised == 0
+        # Which of the burst were admitted is the scheduler's race (on one core all six
+        # were chat requests once): one /v1/generate that completes, asked alone.
+        done = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 24, "ignore_eos": True})
+        assert done.status_code == 200, done.text
+        seen[done.status_code] += 1
         seen[(await c.post(GEN, json={"prompt": "x", "temperature": -1})).status_code] += 1
         async with c.stream(
             "POST", GEN, json={"prompt": "x", "max_new_tokens": 400, "stream": True}
