@@ -124,6 +124,9 @@ class RequestLog:
             item = self._q.get()
             if item is _STOP:
                 return
+            if isinstance(item, threading.Event):  # `written`: everything before it is
+                item.set()
+                continue
             assert isinstance(item, str)
             if self.failure is not None:
                 self._count_drop()  # drained, so that memory stays bounded
@@ -192,6 +195,16 @@ class RequestLog:
         getattr(self._console, level if level in _LEVELS else "info")(event, **shown)
         self.emit("diagnostic", request_id, level=level, message=event, **fields)
         raise structlog.DropEvent
+
+    def written(self, timeout: float) -> bool:
+        """Wait until every record emitted before this call is in the file (flushed):
+        whether that happened within `timeout` seconds. A reader of a live server's
+        log (its tests) calls this first; `close` drains the same way at shutdown."""
+        if self._writer is None:
+            return True
+        marker = threading.Event()
+        self._q.put(marker)  # may wait for room: the writer drains without blocking
+        return marker.wait(timeout)
 
     def close(self) -> None:
         if self._writer is not None:

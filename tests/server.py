@@ -77,8 +77,11 @@ class Server:
         )
 
     def log_records(self) -> list[dict[str, Any]]:
+        """The request log's records: while the server runs, every one emitted so far
+        (the log's writer thread has written them), not only those it got to."""
         import orjson
 
+        assert self.app.lifespan.log.written(SERVER_HANG_GUARD_S), "the log writer is stuck"
         return [orjson.loads(line) for line in self.log_path.read_bytes().splitlines() if line]
 
 

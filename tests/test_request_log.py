@@ -126,3 +126,34 @@ def test_a_restart_after_a_crash_mid_line_starts_on_a_new_line(tmp_path: Path) -
     read = read_logs([str(path)])
     assert len(read.records) == 2
     assert [p.line for p in read.problems] == [2]
+
+
+def test_written_waits_for_the_records_emitted_before_it(tmp_path: Path) -> None:
+    """`written` returns once the writer thread has written every record emitted before
+    the call, and not before: with the file's writes held, it times out; let go, every
+    record is in the file when it returns."""
+    import threading
+
+    path = tmp_path / "log.jsonl"
+    log = RequestLog(str(path))
+    gate = threading.Event()
+    assert log._file is not None
+    real_write = log._file.write
+
+    def held(data: bytes) -> int:
+        assert gate.wait(60), "the gate was never opened"
+        return real_write(data)
+
+    log._file.write = held  # type: ignore[method-assign]
+    for i in range(3):
+        log.emit("request_cancelled", f"r{i}", endpoint="/v1/generate", stage="queued",
+                 elapsed_seconds=0.1)  # fmt: skip
+    assert not log.written(0.05)  # the writer is held at the first record
+    gate.set()
+    assert log.written(60)
+    assert [orjson.loads(line)["request_id"] for line in path.read_bytes().splitlines()] == [
+        "r0",
+        "r1",
+        "r2",
+    ]
+    log.close()
