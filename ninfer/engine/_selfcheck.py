@@ -142,9 +142,11 @@ class SelfCheck:
     results: list[PathCheck] = attrs.field(factory=list)
     seconds: float = 0.0
     _inputs: dict[str, torch.Tensor] = attrs.field(factory=dict)
-    # The whole-pass checks' pool a page size, its prompts prefilled alone (`_prefilled`)
-    _pools: dict[int, tuple[KVPages, list[torch.Tensor]]] = attrs.field(factory=dict)
-    _saved: dict[int, list[torch.Tensor]] = attrs.field(factory=dict)
+    # The whole-pass checks' pool a page size: the pool, the prompts' hidden states
+    # alone, and the pool's pages as the prompts left them (`_prefilled`)
+    _pools: dict[int, tuple[KVPages, list[torch.Tensor], list[torch.Tensor]]] = attrs.field(
+        factory=dict
+    )
 
     # ---- kernels, on real rows --------------------------------------------------------
 
@@ -509,7 +511,6 @@ class SelfCheck:
         started = time.perf_counter()
         kv, alone = self._prefilled(page_size)
         both = self.model.hidden_many(self._prompts(page_size), kv)
-        kv.restore(self._saved[page_size])
         same = all(torch.equal(x, y) for x, y in zip(both, alone, strict=True))
         self.seconds += time.perf_counter() - started
         return self._record("prefill_together", 0.0 if same else 1.0, 0.0, "one prompt a pass")
@@ -526,7 +527,6 @@ class SelfCheck:
         rows = [(self.tokens[short], short, tables[0]), (self.tokens[long], long, tables[1])]
         alone = [self._decode([r], padded, kv) for r in rows]
         together = self._decode(rows, padded, kv)
-        kv.restore(self._saved[page_size])
         same = torch.equal(torch.cat(alone), together)
         self.seconds += time.perf_counter() - started
         return self._record(path, 0.0 if same else 1.0, 0.0, "padded to the largest batch")
@@ -545,7 +545,7 @@ class SelfCheck:
         alone = [self._decode(plain_row, padded, kv)]
         for draft, table in zip(drafts, tables[1:], strict=True):
             alone += [self._decode([(t, long + i, table)], padded, kv) for i, t in enumerate(draft)]
-        kv.restore(self._saved[page_size])  # the prompts alone again, as the steps began
+        kv, _ = self._prefilled(page_size)  # the prompts alone again, as the steps began
         dev = self.model.device
         verifying = (
             torch.tensor(drafts, device=dev),
@@ -555,7 +555,6 @@ class SelfCheck:
         plain, (spans,) = step_logits(
             self.model, kv, self._plain_group(plain_row, padded, kv), [verifying]
         )
-        kv.restore(self._saved[page_size])
         assert plain is not None
         together = [plain[:1], *spans.reshape(-1, 1, spans.shape[-1]).unbind(0)]
         same = all(torch.equal(x, y) for x, y in zip(alone, together, strict=True))
@@ -581,18 +580,19 @@ class SelfCheck:
 
     def _prefilled(self, page_size: int) -> tuple[KVPages, list[torch.Tensor]]:
         """A pool holding the two prompts, each prefilled alone (and the long one again,
-        copied to the third row's pages), with their hidden states; made once a page
-        size and saved, so that each check starts from the prompts alone (`restore`)
-        instead of prefilling them again."""
+        copied to the third row's pages), with their hidden states: made once a page
+        size and saved, and each call gives it back as the prompts left it (`restore`),
+        whatever a check wrote since, instead of prefilling them again."""
         if page_size not in self._pools:
             tables = self._tables(page_size)
             kv = self._scratch(page_size, tables[-1][-1])
             alone = [self.model.hidden_many([g], kv)[0] for g in self._prompts(page_size)]
             for source, target in zip(tables[1], tables[2], strict=True):
                 kv.copy_rows(source, target, page_size)
-            self._pools[page_size] = (kv, alone)
-            self._saved[page_size] = kv.saved()
-        return self._pools[page_size]
+            self._pools[page_size] = (kv, alone, kv.saved())
+        kv, alone, saved = self._pools[page_size]
+        kv.restore(saved)
+        return kv, alone
 
     def _scratch(self, page_size: int, pages: int = 8) -> KVPages:
         kv = KVPages.allocate(
