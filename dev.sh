@@ -3,6 +3,8 @@
 # pyproject.toml changes), so a fresh clone needs nothing else:
 #   ./dev.sh serve [FLAGS]   fetch the default model if needed and serve it
 #   ./dev.sh test [ARGS]     ruff, mypy (strict) and the whole pytest suite
+#   ./dev.sh pool-stress     the kernels' thread pool under stress, optimized and under
+#                            ThreadSanitizer, beside busy processes (tests/poolstress.py)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -81,8 +83,15 @@ case "$cmd" in
     # to the end. Arguments given after `test` come later and win (`-n 0`: one process).
     exec .venv/bin/pytest -n auto --maxprocesses 4 --dist worksteal "$@"
     ;;
+  pool-stress)
+    # 50 million calls of the pool (and 200,000 of a kernel on it) with more threads than
+    # cores beside a busy process a core, then a million under ThreadSanitizer: minutes.
+    setup
+    exec .venv/bin/python tests/poolstress.py "$@"
+    ;;
   *)
-    echo "usage: ./dev.sh serve [ninfer serve flags] | ./dev.sh test [pytest args]" >&2
+    echo "usage: ./dev.sh serve [ninfer serve flags] | ./dev.sh test [pytest args]" \
+      "| ./dev.sh pool-stress [--calls N]" >&2
     exit 2
     ;;
 esac
