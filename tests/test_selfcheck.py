@@ -15,7 +15,15 @@ import torch
 from conftest import HANG_GUARD_S, CollectingSink, start_engine, stop_engine
 from tinymodel import write_tiny_gguf
 
-from ninfer.engine import EngineConfig, GenerationRequest, PathCheck, SamplingParams, _model
+from ninfer.engine import (
+    EngineConfig,
+    GenerationRequest,
+    PathCheck,
+    SamplingParams,
+    _kvpool,
+    _model,
+    _sampling,
+)
 from ninfer.engine import _native as native
 from ninfer.engine._engine import Engine
 from ninfer.engine._loader import load_model
@@ -25,6 +33,7 @@ from ninfer.engine._selfcheck import SelfCheck, SelfCheckFailed, probe_tokens
 TORCH = {"kernels": "torch"}
 NATIVE_PATHS = {
     "native_dequant", "native_matmul", "native_head", "native_attention", "native_layers",
+    "native_final_norm",
 }  # fmt: skip
 
 
@@ -70,24 +79,39 @@ def test_every_path_passes_on_a_model_computed_right(
     assert checks["head"].tolerance == 1e-5
 
 
-@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize(("packed", "kv_dtype"), [(True, "auto"), (False, "auto"), (True, "int8")])
 def test_every_native_path_passes_on_a_model_computed_right(
-    packed: bool, packed_gguf: Path, tiny_gguf: Path
+    packed: bool, kv_dtype: str, packed_gguf: Path, tiny_gguf: Path
 ) -> None:
     """On the native kernels (the default where they are built) every native path passes,
     each within its stated tolerance and each error measured (float32 rounds: not 0),
-    then the whole passes; the engine says it runs on them."""
-    served, _ = _checks(packed_gguf if packed else tiny_gguf, EngineConfig(max_batch=4))
+    then the whole passes; the engine says it runs on them. With an int8 KV pool, its
+    native writer and attention are checked too; the sampler's native top-p always."""
+    config = EngineConfig(max_batch=4, kv_dtype=kv_dtype)
+    served, _ = _checks(packed_gguf if packed else tiny_gguf, config)
     assert served.kernels.startswith("native ")
     checks = _by_path(served.self_check)
     assert set(checks) == NATIVE_PATHS | {
-        "dequantizer", "embedding", "prefill_together", "decode_batch",
-    }  # fmt: skip
+        "dequantizer", "embedding", "native_top_p", "prefill_together", "decode_batch",
+    } | ({"native_kv_int8"} if kv_dtype == "int8" else set())  # fmt: skip
     assert all(c.ok and c.error <= c.tolerance for c in checks.values())
     assert checks["native_dequant"].error == 0.0
     assert 0 < checks["native_matmul"].error < 1e-5
     assert checks["native_layers"].error > 0
+    assert 0 < checks["native_final_norm"].error < 1e-5
+    if kv_dtype == "int8":
+        assert 0 < checks["native_kv_int8"].error < 1e-5  # the codes exact, the sums rounded
     assert served.batch_sizes == (1, 2, 3, 4)  # every row count computes a row alike
+
+
+def test_the_torch_int8_pool_is_checked_where_torch_serves(packed_gguf: Path) -> None:
+    """On torch's kernels with an int8 KV pool, its write and read-back are checked
+    (`kv_int8`); no native path is, top-p included."""
+    served, _ = _checks(packed_gguf, EngineConfig(max_batch=4, kv_dtype="int8", **TORCH))
+    checks = _by_path(served.self_check)
+    assert checks["kv_int8"].ok
+    assert 0 < checks["kv_int8"].error < 1e-5
+    assert not set(checks) & (NATIVE_PATHS | {"native_top_p", "native_kv_int8"})
 
 
 @pytest.mark.parametrize(
@@ -96,25 +120,108 @@ def test_every_native_path_passes_on_a_model_computed_right(
         ("native_matmul", lambda mp: _scale_method(mp, native.Packed, "__call__", 1.001)),
         ("native_attention", lambda mp: _scale_function(mp, native, "attention", 1.001)),
         ("native_layers", lambda mp: _offset_layers(mp, 1e-3)),
+        ("native_final_norm", lambda mp: _scale_function(mp, native, "rmsnorm", 1.001)),
+        ("native_kv_int8", lambda mp: _scale_int8_scales(mp, 1.01)),
+        ("native_kv_int8", lambda mp: _scale_int8_attention(mp, 1.001)),
     ],
 )
 def test_a_wrong_native_path_sends_the_model_to_torchs_kernels(
     path: str, plant: Callable[[pytest.MonkeyPatch], None], packed_gguf: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """A native matmul 0.1% off, an attention 0.1% off, or layers that shift the residual
-    stream (planted) are refused: the whole model runs on torch's kernels instead, their
-    paths checked in turn, the engine says so, and the answers are those of an engine
-    held to torch's kernels."""
-    served, tokens = _checks(packed_gguf, EngineConfig(max_batch=4), lambda: plant(monkeypatch))
+    """A native matmul 0.1% off, an attention 0.1% off, layers that shift the residual
+    stream, a final norm 0.1% off, an int8 pool written with scales 1% off or read by an
+    attention 0.1% off (planted) are refused: the whole model runs on torch's kernels
+    instead, their paths checked in turn, the engine says so, and the answers are those
+    of an engine held to torch's kernels."""
+    kv_dtype = "int8" if path == "native_kv_int8" else "auto"
+    config = EngineConfig(max_batch=4, kv_dtype=kv_dtype)
+    served, tokens = _checks(packed_gguf, config, lambda: plant(monkeypatch))
     checks = _by_path(served.self_check)
     assert not checks[path].ok
     assert checks[path].instead == "torch kernels (int4)"
     assert checks["int4_kernel"].ok
+    if kv_dtype == "int8":
+        assert checks["kv_int8"].ok  # torch's int8 pool, checked in its turn
     assert served.kernels == "torch (the self-check refused the native kernels)"
     monkeypatch.undo()
-    _, torch_tokens = _checks(packed_gguf, EngineConfig(max_batch=4, **TORCH))
+    _, torch_tokens = _checks(packed_gguf, EngineConfig(max_batch=4, kv_dtype=kv_dtype, **TORCH))
     assert tokens == torch_tokens
+
+
+def _scale_int8_scales(mp: pytest.MonkeyPatch, factor: float) -> None:
+    """The native layers writing an int8 pool's scales `factor` off."""
+    real = native.NativeLayers.forward
+
+    def off(self: native.NativeLayers, *a: Any, **k: Any) -> torch.Tensor:
+        out = real(self, *a, **k)
+        kv = a[8] if len(a) > 8 else k["kv"]
+        if kv.k_scale is not None:
+            kv.k_scale.mul_(factor)
+        return out
+
+    mp.setattr(native.NativeLayers, "forward", off)
+
+
+def _scale_int8_attention(mp: pytest.MonkeyPatch, factor: float) -> None:
+    """The native attention `factor` off over an int8 pool only."""
+    real = native.attention
+
+    def off(q: torch.Tensor, kv: Any, *a: Any, **k: Any) -> torch.Tensor:
+        out = real(q, kv, *a, **k)
+        return out * factor if kv.k_scale is not None else out
+
+    mp.setattr(native, "attention", off)
+
+
+def test_a_wrong_native_top_p_is_refused_for_the_full_sort(
+    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A native top-p that drops the last token the full sort keeps (planted) is refused:
+    the sampler sorts instead, so a seeded top-p request gets the tokens it gets where
+    the native top-p is right."""
+    sampling = SamplingParams(temperature=1.5, top_p=0.9, seed=11)
+    req = GenerationRequest("p", tuple(range(4, 24)), 16, sampling=sampling)
+
+    def sampled() -> tuple[dict[str, PathCheck], list[int]]:
+        running = start_engine(packed_gguf, EngineConfig(max_batch=4))
+        try:
+            handle = running.engine.submit(req)
+            running.sink.wait_done(handle)
+            return _by_path(running.engine.served().self_check), running.sink.tokens[handle.id]
+        finally:
+            stop_engine(running)
+
+    right_checks, right = sampled()
+    assert right_checks["native_top_p"].ok
+    real = _sampling.native_top_p_kept
+
+    def short(probs: torch.Tensor, p: float) -> torch.Tensor:
+        kept = real(probs, p)
+        return kept[:-1] if len(kept) > 1 else kept
+
+    monkeypatch.setattr(_sampling, "native_top_p_kept", short)
+    checks, tokens = sampled()
+    assert not checks["native_top_p"].ok
+    assert checks["native_top_p"].instead == "the full sort"
+    assert all(checks[p].ok for p in NATIVE_PATHS)  # the kernels themselves still serve
+    assert tokens == right
+
+
+def test_a_wrong_torch_int8_pool_leaves_no_exact_path(
+    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On torch's kernels, an int8 pool that quantizes with scales 1% off (planted) has
+    no exact path to fall back to: the engine refuses to serve, naming it."""
+    real = _kvpool._quantize
+
+    def off(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, scale = real(rows)
+        return q, scale * 1.01
+
+    monkeypatch.setattr(_kvpool, "_quantize", off)
+    exc = _failed_start(packed_gguf, EngineConfig(max_batch=2, kv_dtype="int8", **TORCH))
+    assert "int8 KV pool" in str(exc)
 
 
 def _scale_method(mp: pytest.MonkeyPatch, cls: Any, name: str, factor: float) -> None:
@@ -258,9 +365,16 @@ def test_a_model_with_no_exact_attention_does_not_become_ready(
     serve, naming the path."""
     real = _model._grouped_attention
     monkeypatch.setattr(_model, "_grouped_attention", lambda *a, **k: real(*a, **k) * 1.001)
+    exc = _failed_start(tiny_gguf, EngineConfig(max_batch=2))
+    assert "attention" in str(exc)
+
+
+def _failed_start(path: Path, config: EngineConfig) -> SelfCheckFailed:
+    """An engine's start on `path` that must fail its self-check: the error it raised
+    (it never became ready)."""
     engine = Engine(
-        lambda: load_model(str(tiny_gguf), dtype=torch.float32, device="cpu", max_positions=512),
-        EngineConfig(max_batch=2),
+        lambda: load_model(str(path), dtype=torch.float32, device="cpu", max_positions=512),
+        config,
         CollectingSink(),
     )
     failed: list[BaseException] = []
@@ -279,7 +393,7 @@ def test_a_model_with_no_exact_attention_does_not_become_ready(
     assert not ready.is_set()
     (exc,) = failed
     assert isinstance(exc, SelfCheckFailed)
-    assert "attention" in str(exc)
+    return exc
 
 
 def _check_the_real_model(real_gguf: Path, *, native_kernels: bool) -> dict[str, PathCheck]:

@@ -417,7 +417,7 @@ class Engine:
             request,
             submitted,
             self.model,
-            native_top_p=self._transformer.native is not None,
+            native_top_p=self._p.native_top_p,
             draft_tokens=self.config.draft_tokens if self._p.speculative != "none" else 0,
         )
         self._by_id[handle.id] = row

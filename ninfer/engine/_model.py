@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ninfer.engine import _native
 from ninfer.engine._gguf import GGUFFile, ModelArgs, decode_blocks
 from ninfer.engine._invariance import attention_row_quantum
 from ninfer.engine._kvpool import KVPages
@@ -546,8 +547,7 @@ class Transformer:
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits of final hidden states (..., dim) -> (..., V)."""
         if self.native is not None:  # the same norm as the layers': the same bits on every CPU
-            rows = x.reshape(-1, self.args.dim).float().contiguous()
-            x = torch.ops.ninfer.rmsnorm(rows, self.norm, self.args.norm_eps).view(x.shape)
+            x = _native.rmsnorm(x, self.norm, self.args.norm_eps)
         else:
             x = F.rms_norm(x, (self.args.dim,), self.norm, self.args.norm_eps)
         logits = self.lm_head(x).float()

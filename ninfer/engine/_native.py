@@ -33,6 +33,7 @@ __all__ = [
     "device_unsupported",
     "native_unsupported",
     "pack_tensors",
+    "rmsnorm",
 ]
 
 
@@ -109,6 +110,14 @@ def attention(
         position, window, scale, softcap,
     )  # fmt: skip
     return out
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Rows x (..., dim) over their root mean square, times `weight`, on the native
+    kernels (the layers' own norm): float32, x's shape."""
+    rows = x.reshape(-1, x.shape[-1]).float().contiguous()
+    out: torch.Tensor = _ops().rmsnorm(rows, weight, eps)
+    return out.view(x.shape)
 
 
 def device_unsupported(device: str, dtype: torch.dtype) -> str | None:

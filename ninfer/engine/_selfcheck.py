@@ -37,16 +37,27 @@ On the native kernels (`_native`), before the rest:
 - `native_layers`: each layer whole (norms, rotation, keys and values written and
   attended to, activation, residual) on the probe prompt against a float64 layer from
   the same input, the change it makes to the residual stream (or 1% of the stream,
-  where the change is smaller) within 1e-4.
+  where the change is smaller) within 1e-4;
+- `native_final_norm`: the norm before the head on the probe rows, within 1e-5;
+- `native_kv_int8` (with --kv-dtype int8): layer 0 writing the probe prompt's keys and
+  values to an int8 pool gives exactly the codes and scales a float64 quantizer gives
+  for the keys and values it writes to a float32 pool, and attention over the int8
+  pool reads them back: within 1e-5 of float64 attention over those values.
 
 A native path that fails sends the whole model to torch's kernels (--weights), which
-are then checked as above.
+are then checked as above; with --kv-dtype int8, `kv_int8` checks torch's way of
+writing and reading the pool the same way (no exact path left: not ready).
+
+`native_top_p` (where the native kernels serve): the sampler's top-p on the native
+kernels keeps exactly the ids the full sort keeps (`top_p_kept`), and draws the same
+tokens from them, on the probe rows' real distributions at several temperatures and
+top_p values and on rows of ties; refused, the sampler uses the full sort.
 
 A path that fails is not used: the engine falls back to the next exact path (int4
 kernel -> its matrices dequantized to float32; oneDNN -> MKL; torch embedding
 decoding -> numpy's; narrowing -> none; prefilling together -> one prompt a pass;
-decode batches -> every step padded to the largest batch; speculation -> none) and
-checks that one too.
+decode batches -> every step padded to the largest batch; speculation -> none; native
+top-p -> the full sort) and checks that one too.
 Where nothing exact is left (the dequantizer, attention, a float32 matmul through
 both libraries), the model does not become ready.
 """
@@ -60,7 +71,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from ninfer.engine import _native
+from ninfer.engine import _native, _sampling
 from ninfer.engine._contract import PathCheck
 from ninfer.engine._errors import EngineError
 from ninfer.engine._gguf import GGUFFile, ModelArgs, decode_blocks
@@ -100,6 +111,11 @@ HEAD_EDGE = 2048
 DEQUANT_ROWS = 64
 # The draft a verifying pass is checked with (`speculative`): this many tokens.
 DRAFT_CHECK = 4
+# Top-p is checked at these temperatures and top_p values (`top_p`), with this many
+# draws a distribution.
+TOP_P_TEMPERATURES = (0.5, 1.0, 2.0)
+TOP_P_VALUES = (0.1, 0.5, 0.9, 0.95, 0.999)
+TOP_P_DRAWS = 4
 
 
 class SelfCheckFailed(EngineError):
@@ -139,6 +155,7 @@ class SelfCheck:
     source: GGUFFile
     tokens: list[int]
     weights: str = "int4"  # the torch path's matrices, where the native ones are refused
+    kv_dtype: str = "auto"  # the KV pool's (--kv-dtype): "int8" checks its paths too
     results: list[PathCheck] = attrs.field(factory=list)
     seconds: float = 0.0
     _inputs: dict[str, torch.Tensor] = attrs.field(factory=dict)
@@ -176,6 +193,10 @@ class SelfCheck:
                     raise SelfCheckFailed(f"bfloat16 matmuls compute wrong ({worst:.3g})")
             self._float32(errors)
             self._attention()
+            if self.kv_dtype == "int8":
+                error = self._kv_int8()
+                if not self._record("kv_int8", error, FLOAT32_TOLERANCE):
+                    raise SelfCheckFailed(f"the int8 KV pool computes wrong ({error:.3g})")
         finally:
             self.seconds += time.perf_counter() - started
 
@@ -190,8 +211,125 @@ class SelfCheck:
             ("native_head", self._head_error, FLOAT32_TOLERANCE),
             ("native_attention", self._native_attention, FLOAT32_TOLERANCE),
             ("native_layers", self._native_layers, LAYER_TOLERANCE),
+            ("native_final_norm", self._native_final_norm, FLOAT32_TOLERANCE),
         ]  # fmt: skip
+        if self.kv_dtype == "int8":
+            checks.append(("native_kv_int8", self._native_kv_int8, FLOAT32_TOLERANCE))
         return all(self._record(path, error(), tol, instead) for path, error, tol in checks)
+
+    def _native_final_norm(self) -> float:
+        """The native norm before the head (`_native.rmsnorm`, as `Transformer.logits`
+        runs it) on the probe rows against float64."""
+        a = self.model.args
+        x = self._x()
+        fast = _native.rmsnorm(x, self.model.norm, a.norm_eps)
+        ref = _reference_rms(x.double(), self.model.norm, a.norm_eps)
+        return _rel(fast, ref)
+
+    def _native_kv_int8(self) -> float:
+        """Layer 0 on the native kernels writing the probe prompt's keys and values to an
+        int8 pool and to a float32 one: the int8 pool must hold exactly the float64
+        quantizer's codes and scales of what the float32 one holds (else 1.0); then
+        native attention over the int8 pool against float64 attention over those
+        values (the relative error)."""
+        model, native = self.model, self.model.native
+        assert native is not None
+        a = model.args
+        N = len(self.tokens)
+        table, positions, write_page, offsets = self._prompt_plan(N, 16)
+        rope = model.rope.pairs(N)
+        rope_local = rope if model.rope_local is None else model.rope_local.pairs(N)
+        pools = [self._scratch(16), self._scratch(16, kv_dtype="int8")]
+        for kv in pools:
+            native.forward(self._x().clone().contiguous(), rope, rope_local, positions,
+                           write_page, offsets, torch.zeros(N, dtype=torch.long), table, kv,
+                           layers=(0, 1))  # fmt: skip
+        plain, int8 = pools
+        assert int8.k_scale is not None
+        assert int8.v_scale is not None
+        values = []
+        for stored, codes, scales in ((plain.k, int8.k, int8.k_scale),
+                                      (plain.v, int8.v, int8.v_scale)):  # fmt: skip
+            held = _slots(plain, stored, write_page, offsets)  # (N, G, D) float32
+            want_codes, want_scales = _reference_int8(held)
+            got_codes = _slots(int8, codes, write_page, offsets)
+            got_scales = scales[0, write_page, :, offsets]  # (N, G, 1)
+            if not (torch.equal(got_codes, want_codes) and torch.equal(got_scales, want_scales)):
+                return 1.0
+            values.append(got_codes.double() * got_scales.double())
+        q, _, _ = self._probe_qkv()
+        scale = a.head_dim**-0.5 if a.attn_scale is None else a.attn_scale
+        fast = _native.attention(
+            q, int8, 0, table, torch.zeros(N, dtype=torch.long), positions,
+            window=0, scale=scale, softcap=a.attn_softcap,
+        )  # fmt: skip
+        k64, v64 = values
+        ref = _reference_attention(q, k64, v64, positions, 0, scale, a.attn_softcap)
+        return _rel(fast.reshape(-1, a.head_dim), ref.reshape(-1, a.head_dim))
+
+    def _kv_int8(self) -> float:
+        """torch's int8 pool (`KVPages.write` and `gather`) on layer 0's probe keys and
+        values: what it reads back must be exactly the float64 quantizer's values
+        (else 1.0); then attention over them against float64 (the relative error)."""
+        a = self.model.args
+        q, k, v = self._probe_qkv()
+        N, G, D = len(self.tokens), a.n_kv_heads, a.head_dim
+        kv = self._scratch(16, kv_dtype="int8", keys_transposed=False)
+        table, positions, write_page, offsets = self._prompt_plan(N, kv.page_size)
+        dev = self.model.device
+        slots = kv.slots(write_page.view(N, 1).to(dev), offsets.view(N, 1).to(dev))
+        kv.write(0, slots, k.float().view(N, 1, G, D).to(dev), v.float().view(N, 1, G, D).to(dev))
+        read = kv.gather(0, kv.blocks(table.to(dev)), 1)  # each (G, pages * S, D)
+        values = []
+        for rows, back in zip((k, v), read, strict=True):
+            codes, scales = _reference_int8(rows.float())
+            want = (codes.double() * scales.double()).float()  # (N, G, D), as gathered
+            if not torch.equal(back[:, :N].transpose(0, 1).cpu(), want):
+                return 1.0
+            values.append(want.double())
+        causal = torch.ones(N, N, dtype=torch.bool, device=dev).tril()
+        fast = _attention(
+            q.float().transpose(0, 1).unsqueeze(0).to(dev),  # (1, H, N, D)
+            read[0][:, :N].unsqueeze(0),  # (1, G, N, D)
+            read[1][:, :N].unsqueeze(0),
+            causal.view(1, 1, N, N),
+            scale=a.attn_scale,
+            softcap=a.attn_softcap,
+            quantum=self.model.attn_quantum,
+        )[0].transpose(0, 1)  # (N, H, D)
+        scale = D**-0.5 if a.attn_scale is None else a.attn_scale
+        k64, v64 = values
+        ref = _reference_attention(q, k64, v64, positions, 0, scale, a.attn_softcap)
+        return _rel(fast.reshape(-1, D).cpu(), ref.reshape(-1, D))
+
+    # ---- sampling ------------------------------------------------------------------
+
+    def top_p(self) -> bool:
+        """The native top-p (`_sampling.native_top_p_kept`) against the full sort
+        (`top_p_kept`) on the probe rows' real distributions (their logits at
+        TOP_P_TEMPERATURES) and on rows of ties, at each of TOP_P_VALUES: the same ids,
+        and the same TOP_P_DRAWS tokens drawn from them with a fixed generator."""
+        started = time.perf_counter()
+        logits = self.model.logits(self._x()).float().cpu()  # (N, V)
+        V = logits.shape[-1]
+        rows = [torch.softmax(logits / t, dim=-1) for t in TOP_P_TEMPERATURES]
+        ties = torch.zeros(V)
+        ties[: min(V, 64)] = 1.0  # 64 equal tokens, the rest impossible
+        steps = torch.arange(V, dtype=torch.float32).remainder(8).div(8)  # 8 tied levels
+        rows += [ties.view(1, V), torch.ones(1, V), torch.softmax(steps, dim=-1).view(1, V)]
+        same = True
+        for row in torch.cat(rows).unbind(0):
+            for p in TOP_P_VALUES:
+                ids, want = _sampling.native_top_p_kept(row, p), _sampling.top_p_kept(row, p)
+                same = same and torch.equal(ids, want)
+                for seed in range(TOP_P_DRAWS):  # as `RowSampler.pick` draws, each way
+                    drawn = [
+                        int(kept[_sampling._draw(row[kept], torch.Generator().manual_seed(seed))])
+                        for kept in (ids, want)
+                    ]
+                    same = same and drawn[0] == drawn[1]
+        self.seconds += time.perf_counter() - started
+        return self._record("native_top_p", 0.0 if same else 1.0, 0.0, "the full sort")
 
     def _native_dequant(self) -> float:
         """The worst difference between a packed matrix's values and the `gguf` package's
@@ -594,10 +732,15 @@ class SelfCheck:
         kv.restore(saved)
         return kv, alone
 
-    def _scratch(self, page_size: int, pages: int = 8) -> KVPages:
+    def _scratch(
+        self, page_size: int, pages: int = 8, *, kv_dtype: str = "auto",
+        keys_transposed: bool | None = None,
+    ) -> KVPages:  # fmt: skip
+        if keys_transposed is None:
+            keys_transposed = self.model.native is not None
         kv = KVPages.allocate(
             self.model.args, n_pages=max(pages, 8), page_size=page_size, dtype=self.model.dtype,
-            device=self.model.device, keys_transposed=self.model.native is not None,
+            device=self.model.device, kv_dtype=kv_dtype, keys_transposed=keys_transposed,
         )  # fmt: skip
         kv.zero_pages(list(range(1, kv.scratch_page + 1)))
         return kv
@@ -653,6 +796,32 @@ def _split_qkv(qkv: torch.Tensor, a: ModelArgs) -> tuple[torch.Tensor, torch.Ten
     k = qkv[:, H * D : H * D + G * D].reshape(N, G, D)
     v = qkv[:, H * D + G * D :].reshape(N, G, D)
     return q, k, v
+
+
+def _reference_rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (N, dim) float64 over its root mean square, times the norm's weight: float64."""
+    return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps) * weight.double().cpu()
+
+
+def _reference_int8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 rows (..., D) as the int8 pool's definition quantizes them, worked in
+    float64: the scale max |x| / 127 rounded once to float32, each code x / scale rounded
+    once to float32, then to the nearest integer (ties to even), within +-127. float64
+    holds every float32 quotient's rounding exactly, so these are the bits a float32
+    quantizer that rounds correctly must give: (codes int8, scales float32 (..., 1))."""
+    x = rows.double().cpu()
+    scale = (x.abs().amax(dim=-1, keepdim=True) / 127.0).float()
+    div = torch.where(scale > 0, scale, torch.ones_like(scale)).double()
+    codes = torch.round((x / div).float().double()).clamp(-127.0, 127.0)
+    return codes.to(torch.int8), scale
+
+
+def _slots(kv: KVPages, t: torch.Tensor, page: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Layer 0's rows of the pool tensor `t` (keys or values) at the slots (page, offset):
+    (N, G, D), whichever way the pool lays keys out."""
+    if t is kv.k and kv.keys_transposed:
+        return t[0, page, :, :, offset]  # (pages, G, D, S) indexed: (N, G, D)
+    return t[0, page, :, offset]
 
 
 def _rotate64(x: torch.Tensor, rot: torch.Tensor, neox: bool) -> torch.Tensor:

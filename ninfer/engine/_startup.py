@@ -78,6 +78,9 @@ class StartupPlan:
     keys_per_token: float  # keys_per_token(the model's shape): how chunks shrink
     self_check: tuple[PathCheck, ...]  # each fast path's check, in the order checked
     speculative: str  # "none", or the backend verified to change no token
+    # The sampler's top-p on the native kernels (they serve, and the self-check found it
+    # keeps what the full sort keeps); else the full sort.
+    native_top_p: bool = False
     # What a pass costs per row against its fixed cost, c1 / c0 inverted (measured
     # once the engine is warm, when it speculates; else the default).
     row_cost: float = DEFAULT_ROW_COST
@@ -145,6 +148,7 @@ class _Startup:
         self.together_rows = 0
         self.batch_invariant = False
         self.speculative = "none"
+        self.native_top_p = False
         self.self_check: tuple[PathCheck, ...] = ()
 
     def padded(self, rows: int) -> int:
@@ -166,11 +170,15 @@ class _Startup:
         check = None
         if self.loaded.source is not None:  # a model loaded from its file: check what runs it
             tokens = probe_tokens(self.loaded.tokenizer, self.loaded.identity.vocab_size)
-            check = SelfCheck(model, self.loaded.source, tokens, weights=cfg.weights)
+            check = SelfCheck(model, self.loaded.source, tokens, weights=cfg.weights,
+                              kv_dtype=cfg.kv_dtype)  # fmt: skip
             check.kernels()  # falls back where a kernel is wrong; raises where none is right
             if model.native is None and self.loaded.kernels.startswith("native"):
                 refused = "torch (the self-check refused the native kernels)"
                 self.loaded = attrs.evolve(self.loaded, kernels=refused)
+        # The native kernels' top-p where they serve: checked against the full sort when
+        # the model came from its file (else taken as their tests found it).
+        self.native_top_p = model.native is not None and (check is None or check.top_p())
         # After the kernel check: the native layers keep their keys transposed, torch's not.
         kv = KVPages.allocate(
             model.args, n_pages=n_pages, page_size=cfg.page_size, dtype=model.dtype,
@@ -199,6 +207,7 @@ class _Startup:
             keys_per_token=keys_per_token(model.args),
             self_check=self.self_check,
             speculative=self.speculative,
+            native_top_p=self.native_top_p,
         )
         if self.speculative != "none":
             plan = attrs.evolve(plan, row_cost=self.measure_row_cost(pool, kv))
