@@ -149,16 +149,19 @@ class RunningEngine:
         return self.engine.model
 
 
-def start_engine(path: Path, config: EngineConfig) -> RunningEngine:
+def start_engine(
+    path: Path, config: EngineConfig, progress: Callable[[str], None] = lambda _m: None
+) -> RunningEngine:
     """An engine started as the server starts one (`create_engine`: the kernels
-    `config.kernels` chooses, native where built), on a thread of its own."""
+    `config.kernels` chooses, native where built), on a thread of its own; `progress`
+    gets the console's lines."""
     sink = CollectingSink()
     engine = create_engine(
         lambda: str(path),
         config,
         sink,
         log=structlog.wrap_logger(structlog.PrintLogger(sys.stderr)),
-        progress=lambda _m: None,
+        progress=progress,
     )
     ready = threading.Event()
     errors: list[BaseException] = []

@@ -332,6 +332,95 @@ def test_without_a_compiler_the_server_says_so_and_runs_torchs_kernels(
         start_kernels(EngineConfig(kernels="native"), said.append)
 
 
+def _greedy(running: Any) -> list[list[int]]:
+    """An engine's greedy tokens for three prompts."""
+    from ninfer.engine import GenerationRequest
+
+    handles = [
+        running.engine.submit(GenerationRequest(f"g{i}", tuple(range(3 + i, 20 + 3 * i)), 8))
+        for i in range(3)
+    ]
+    running.sink.wait_done(*handles)
+    return [running.sink.tokens[h.id] for h in handles]
+
+
+@pytest.mark.parametrize("faster", ["native", "torch"])
+def test_auto_on_the_plain_build_serves_what_a_measured_step_found_faster(
+    faster: str, tiny_gguf: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the native kernels have only their plain build for the CPU (forced here, as
+    on a CPU without AVX2 or under ATEN_CPU_CAPABILITY=default), --kernels auto times a
+    decode step on them and on torch's kernels and serves the faster (the timings forced
+    each way), says which and why on the console, and answers as an engine held to
+    those kernels; --kernels native measures nothing."""
+    from conftest import start_engine, stop_engine
+
+    from ninfer.engine import EngineConfig, _runtime
+
+    monkeypatch.setattr(_runtime, "torch_isa", lambda: "default")
+    slow, quick = 0.040, 0.010
+    monkeypatch.setattr(
+        _runtime,
+        "step_seconds",
+        lambda model, _device: (
+            quick if (model.native is not None) == (faster == "native") else slow
+        ),
+    )
+    said: list[str] = []
+    running = start_engine(tiny_gguf, EngineConfig(max_batch=4, threads=2), said.append)
+    try:
+        kernels, tokens = running.engine.served().kernels, _greedy(running)
+    finally:
+        stop_engine(running)
+    (line,) = [m for m in said if m.startswith("kernels:")]
+    if faster == "native":
+        assert kernels == "native default, 2 threads"
+        assert (
+            line
+            == "kernels: the native plain build (a decode step 10.0 ms on them, 40.0 ms on torch's)"
+        )
+        held = EngineConfig(max_batch=4, threads=2, kernels="native")
+    else:
+        assert kernels.startswith("torch (the native kernels' plain build is slower here")
+        assert line == (
+            "kernels: torch's (the native kernels' plain build is slower here: "
+            "a decode step 40.0 ms on them, 10.0 ms on torch's)"
+        )
+        held = EngineConfig(max_batch=4, threads=2, kernels="torch")
+    said.clear()
+    running = start_engine(tiny_gguf, held, said.append)
+    try:
+        assert _greedy(running) == tokens
+    finally:
+        stop_engine(running)
+    assert not any("decode step" in m for m in said)
+
+
+def test_auto_on_the_plain_build_times_a_real_step_each_way(
+    tiny_gguf: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unforced, the measurement runs on the model itself: the console gives both
+    steps' times, and the kernels that serve are the faster of the two it gives."""
+    import re
+
+    from conftest import start_engine, stop_engine
+
+    from ninfer.engine import EngineConfig, _runtime
+
+    monkeypatch.setattr(_runtime, "torch_isa", lambda: "default")
+    said: list[str] = []
+    running = start_engine(tiny_gguf, EngineConfig(max_batch=4, threads=2), said.append)
+    try:
+        kernels = running.engine.served().kernels
+    finally:
+        stop_engine(running)
+    (line,) = [m for m in said if "a decode step" in m]
+    found = re.search(r"a decode step ([\d.]+) ms on them, ([\d.]+) ms on torch's", line)
+    assert found is not None, line
+    native_ms, torch_ms = float(found[1]), float(found[2])
+    assert kernels.startswith("torch" if torch_ms < native_ms else "native default")
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     seed=st.integers(0, 2**31),

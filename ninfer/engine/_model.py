@@ -689,6 +689,25 @@ class Transformer:
             start += B * T
         return out
 
+    def kernel_state(self) -> tuple[object, ...]:
+        """What `to_torch` replaces (every matrix, the embedding, the head, the native
+        layers), for `restore_kernels`: the engine measures a step each way, then keeps
+        one."""
+        mats = [tuple(getattr(layer, slot) for slot in LAYER_TENSORS) for layer in self.layers]
+        return (mats, self.embedding, self.lm_head, self.native, self.packed)
+
+    def restore_kernels(self, state: tuple[object, ...]) -> None:
+        """The kernels `kernel_state` saved, back in place."""
+        mats, embedding, lm_head, native, packed = state
+        assert isinstance(mats, list)
+        for layer, held in zip(self.layers, mats, strict=True):
+            for slot, m in zip(LAYER_TENSORS, held, strict=True):
+                setattr(layer, slot, m)
+        assert isinstance(embedding, Embedding)
+        assert isinstance(native, NativeLayers | None)
+        self.embedding, self.lm_head, self.native = embedding, lm_head, native  # type: ignore[assignment]
+        self.packed = bool(packed)
+
     def to_torch(self, gguf: GGUFFile, weights: str) -> None:
         """Leave the native kernels: every matrix as the torch path holds it (`weights`),
         the head dense, the embedding's rows its own: what runs where the self-check

@@ -5,7 +5,9 @@ loader. Importing this module imports torch."""
 from __future__ import annotations
 
 import os
+import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +19,9 @@ from ninfer.engine._contract import EngineConfig, EventSink
 from ninfer.engine._engine import DTYPES, Engine
 from ninfer.engine._errors import ConfigError
 from ninfer.engine._kernels import build_kernels, load_kernels, torch_isa
+from ninfer.engine._kvpool import KVPages
 from ninfer.engine._loader import LoadedModel, load_model
+from ninfer.engine._model import Transformer
 from ninfer.engine._native import device_unsupported
 
 __all__ = [
@@ -28,6 +32,7 @@ __all__ = [
     "cpu_count",
     "create_engine",
     "start_kernels",
+    "step_seconds",
 ]
 
 # The engine thread runs Python between torch calls while holding the GIL; with the
@@ -39,6 +44,10 @@ SWITCH_INTERVAL_S = 0.0005
 # the gaps between the calls of one decode step (a few microseconds), shorter than the
 # gap between steps that an idle or lightly loaded server leaves (docs/engine.md).
 KERNEL_SPIN_US = 100
+# --kernels auto where the native kernels have no vector build for this CPU (their plain
+# build: one libm fma call a lane): a decode step is timed this many times each way
+# (after one untimed), and the faster kernels serve.
+CHOICE_STEPS = 5
 
 
 def cpu_count() -> int:
@@ -108,6 +117,46 @@ def start_kernels(config: EngineConfig, progress: Callable[[str], None]) -> Kern
     return KernelChoice(False, reason=why)
 
 
+def step_seconds(model: Transformer, device: str) -> float:
+    """The median time of one decode step of `model` (one row, a few positions into a
+    small pool of its own), over CHOICE_STEPS after one untimed."""
+    kv = KVPages.allocate(model.args, n_pages=2, page_size=16, dtype=model.dtype,
+                          device=device, keys_transposed=model.native is not None)  # fmt: skip
+    kv.zero_pages([1, 2])
+    table = torch.tensor([[1, 2]], device=device)
+    token = torch.zeros((1, 1), dtype=torch.long, device=device)
+    times = []
+    with torch.inference_mode():
+        for i in range(CHOICE_STEPS + 1):
+            began = time.perf_counter()
+            model.forward(token, torch.tensor([[i]], device=device), table, kv, last_only=True)
+            times.append(time.perf_counter() - began)
+    return statistics.median(times[1:])
+
+
+def choose_by_step(
+    loaded: LoadedModel, config: EngineConfig, progress: Callable[[str], None]
+) -> LoadedModel:
+    """--kernels auto on the native kernels' plain build (no vector build for this CPU,
+    or torch held to its plain code by ATEN_CPU_CAPABILITY): a decode step timed on them
+    and on torch's kernels, and the faster serves; the console says which and why."""
+    model, source = loaded.transformer, loaded.source
+    if model.native is None or source is None:
+        return loaded
+    native = step_seconds(model, config.device)
+    held = model.kernel_state()
+    model.to_torch(source, config.weights)
+    torched = step_seconds(model, config.device)
+    figures = f"a decode step {native * 1e3:.1f} ms on them, {torched * 1e3:.1f} ms on torch's"
+    if torched < native:
+        why = f"the native kernels' plain build is slower here: {figures}"
+        progress(f"kernels: torch's ({why})")
+        return attrs.evolve(loaded, kernels=f"torch ({why})")
+    model.restore_kernels(held)
+    progress(f"kernels: the native plain build ({figures})")
+    return loaded
+
+
 def create_engine(
     model_path: Callable[[], str],
     config: EngineConfig,
@@ -136,6 +185,9 @@ def create_engine(
         )
         if loaded.transformer.native is None and loaded.kernels != "torch":
             return loaded  # the model, not the library, kept it off them: said so
-        return attrs.evolve(loaded, kernels=kernels.describe())
+        loaded = attrs.evolve(loaded, kernels=kernels.describe())
+        if config.kernels == "auto" and kernels.isa == "default":
+            loaded = choose_by_step(loaded, config, progress)
+        return loaded
 
     return Engine(load, config, sink, log=log)
