@@ -121,7 +121,6 @@ def test_cli_table_json_and_plot(
     table = capsys.readouterr().out
     assert "ttft ms" in table
     assert "(each: p50/p95/p99)" in table
-    assert max(len(line) for line in table.splitlines()) <= 100  # a terminal's width
     assert ("server_overloaded" in table) == (seen[429] > 0)
     assert main(["logs", "summarize", "--json", str(path)]) == 0
     as_json = orjson.loads(capsys.readouterr().out)
@@ -130,6 +129,40 @@ def test_cli_table_json_and_plot(
     assert main(["logs", "plot", str(path), "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"{sum(seen.values()) + 1} requests" in capsys.readouterr().out
+
+
+def test_the_table_is_as_wide_whatever_its_figures() -> None:
+    """The summary's layout rule holds for any figure: each number takes at most four
+    characters (k/M/G/T past 999) and the figure columns a fixed width, so a table's
+    width depends on its routes' and outcomes' names and its counts alone: the same for
+    a quiet run's figures and for one whose every figure is enormous, and within a
+    terminal's 100 columns for the longest generation route (/v1/chat/completions)."""
+    from ninfer.tools._logtools import _short, render_table
+
+    def summary(figure: float) -> dict[str, Any]:
+        stats = {"p50": figure, "p95": figure * 3.3, "p99": figure * 9.9}
+        return {
+            "span": {"seconds": 1.0}, "records": 1, "files": ["a.jsonl"], "servers": 1,
+            "requests": 1, "finish_reasons": {}, "rejections": [], "cancellations": {},
+            "bad_lines": [], "partial_lines": 0,
+            "by_endpoint_outcome": [
+                {"endpoint": endpoint, "outcome": "cancelled", "count": 99999, "queue_s": stats,
+                 "ttft_s": stats, "total_s": stats, "output_tokens_per_s": stats}
+                for endpoint in ("/v1/chat/completions", "/v1/generate")
+            ],
+        }  # fmt: skip
+
+    widths: dict[float, list[int]] = {}
+    for figure in (0.0123, 1.5, 99.96, 1e3, 123_456.7, 9.9e12):
+        table = render_table(summary(figure)).splitlines()
+        widths[figure] = [len(line) for line in table]
+    assert len(set(map(tuple, widths.values()))) == 1, widths
+    assert max(widths[1.5]) <= 100  # a terminal's width
+    values = (0.04, 9.96, 12.46, 138.2, 999.4, 999.6, 15_049.0, 138_000.0, 1.2e6)
+    assert [_short(v) for v in values] == [
+        "0.0", "10", "12", "138", "999", "1.0k", "15k", "138k", "1.2M",
+    ]  # fmt: skip
+    assert all(len(_short(v)) <= 4 for v in (1e-9, 9.949, 9999.0, 5e14, 7.77e17, float("inf")))
 
 
 def test_plot_takes_a_window_and_a_wall_clock_axis(

@@ -208,20 +208,42 @@ def summarize(read: LogRead) -> dict[str, Any]:
 
 
 def _short(value: float) -> str:
-    """Three significant figures at most, no more than one decimal: 0.2, 12.5, 138."""
-    return f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}"
+    """At most four characters and a sign, whatever the value: one decimal under 10,
+    whole numbers to 999, then k, M, G, T, P, E (0.2, 9.9, 12, 138, 1.2k, 15k, 1.2M),
+    so that the summary's width never grows with the figures it prints."""
+    sign = "-" if value < 0 else ""
+    a = abs(value)
+    for suffix in ("", "k", "M", "G", "T", "P", "E"):
+        if a < 9.95:
+            return f"{sign}{a:.1f}{suffix}"
+        if a < 999.5:
+            return f"{sign}{a:.0f}{suffix}"
+        a /= 1000.0
+    return sign + ("nan" if a != a else "inf" if a == float("inf") else "huge")
+
+
+# A cell of three figures (p50/p95/p99), each at most four characters: a fixed width.
+FIGURES_CELL = 3 * 4 + 2
 
 
 def _percentiles(stats: dict[str, float] | None, scale: float) -> str:
-    """p50/p95/p99 in one cell (the summary fits 100 columns)."""
+    """p50/p95/p99 in one cell."""
     if stats is None:
         return "-"
     return "/".join(_short(stats[p] * scale) for p in ("p50", "p95", "p99"))
 
 
-def _grid(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def _grid(header: Sequence[str], rows: Sequence[Sequence[str]], figures: int = 0) -> list[str]:
+    """Columns as wide as their widest cell, the first two left-aligned, the rest right;
+    the last `figures` columns are FIGURES_CELL wide (one space between them)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    fmt = "  ".join(f"{{:<{w}}}" if i < 2 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    first_figure = len(header) - figures
+    parts = []
+    for i, w in enumerate(widths):
+        gap = "" if i == 0 else " " if first_figure < i else "  "
+        w = max(w, FIGURES_CELL) if i >= first_figure else w
+        parts.append(gap + (f"{{:<{w}}}" if i < 2 else f"{{:>{w}}}"))
+    fmt = "".join(parts)
     return [fmt.format(*header), *(fmt.format(*r) for r in rows)]
 
 
@@ -249,7 +271,7 @@ def render_table(summary: dict[str, Any]) -> str:
         )  # fmt: skip
     if rows:
         header = ["endpoint", "outcome", "n", "queue ms", "ttft ms", "total ms", "out tok/s"]
-        lines += ["", *_grid(header, rows), "(each: p50/p95/p99)"]
+        lines += ["", *_grid(header, rows, figures=4), "(each: p50/p95/p99)"]
     if summary["finish_reasons"]:
         lines += [
             "",
