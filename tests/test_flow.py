@@ -442,11 +442,13 @@ async def test_retry_after_is_when_the_place_really_comes_back(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     """Known output lengths (30 and 50 tokens running, 20 and 40 queued, 10 ms a step):
-    places come back at 0.30, 0.50, 0.50 and 0.90 s. Three clients refused together are
-    told the first three in turn (plus the promise's margin), in retry-after-ms, each
-    compared with the moment a place really came back for it. (Past the places held
-    now, the estimate assumes each freed place is taken again, as under overload:
-    benchmarks/retry_after.py.)"""
+    places come back at 0.30, 0.50, 0.50 and 0.90 s. Six clients refused together are
+    told the places in turn (plus the promise's margin), in retry-after-ms: the first
+    three each within one engine step of the moment its place really came back; the
+    rest no sooner (past the first places the estimate assumes each freed place is
+    taken again, as under overload: benchmarks/retry_after.py measures its error on a
+    real server). Refused together, told apart: no one is told an earlier moment than a
+    client refused before it."""
     engine = FakeEngine(step_s=0.01, prefill_steps=0)
     settings = {"max_concurrency": 2, "max_pending_requests": 2, "pending_timeout_ms": 10_000}
     async with running(tmp_path, engine, **settings) as app, trio.open_nursery() as n:
@@ -460,7 +462,7 @@ async def test_retry_after_is_when_the_place_really_comes_back(
         await _wait_for(lambda: sched.statistics().waiting == 2)
         t0 = trio.current_time()
         told = []
-        for _ in range(3):
+        for _ in range(6):
             r = await request(app, "POST", GEN, {"prompt": "y", "max_new_tokens": 5})
             assert r.status == 429
             told.append(int(r.headers[b"retry-after-ms"]) / 1000)
@@ -477,11 +479,12 @@ async def test_retry_after_is_when_the_place_really_comes_back(
         # (t0 is a few virtual ms after the first request began: compare spacings)
         spacing = [f - freed[0] for f in freed]
         assert spacing == pytest.approx([0.0, 0.20, 0.20, 0.60], abs=0.0015)
-        truth = freed[:3]
         # Each is told its place's estimate plus the promise's margin; the estimate is
         # within one engine step (it cannot know how far into a step it is made).
         estimate = [(t - sched.margin) / (1 + sched.margin_fraction) for t in told]
-        assert estimate == pytest.approx(truth, abs=engine.step_s + 0.001)
+        assert estimate[:3] == pytest.approx(freed[:3], abs=engine.step_s + 0.001)
+        assert all(e >= freed[2] - engine.step_s for e in estimate[3:])
+        assert told == sorted(told)
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")

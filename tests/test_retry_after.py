@@ -1,81 +1,22 @@
-"""Retry-After against a real server (tiny model, known output lengths): every value a
-refused client receives is compared with the moment a place really came back for it.
-
-The bounds are the issue's: never below half the true wait minus 1 s, never above
-twice it plus 1 s, and a median error under 1 s. They do not depend on the machine's
-speed (the estimate is made from the pace the engine measures on this machine).
-`benchmarks/retry_after.py` measures the distribution under closed-loop overload on
-the real model.
+"""Retry-After's promises against a real server (tiny model): a client told to come back
+is let in, and a token holds its place against a poller. Each verdict is on who gets
+in, never on how close a told wait came to a wall-clock wait (that depends on the
+machine's pace while the test runs): the told waits are checked against the moments
+places come back on Trio's autojump clock (tests/test_flow.py,
+`test_retry_after_is_when_the_place_really_comes_back`), and
+`benchmarks/retry_after.py` measures their error under closed-loop overload on the
+real model.
 """
 
 from __future__ import annotations
 
 import functools
-import statistics
 from pathlib import Path
 
-import pytest
 import trio
 from server import serve
 
-from scheduler import AdmissionController, Ticket
-
 GEN = "/v1/generate"
-
-
-async def test_every_retry_after_is_near_the_true_wait(
-    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    releases: list[float] = []
-    original = AdmissionController._release
-
-    def recording(self: AdmissionController, ticket: Ticket) -> None:
-        if not ticket.released:
-            releases.append(trio.current_time())
-        original(self, ticket)
-
-    monkeypatch.setattr(AdmissionController, "_release", recording)
-    settings = {"max_concurrency": 2, "max_pending_requests": 2, "pending_timeout_ms": 600_000}
-    async with serve(tiny_gguf, tmp_path, **settings) as srv, srv.client() as c:
-        sched = srv.app.lifespan.scheduler
-        assert sched is not None
-        # One request first, so that the engine has measured its pace.
-        r = await c.post(GEN, json={"prompt": "x", "max_new_tokens": 40, "ignore_eos": True})
-        assert r.status_code == 200
-        refusals: list[tuple[float, float]] = []  # (when, told seconds)
-        async with trio.open_nursery() as n:
-
-            async def held(budget: int) -> None:
-                body = {"prompt": "held", "max_new_tokens": budget, "ignore_eos": True}
-                r = await c.post(GEN, json=body)
-                assert r.status_code == 200
-
-            for budget in (120, 200, 80, 160):
-                n.start_soon(held, budget)
-            while sched.statistics().in_system < 4 or sched.statistics().waiting < 2:
-                await trio.lowlevel.checkpoint()
-            start = len(releases)
-            for _ in range(6):
-                r = await c.post(GEN, json={"prompt": "late", "max_new_tokens": 4})
-                assert r.status_code == 429
-                refusals.append((trio.current_time(), int(r.headers["retry-after-ms"]) / 1000))
-        while sched.statistics().in_system:  # released just after its last byte is sent
-            await trio.lowlevel.checkpoint()
-        freed = releases[start : start + 4]
-    assert len(freed) == 4
-    errors = []
-    for k, (when, told) in enumerate(refusals):
-        # the k-th refused since the last release waits for the k-th place to come back
-        # (those past the last place for the last one)
-        true_wait = freed[min(k, len(freed) - 1)] - when
-        assert told >= true_wait / 2 - 1.0, (k, told, true_wait)
-        assert told <= 2 * true_wait + 1.0, (k, told, true_wait)
-        errors.append(abs(told - true_wait))
-    assert statistics.median(errors) < 1.0
-    # refused together, told apart: the first comes back for the first place, the last
-    # for the last, which frees when the queued requests have run
-    comes_back = [when + told for when, told in refusals]
-    assert comes_back[-1] - comes_back[0] >= (freed[-1] - freed[0]) / 2
 
 
 async def test_a_client_told_to_come_back_is_let_in(tiny_gguf: Path, tmp_path: Path) -> None:
