@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from hangguard import wait_until
 from tinymodel import write_tiny_gguf
 
 from ninfer._artifacts import DEFAULT_MODEL, cache_dir, fetch
@@ -29,6 +30,8 @@ from ninfer.engine._engine import Engine
 from ninfer.engine._loader import LoadedModel
 from ninfer.engine._runtime import configure_process, create_engine
 
+# A guard on elapsed wall time, for what does not wait on the engine (a subprocess, a
+# thread's join). What waits on an engine uses hangguard's progress guard instead.
 HANG_GUARD_S = 120.0
 
 # Qwen2.5's chat template (its tool calls), as its GGUF files carry it.
@@ -113,7 +116,7 @@ class CollectingSink:
     def deliver(self, events: list[tuple[RequestHandle, Event]]) -> None:
         if not self.open.is_set():
             self.holding.set()
-            assert self.open.wait(HANG_GUARD_S), "hang guard tripped"
+            assert wait_until(self.open.wait), "hang guard tripped"
             self.holding.clear()
         with self.cv:
             self.batches += 1
@@ -130,7 +133,9 @@ class CollectingSink:
 
     def wait_for(self, predicate: Callable[[], bool]) -> None:
         with self.cv:
-            assert self.cv.wait_for(predicate, timeout=HANG_GUARD_S), "hang guard tripped"
+            assert wait_until(lambda s: self.cv.wait_for(predicate, timeout=s)), (
+                "hang guard tripped"
+            )
 
     def wait_done(self, *handles: RequestHandle) -> list[Finish]:
         self.wait_for(lambda: all(h.id in self.finish for h in handles))
@@ -176,7 +181,7 @@ def start_engine(
 
     thread = threading.Thread(target=target, name="engine", daemon=True)
     thread.start()
-    assert ready.wait(HANG_GUARD_S), "engine did not load"
+    assert wait_until(ready.wait), "engine did not load"
     assert not errors, errors
     return RunningEngine(engine, sink, thread)
 
@@ -201,9 +206,14 @@ def crowd_out(
     return small, big
 
 
+def _joined(thread: threading.Thread, seconds: float) -> bool:
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
 def stop_engine(running: RunningEngine) -> None:
     running.engine.shutdown()
-    running.thread.join(HANG_GUARD_S)
+    wait_until(lambda s: _joined(running.thread, s))
     assert not running.thread.is_alive()
 
 
