@@ -16,6 +16,16 @@ ASGI has no field for either, so each wraps one of Hypercorn's methods:
 Both are private methods: they were written for the Hypercorn versions in
 HYPERCORN_VERSIONS (pyproject.toml requires the same range; a test holds the two
 equal), and another version is refused when the server starts, not patched blindly.
+
+Hypercorn's own process (the one that spawns workers, and that a supervisor watches)
+never imports the app. It reads `--config python:ninfer.app.hypercorn_config`, and that
+object (`master_config`) is what ninfer does there: it checks ninfer's settings and its
+model (fetched into the cache if it is a registered name, else a GGUF file that exists)
+before any worker is spawned, as `ninfer serve` does (a bad one is one line and exit
+status 2), and keeps a worker's
+exit status, which Hypercorn's `run()` drops (`hypercorn.run._join_exited` is called a
+second time on the emptied list of workers and returns 0: pgjones/hypercorn#269), so
+that a worker that fails at start fails the command.
 """
 
 from __future__ import annotations
@@ -24,12 +34,18 @@ import contextlib
 import contextvars
 import dataclasses
 import importlib.metadata
+import os
+import sys
+import types
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
-from ninfer._errors import ConfigError
+from ninfer._artifacts import cache_dir, resolve_model
+from ninfer._config import config_from_env
+from ninfer._errors import ConfigError, NinferError
 
-__all__ = ["HYPERCORN_VERSIONS", "abort", "adapt_hypercorn"]
+__all__ = ["HYPERCORN_VERSIONS", "abort", "adapt_hypercorn", "master_config"]
 
 # The versions the two wrappers were written and tested for: at least the first,
 # below the second (pyproject.toml's requirement: hypercorn>=0.17,<0.19).
@@ -97,3 +113,45 @@ async def abort() -> bool:
         return False
     await server.stream.aclose()
     return True
+
+
+def master_config() -> types.SimpleNamespace:
+    """What `hypercorn --config python:ninfer.app.hypercorn_config` reads, in Hypercorn's
+    own process, before it spawns a worker: ninfer's settings (NINFER_* variables and
+    NINFER_CONFIG's file) and its model checked there as `ninfer serve` checks them (the
+    model fetched into the cache where it is a registered name), a refused one printed
+    as one line and exit status 2; a worker's exit status kept
+    (`keep_worker_exit_status`); and the settings Hypercorn takes from it: the trio
+    worker class (a flag on the command line wins)."""
+    try:
+        check_version(importlib.metadata.version("hypercorn"))
+        config = config_from_env(os.environ)
+        resolve_model(config.model, cache_dir(config.cache_dir, os.environ),
+                      progress=lambda line: print(f"ninfer: {line}", file=sys.stderr))  # fmt: skip
+    except NinferError as exc:
+        print(f"ninfer: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    keep_worker_exit_status()
+    return types.SimpleNamespace(worker_class="trio")
+
+
+def keep_worker_exit_status() -> None:
+    """Make Hypercorn's `run()` return the first non-zero exit status a worker had
+    (once per process). Its loop reads each exited worker's status with `_join_exited`
+    and stops on a failure, then calls `_join_exited` again on the list it emptied,
+    which returns 0, and `hypercorn` exits 0 after its worker failed."""
+    import hypercorn.run
+
+    real: Callable[[list[Any]], int] = hypercorn.run._join_exited
+    if getattr(real, "ninfer_keeps_status", False):
+        return
+    failed: list[int] = []
+
+    def join_exited(processes: list[Any]) -> int:
+        status = real(processes)
+        if status != 0 and not failed:
+            failed.append(status)
+        return status or (failed[0] if failed else 0)
+
+    join_exited.ninfer_keeps_status = True  # type: ignore[attr-defined]
+    hypercorn.run._join_exited = join_exited

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 import trio
 from server import serve
 
@@ -75,23 +76,35 @@ def test_serve_on_a_port_in_use_says_so_in_one_line_before_loading(tiny_gguf: Pa
     ]
 
 
-def test_hypercorn_on_a_port_in_use_fails_before_ninfer_is_imported(
+def readme_hypercorn(bind: str = "127.0.0.1:0", app: str = "ninfer.app:create_app()") -> list[str]:
+    """The README's `hypercorn` launch command as an argv (the venv's hypercorn, `bind`
+    for its address, `app` for its application)."""
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (line,) = [x for x in readme.splitlines() if x.startswith("hypercorn ")]
+    argv = shlex.split(line)
+    argv[0] = str(Path(sys.executable).parent / "hypercorn")
+    argv[argv.index("--bind") + 1] = bind
+    assert argv[-1] == "ninfer.app:create_app()"
+    return [*argv[:-1], app]
+
+
+def test_hypercorn_on_a_port_in_use_fails_before_a_worker_starts(
     tiny_gguf: Path, tmp_path: Path
 ) -> None:
-    """The README's hypercorn command on a busy port: Hypercorn binds before it imports
-    the app, so the error is Hypercorn's (docs/serving.md says so, and that `ninfer
-    serve` says it in one line); nothing of ninfer runs, no model is loaded."""
+    """The README's hypercorn command on a busy port: Hypercorn's run() binds before it
+    spawns the worker, so the error is Hypercorn's (docs/serving.md says so, and that
+    `ninfer serve` says it in one line); no app is built, no model is loaded."""
     import os
     import socket
 
-    hypercorn = Path(sys.executable).parent / "hypercorn"
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
         done = subprocess.run(
-            [str(hypercorn), "--worker-class", "trio", "--bind", f"127.0.0.1:{port}",
-             "ninfer.app:create_app()"],
+            readme_hypercorn(f"127.0.0.1:{port}"),
             capture_output=True, text=True, timeout=120,
             env={**os.environ, "NINFER_MODEL": str(tiny_gguf),
                  "NINFER_REQUEST_LOG_JSONL": str(tmp_path / "requests.jsonl")},
@@ -132,21 +145,55 @@ def test_serve_with_a_file_that_is_not_gguf_says_so_in_one_line(tmp_path: Path) 
     assert "is not a GGUF file" in line
 
 
-def test_a_bad_setting_under_hypercorn_is_one_line() -> None:
-    """Under `hypercorn 'ninfer.app:create_app()'` a refused NINFER_* value is one line,
-    not a traceback; with --workers 0 the exit status says so too (Hypercorn 0.17 loses
-    a spawned worker's exit status: docs/serving.md)."""
+@pytest.mark.parametrize(
+    ("variables", "line"),
+    [
+        ({"NINFER_MAX_CONCURRENCY": "abc"}, "NINFER_MAX_CONCURRENCY must be an integer"),
+        ({"NINFER_MAX_CONCURENCY": "4"}, "unknown environment variable NINFER_MAX_CONCURENCY"),
+        ({"NINFER_DEVICE": "gpu"}, "NINFER_DEVICE must be one of"),
+        ({"NINFER_CONFIG": "/nonexistent/ninfer.toml"}, "NINFER_CONFIG"),
+        ({"NINFER_MODEL": "/nonexistent/model.gguf"}, "--model '/nonexistent/model.gguf'"),
+        ({"NINFER_MODEL": "NOT_GGUF"}, "is not a GGUF file"),
+    ],
+)
+def test_a_bad_setting_fails_the_readme_hypercorn_command(
+    variables: dict[str, str], line: str, tmp_path: Path
+) -> None:
+    """The README's hypercorn command (one spawned worker, Hypercorn's default) with a
+    bad setting or model: one line from Hypercorn's own process, before any worker,
+    and exit status 2, as a supervisor must see it (without ninfer's config, Hypercorn
+    0.18 exits 0: docs/serving.md)."""
     import os
 
-    hypercorn = Path(sys.executable).parent / "hypercorn"
+    if variables.get("NINFER_MODEL") == "NOT_GGUF":
+        bogus = tmp_path / "model.gguf"
+        bogus.write_bytes(b"PK\x03\x04 not a model")
+        variables = {"NINFER_MODEL": str(bogus)}
     done = subprocess.run(
-        [str(hypercorn), "--workers", "0", "--worker-class", "trio", "--bind", "127.0.0.1:0",
-         "ninfer.app:create_app()"],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "NINFER_MAX_CONCURRENCY": "abc"},
+        readme_hypercorn(), capture_output=True, text=True, timeout=120,
+        env={**os.environ, **variables},
     )  # fmt: skip
-    assert done.returncode == 2
-    assert done.stderr.splitlines() == ["ninfer: error: NINFER_MAX_CONCURRENCY must be an integer"]
+    assert done.returncode == 2, done.stderr
+    (said,) = done.stderr.splitlines()
+    assert said.startswith("ninfer: error: ")
+    assert line in said
+
+
+def test_a_worker_that_fails_at_start_fails_the_readme_hypercorn_command() -> None:
+    """A worker that cannot start (here: an app that cannot be imported) ends the
+    README's hypercorn command with a failing exit status: ninfer's config keeps the
+    worker's status, which Hypercorn 0.18's run() drops; without it, exit 0."""
+    done = subprocess.run(
+        readme_hypercorn(app="ninfer.no_such_module:create_app()"),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "NoAppError" in done.stderr
+    assert done.returncode == 1
+    plain = [str(Path(sys.executable).parent / "hypercorn"), "--worker-class", "trio",
+             "--bind", "127.0.0.1:0", "ninfer.no_such_module:create_app()"]  # fmt: skip
+    lost = subprocess.run(plain, capture_output=True, text=True, timeout=120)
+    assert "NoAppError" in lost.stderr
+    assert lost.returncode == 0  # Hypercorn's own loss, the reason for the config
 
 
 async def test_the_hypercorn_command_serves_and_logs_no_address_of_its_own(
@@ -162,9 +209,7 @@ async def test_the_hypercorn_command_serves_and_logs_no_address_of_its_own(
     log = tmp_path / "requests.jsonl"
     env = {**os.environ, "NINFER_MODEL": str(tiny_gguf), "NINFER_REQUEST_LOG_JSONL": str(log),
            "NINFER_THREADS": "1", "NINFER_PORT": "8080"}  # fmt: skip
-    hypercorn = Path(sys.executable).parent / "hypercorn"
-    cmd = [str(hypercorn), "--worker-class", "trio", "--bind", "127.0.0.1:0",
-           "ninfer.app:create_app()"]  # fmt: skip
+    cmd = readme_hypercorn()
     with trio.fail_after(120):
         proc = await trio.lowlevel.open_process(cmd, env=env, stderr=subprocess.PIPE)
         assert proc.stderr is not None
