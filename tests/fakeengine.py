@@ -94,6 +94,9 @@ class FakeTokenizer:
     def chat_prompt(self, chat: ChatText) -> str:
         return chat.text
 
+    def exceeds(self, prompt: str | ChatText, limit: int, *, special: bool = True) -> bool:
+        return len(prompt.text if isinstance(prompt, ChatText) else prompt) > limit
+
     def token_bytes(self, token_id: int) -> bytes:
         return chr(token_id - 1).encode("utf-8")
 

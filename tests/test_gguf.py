@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tinymodel import write_tiny_gguf
 
 from ninfer._errors import ArtifactError
@@ -284,3 +287,87 @@ def test_a_file_that_is_not_gguf_is_refused_by_the_reader(tmp_path: Path) -> Non
     path.write_bytes(b"GGML" + b"\0" * 64)
     with pytest.raises(ValueError, match="no GGUF magic"):
         read_gguf(str(path))
+
+
+def _tokenizers(tmp_path: Path) -> dict[str, TextTokenizer]:
+    """The tiny model's vocabulary under each byte-level pre-tokenizer ninfer builds, and
+    the tiny Gemma's SentencePiece one."""
+    from ninfer.engine._gguf_reader import read_gguf
+
+    md, _ = read_gguf(str(write_tiny_gguf(tmp_path / "t.gguf")))
+    out = {pre: tokenizer_from_metadata({**md, "tokenizer.ggml.pre": pre})
+           for pre in ("smollm", "gpt2", "llama-bpe", "qwen2")}  # fmt: skip
+    gemma, _ = read_gguf(str(write_tiny_gguf(tmp_path / "g.gguf", architecture="gemma3")))
+    out["sentencepiece"] = tokenizer_from_metadata(gemma)
+    return out
+
+
+@pytest.fixture(scope="module")
+def every_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TextTokenizer]:
+    return _tokenizers(tmp_path_factory.mktemp("tokenizers"))
+
+
+_PIECES = ["a", "b", "é", "1", "23", " ", "  ", "\n", "\t", "'s", "!", ".", "x y", "<|im_end|>"]
+
+
+@settings(max_examples=150)
+@given(
+    parts=st.lists(st.sampled_from(_PIECES), max_size=80),
+    limit=st.integers(0, 60),
+    special=st.booleans(),
+)
+def test_counting_in_pieces_is_counting_the_ids(
+    every_tokenizer: dict[str, TextTokenizer], parts: list[str], limit: int, special: bool
+) -> None:
+    """`exceeds` (the count in pieces, cut where the pre-tokenizer always cuts, here
+    every few characters) says what the ids say, for every kind of vocabulary; and the
+    pieces a byte-level text is cut into encode to the text's own ids."""
+    import ninfer.engine._tokenizer as tokenizer_module
+
+    text = "".join(parts)
+    real = tokenizer_module.PIECE_CHARS
+    tokenizer_module.PIECE_CHARS = 3
+    try:
+        for name, tok in every_tokenizer.items():
+            ids = tok.encode(text) if special else tok.encode_plain(text)
+            assert tok.exceeds(text, limit, special=special) == (len(ids) > limit), name
+            pieces = list(tok._pieces(text))
+            assert "".join(pieces) == text
+            if tok.pieces_at_spaces:
+                joined = [i for p in pieces for i in tok.tokenizer.encode(p).ids]
+                assert joined == tok.tokenizer.encode(text).ids, (name, pieces)
+            else:
+                assert pieces == [text], name  # SentencePiece: counted whole
+    finally:
+        tokenizer_module.PIECE_CHARS = real
+
+
+def test_a_text_far_over_the_limit_is_given_up_on_within_a_piece_of_it(
+    every_tokenizer: dict[str, TextTokenizer],
+) -> None:
+    """A byte-level vocabulary counts a 1.2 MB text only until the count passes the
+    limit: the characters it encodes are the limit's worth and a piece more, whatever
+    the machine's speed (the same text whole: every character)."""
+    from ninfer.engine._tokenizer import PIECE_CHARS
+
+    tok = every_tokenizer["smollm"]
+    seen: list[int] = []
+    real = tok.tokenizer
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def encode(self, text: str, **kwargs: Any) -> Any:
+            seen.append(len(text))
+            return real.encode(text, **kwargs)
+
+    text = "hello world, the capital of France is Paris. " * 27_000  # 1.2 MB
+    object.__setattr__(tok, "tokenizer", Counting())
+    try:
+        assert tok.exceeds(text, 4096)
+        assert not tok.exceeds("hello world", 4096)
+    finally:
+        object.__setattr__(tok, "tokenizer", real)
+    per_token = len("hello world") / len(tok.encode_plain("hello world"))
+    assert sum(seen) <= 4096 * per_token + 2 * PIECE_CHARS + len("hello world")

@@ -573,6 +573,49 @@ async def test_tokenize_and_detokenize_take_no_more_than_a_context(
             "invalid_request", "tokens")  # fmt: skip
 
 
+async def test_a_hopeless_text_costs_a_contexts_worth_of_tokenizing(tmp_path: Path) -> None:
+    """A 300 KB text to /tokenize and /v1/generate, within the bytes a context could
+    cover but ten times its tokens: refused (422 context_length_exceeded, naming the
+    field) once the count, taken in pieces, passes the context: the characters
+    tokenized are the context's worth and a piece or two more, not the text's (a
+    figure of work, not of time: the same on any machine)."""
+    from tinymodel import write_tiny_gguf
+
+    from ninfer.engine._tokenizer import PIECE_CHARS
+
+    model = write_tiny_gguf(tmp_path / "long.gguf", context=32768)
+    async with serve_model(model, tmp_path) as srv, srv.client() as c:
+        assert srv.app.lifespan.serving is not None
+        tok = srv.app.lifespan.serving.model.tokenizer
+        text = "hello world " * 25_000
+        assert len(text) < 32768 * tok.max_token_bytes  # not refused by its bytes alone
+        per_token = len(text[:120]) / len(tok.encode_plain(text[:120]))
+        seen: list[int] = []
+        real = tok.tokenizer  # type: ignore[attr-defined]
+
+        class Counting:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            def encode(self, piece: str, **kwargs: Any) -> Any:
+                seen.append(len(piece))
+                return real.encode(piece, **kwargs)
+
+            def encode_batch(self, pieces: list[str], **kwargs: Any) -> Any:
+                seen.extend(map(len, pieces))
+                return real.encode_batch(pieces, **kwargs)
+
+        object.__setattr__(tok, "tokenizer", Counting())
+        for path, field in (("/tokenize", "content"), ("/v1/generate", "prompt")):
+            seen.clear()
+            r = await c.post(path, json={field: text})
+            assert r.status_code == 422, r.text
+            error = r.json()["error"]
+            assert (error["type"], error["param"]) == ("context_length_exceeded", field)
+            assert sum(seen) <= 32768 * per_token + 2 * PIECE_CHARS, (path, sum(seen))
+        object.__setattr__(tok, "tokenizer", real)
+
+
 async def test_each_request_has_an_access_line_unless_turned_off(
     tiny_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -542,6 +542,13 @@ class Tokenizer(Protocol):
         tokenized from, for display."""
         ...
 
+    def exceeds(self, prompt: str | ChatText, limit: int, *, special: bool = True) -> bool:
+        """Whether `prompt` (as `encode_chat`, or `encode` / `encode_plain` by `special`,
+        would encode it) has more than `limit` tokens: counted in pieces, stopping as
+        soon as the count passes `limit`, so that a hopeless text costs about `limit`
+        tokens' worth of tokenizing, not its whole length."""
+        ...
+
     def token_bytes(self, token_id: int) -> bytes:
         """One token's bytes (part of a UTF-8 character, for some byte-level tokens)."""
         ...

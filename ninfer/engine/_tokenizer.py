@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -245,6 +245,9 @@ def thinking_support(template: ChatTemplate) -> ThinkingSupport | None:
 # here: the other threads' worst wait during a 900 KB encode, 26 ms with encode and
 # 9 ms with encode_batch).
 _LONG_TEXT = 4096
+# `exceeds` counts a text in pieces of about this many characters (a few thousand
+# tokens: a hopeless text is given up on within a piece of passing the limit).
+PIECE_CHARS = 16384
 
 
 @attrs.frozen
@@ -264,6 +267,12 @@ class TextTokenizer:
     # Whether a prompt starts with the BOS token (the file's tokenizer.ggml.add_bos_token;
     # added once: a chat template that writes it already is not given a second).
     add_bos: bool = False
+    # Whether a text cut before a space that follows a letter or a digit encodes as its
+    # two pieces do (`exceeds` counts in such pieces): true of the byte-level BPE
+    # pre-tokenizers ninfer builds (GPT-2's, SmolLM2's, Llama 3's, Qwen 2's regexes),
+    # where whitespace only ever begins a pre-token and merges never cross one; not of
+    # SentencePiece, whose merges may cross spaces (its texts are counted whole).
+    pieces_at_spaces: bool = False
     # The control tokens' texts. The tokenizer reads them as plain text
     # (`encode_special_tokens`): a text is split at them here first, where they are
     # meant (a raw prompt's, a chat template's), so one tokenizer serves both (for
@@ -279,13 +288,55 @@ class TextTokenizer:
     def encode(self, text: str) -> list[int]:
         """A prompt's ids, its control tokens' texts read as those tokens, with the BOS
         token first when the model wants one."""
-        return self._with_bos(self._encode_parts(self.controls.split(text, escaped=False)))
+        return self._with_bos(self._encode_parts(self._parts(text, special=True)))
 
     def encode_chat(self, chat: ChatText) -> list[int]:
         """A rendered chat's ids: split at the control tokens its template wrote (client
         text was escaped before rendering), the text between encoded with control
         tokens not recognised."""
-        return self._with_bos(self._encode_parts(self.controls.split(chat.text)))
+        return self._with_bos(self._encode_parts(self._parts(chat)))
+
+    def _parts(self, prompt: str | ChatText, *, special: bool = True) -> list[str | int]:
+        """A prompt as its texts and control tokens, as the encode methods take it: a
+        chat split at its template's controls; a text at its own (`special`) or whole."""
+        if isinstance(prompt, ChatText):
+            return self.controls.split(prompt.text)
+        return self.controls.split(prompt, escaped=False) if special else [prompt]
+
+    def exceeds(self, prompt: str | ChatText, limit: int, *, special: bool = True) -> bool:
+        """Whether the prompt's ids (`encode_chat`'s, or `encode`'s / `encode_plain`'s by
+        `special`) are more than `limit`: its texts counted in pieces (PIECE_CHARS, cut
+        where the pre-tokenizer always cuts: `pieces_at_spaces`), stopping as soon as the
+        count passes `limit`; the same answer as counting the ids, in about `limit`
+        tokens' worth of work for a text far over it."""
+        parts = self._parts(prompt, special=special)
+        count = 1 if self.add_bos and self.bos_id is not None and parts[:1] != [self.bos_id] else 0
+        for part in parts:
+            pieces = self._pieces(part) if isinstance(part, str) else [part]
+            for piece in pieces:
+                count += (
+                    1
+                    if isinstance(piece, int)
+                    else len(self.tokenizer.encode(piece, add_special_tokens=False).ids)
+                )
+                if count > limit:
+                    return True
+        return False
+
+    def _pieces(self, text: str) -> Iterator[str]:
+        """`text` in pieces of about PIECE_CHARS that encode as the whole does: each cut
+        just before a space that follows a letter or a digit (a text with none, or a
+        tokenizer without `pieces_at_spaces`: whole)."""
+        start = 0
+        while self.pieces_at_spaces and len(text) - start > PIECE_CHARS:
+            cut = text.find(" ", start + PIECE_CHARS)
+            while cut != -1 and not text[cut - 1].isalnum():
+                cut = text.find(" ", cut + 1)
+            if cut == -1:
+                break
+            yield text[start:cut]
+            start = cut
+        yield text[start:]
 
     def chat_prompt(self, chat: ChatText) -> str:
         """A rendered chat as text, the client's strings unescaped."""
@@ -458,6 +509,14 @@ def tokenizer_from_metadata(
             eos_token=tokens[int(eos)] if eos is not None else "",
             controls=controls,
         )
+    spellings = tuple(
+        _spm_spelling(t, types[i])
+        if kind == "llama"
+        else t.encode("utf-8")
+        if types[i] == _TOKEN_TYPE_CONTROL
+        else _byte_level(t)
+        for i, t in enumerate(tokens)
+    )
     return TextTokenizer(
         tokenizer=tok,
         controls=controls,
@@ -465,17 +524,10 @@ def tokenizer_from_metadata(
         bos_id=int(bos) if bos is not None else None,
         chat_template=template,
         vocab_size=len(tokens),
-        # byte-level tokens spell each byte as one (2-byte) character, SentencePiece a
-        # space as one 3-byte character: an overestimate
-        max_token_bytes=max(len(t.encode("utf-8")) for t in tokens),
-        spellings=tuple(
-            _spm_spelling(t, types[i])
-            if kind == "llama"
-            else t.encode("utf-8")
-            if types[i] == _TOKEN_TYPE_CONTROL
-            else _byte_level(t)
-            for i, t in enumerate(tokens)
-        ),
+        pieces_at_spaces=kind != "llama",
+        spellings=spellings,
+        # the most bytes a token spells: each token covers that many of the text's at most
+        max_token_bytes=max(map(len, spellings)),
         # llama.cpp's defaults: SentencePiece vocabularies and Llama 3's start with BOS.
         add_bos=bool(
             md.get(

@@ -90,6 +90,11 @@ T = TypeVar("T")
 # than this rendered, on a worker thread: 60,000 messages (3.7 MB) took seconds to
 # decode, which on the event loop every other request and /health waited out.
 INLINE_BODY_BYTES = 64 * 1024
+# Prompts longer than this many characters are counted in pieces before they are
+# encoded whole (`Tokenizer.exceeds`): one far over the context is refused within a
+# context's worth of tokenizing. (Shorter ones cost little either way; counting a text
+# that fits costs a second pass over it.)
+LONG_PROMPT_CHARS = 32768
 INLINE_TURNS = 64
 
 
@@ -309,21 +314,27 @@ class Routed(abc.ABC):
         self, prompt: str | ChatText, *, prompt_param: str, special: bool = True
     ) -> list[int]:
         """The prompt's tokens (a rendered chat's client text never spells a control
-        token; `special`: as Tokenize's), or a refusal without tokenizing a text that
-        cannot fit the context:
-        more bytes than the context's tokens could cover, at the most bytes one token
-        covers, is more tokens than the context (never a text that fits)."""
+        token; `special`: as Tokenize's), or a refusal of a text that cannot fit the
+        context without tokenizing all of it: more bytes than the context's tokens could
+        cover (at the most bytes one token spells) is refused before tokenizing; a long
+        text is counted in pieces first, and refused as soon as the count passes the
+        context (never a text that fits: the same count as its ids)."""
         model = self.ctx.model
         text = prompt.text if isinstance(prompt, ChatText) else prompt
         limit = model.max_context * model.tokenizer.max_token_bytes
         # A character is at most 4 UTF-8 bytes: only a text near the bound is measured.
-        if len(text) * 4 > limit and (
+        over = len(text) * 4 > limit and (
             len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit
-        ):
+        )
+        if not over and len(text) > LONG_PROMPT_CHARS:
+            over = await self.ctx.offload(
+                lambda: model.tokenizer.exceeds(prompt, model.max_context, special=special)
+            )
+        if over:
             raise ApiError(
                 "context_length_exceeded",
                 f"the prompt is longer than a context of {model.max_context} tokens can "
-                "hold (counted before tokenizing)",
+                "hold (counted before tokenizing it whole)",
                 param=prompt_param,
                 code="context_length_exceeded",
             )
