@@ -138,6 +138,36 @@ def test_a_stack_of_mixed_types_keeps_each_ones_values() -> None:
         assert _rel(m(x), x.double() @ torch.from_numpy(values).double().T) < 2e-6
 
 
+def test_an_unknown_format_is_refused_by_name() -> None:
+    """A packed matrix said to be of a format that is not one of api.h's is refused,
+    naming the format, before any kernel reads it."""
+    x = torch.ones(1, 32)
+    packed = torch.zeros(4096, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="unknown packed matrix format 12"):
+        OPS.linear(x, packed, 12, 16)
+    with pytest.raises(RuntimeError, match="unknown packed matrix format 0"):
+        OPS.dequant(packed, 0, 16, 32, torch.tensor([0]))
+
+
+def test_builds_of_other_versions_stay_the_most_recently_used(tmp_path: Any) -> None:
+    """The kernels' build folder keeps other versions' builds (two installs sharing it
+    do not rebuild in turn), the KEEP_BUILDS most recently used: a build found is marked
+    used, and the oldest beyond them are removed."""
+    import os
+
+    from ninfer.engine import _kernels
+
+    builds = tmp_path / "kernels"
+    for i in range(_kernels.KEEP_BUILDS + 2):
+        (builds / f"v{i}").mkdir(parents=True)
+        (builds / f"v{i}" / _kernels.LIBRARY).write_bytes(b"")
+        os.utime(builds / f"v{i}", (1000 + i, 1000 + i))  # v0 the oldest
+    assert _kernels._built(tmp_path, "v0") == builds / "v0" / _kernels.LIBRARY  # used now
+    _kernels._prune(builds)
+    kept = sorted(d.name for d in builds.iterdir())
+    assert kept == ["v0", *(f"v{i}" for i in range(3, _kernels.KEEP_BUILDS + 2))]
+
+
 def test_two_threads_calling_at_once_each_get_their_own_answer() -> None:
     """Calls from two threads at once (the pool runs one call at a time: the other runs
     on its caller's thread) give each caller exactly its answer."""

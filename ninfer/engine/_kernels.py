@@ -11,11 +11,14 @@ path and says why on the console.
 The library is kept under the package (csrc/build/, when writable, as in a checkout or
 an image built as root) or else the cache directory, in a folder named by a digest of
 the sources, the torch version, the compiler and the flags: a change to any of them
-builds anew, and builds for other versions stay where they are.
+builds anew, and builds for other versions stay where they are (KEEP_BUILDS of them, the
+most recently used: two installs sharing a cache, or a checkout moving between two
+versions, do not rebuild in turn), each marked used whenever it is found.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -50,6 +53,8 @@ _ISA_FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"],
 }
+# Builds kept in a folder of builds, the most recently used (a build is a few MB).
+KEEP_BUILDS = 4
 # -ffp-contract=off: the compiler never fuses a multiply and an add the code wrote apart
 # (the numbers would then depend on the instruction set); never -ffast-math.
 _COMMON_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-math-errno"]
@@ -120,6 +125,8 @@ def _built(cache: Path | None, key: str) -> Path | None:
     for d in library_dir(cache):
         path = d / key / LIBRARY
         if path.is_file():
+            with contextlib.suppress(OSError):  # marked used (a read-only place: not)
+                os.utime(path.parent)
             return path
     return None
 
@@ -177,12 +184,19 @@ def build_kernels(cache: Path | None, *, progress: Callable[[str], None] = print
             return KernelBuild(None, failure, time.perf_counter() - started)
         final: Path = target_dir / LIBRARY
         os.replace(Path(tmp) / LIBRARY, final)  # atomic: a concurrent build loads whole files
-    for old in target_dir.parent.iterdir():  # builds of other sources: stale (a process
-        if old != target_dir and (old / LIBRARY).is_file():  # that loaded one keeps it)
-            shutil.rmtree(old, ignore_errors=True)
+    _prune(target_dir.parent)
     seconds = time.perf_counter() - started
     progress(f"built {final} in {seconds:.0f} s")
     return KernelBuild(final, seconds=seconds)
+
+
+def _prune(builds: Path) -> None:
+    """All but the KEEP_BUILDS most recently used builds in `builds` removed (a process
+    that loaded one keeps its copy)."""
+    found = [d for d in builds.iterdir() if (d / LIBRARY).is_file()]
+    found.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in found[KEEP_BUILDS:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _run_all(jobs: list[tuple[str, list[str]]]) -> str:

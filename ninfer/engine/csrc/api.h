@@ -2,10 +2,10 @@
 // shared by the builds and by the torch operators that call them (ops.cpp).
 //
 // Packed matrices. A matrix of N outputs by K inputs is stored in panels of 16 outputs;
-// a panel holds the K inputs in blocks of QB (16 or 32) consecutive inputs, and a block
-// holds, for its 16 outputs: their scales (and offsets), then for each of the QB inputs
-// the 16 outputs' codes. Output n of a panel is vector lane n. The values are exactly the
-// GGUF file's (code * scale [+ offset]), and y = x W^T computes each output block by block
+// a panel holds the K inputs in blocks of QB (16 or 32) consecutive inputs, laid out as
+// its format says (FORMATS, below). Output n of a panel is vector lane n. The values are
+// exactly the GGUF file's (code * scale [+ offset]), and y = x W^T computes each output
+// block by block
 // in float32: the block's partial sum over its inputs in order, x[k] * code[k], one fused
 // multiply-add a term from 0; then acc = part * scale + acc, and (formats with offsets)
 // acc = (the block's sum of x) * offset + acc, each one fused multiply-add. That sum is
@@ -17,18 +17,54 @@
 
 namespace ninfer {
 
+// The packed formats, the one description of each (the packer, pack.h, and the kernels,
+// kernels.h, both read FORMATS). A block of QB inputs for 16 outputs holds, in order:
+// the 16 scales (halves or floats; none for a dense format), the 16 offsets (formats
+// with offsets), then for each of the QB inputs the 16 outputs' codes: 4-bit (8 bytes:
+// output l < 8 in the low nibble of byte l, else the high nibble of byte l - 8), 8-bit
+// signed (16 bytes), or the values themselves (halves, 32 bytes; floats, 64 bytes).
 enum Format : int32_t {
-  // codes, scale type, offset, inputs a block
-  FMT_U4H = 1,   // 4-bit codes, half scale and offset, 32 (Q4_0, Q4_1)
-  FMT_U4F = 2,   // 4-bit codes, float scale and offset, 32 (Q4_K)
-  FMT_I8H = 3,   // 8-bit codes, half scale, 32 (Q8_0, Q5_0)
-  FMT_I8HM = 4,  // 8-bit codes, half scale and offset, 32 (Q5_1)
-  FMT_I8FM = 5,  // 8-bit codes, float scale and offset, 32 (Q5_K)
-  FMT_I8F16 = 6, // 8-bit codes, float scale, 16 (Q6_K, Q3_K)
-  FMT_I8FM16 = 7,// 8-bit codes, float scale and offset, 16 (Q2_K; and any mix of types)
-  FMT_F16 = 8,   // half values, 32 (F16)
-  FMT_F32 = 9,   // float values, 32 (F32, BF16)
+  FMT_U4H = 1,    // Q4_0, Q4_1
+  FMT_U4F = 2,    // Q4_K
+  FMT_I8H = 3,    // Q8_0, Q5_0
+  FMT_I8HM = 4,   // Q5_1
+  FMT_I8FM = 5,   // Q5_K
+  FMT_I8F16 = 6,  // Q6_K, Q3_K
+  FMT_I8FM16 = 7, // Q2_K; and any mix of quantized types
+  FMT_F16 = 8,    // F16
+  FMT_F32 = 9,    // F32, BF16; and a mix with a dense type
 };
+
+struct FormatLayout {
+  int32_t format;
+  const char* name;
+  int32_t block;       // inputs a block (QB)
+  int32_t code_bytes;  // bytes of one input's 16 codes
+  bool half_scales;    // scales (and offsets) as halves, else floats
+  bool offsets;        // an offset per output and block
+  bool dense;          // the codes are the values (no scales)
+};
+
+inline constexpr FormatLayout FORMATS[] = {
+    {FMT_U4H, "U4H (4-bit codes, half scales and offsets)", 32, 8, true, true, false},
+    {FMT_U4F, "U4F (4-bit codes, float scales and offsets)", 32, 8, false, true, false},
+    {FMT_I8H, "I8H (8-bit codes, half scales)", 32, 16, true, false, false},
+    {FMT_I8HM, "I8HM (8-bit codes, half scales and offsets)", 32, 16, true, true, false},
+    {FMT_I8FM, "I8FM (8-bit codes, float scales and offsets)", 32, 16, false, true, false},
+    {FMT_I8F16, "I8F16 (8-bit codes, float scales, 16 inputs a block)", 16, 16, false, false,
+     false},
+    {FMT_I8FM16, "I8FM16 (8-bit codes, float scales and offsets, 16 a block)", 16, 16, false,
+     true, false},
+    {FMT_F16, "F16 (half values)", 32, 32, true, false, true},
+    {FMT_F32, "F32 (float values)", 32, 64, false, false, true},
+};
+
+// The layout of format `f`, or null for a format that is not one of these.
+inline constexpr const FormatLayout* format_layout(int32_t f) {
+  for (const FormatLayout& l : FORMATS)
+    if (l.format == f) return &l;
+  return nullptr;
+}
 
 struct Matrix {
   const uint8_t* data;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <stdexcept>
+#include <string>
 
 #include "api.h"
 #include "simd.h"
@@ -230,15 +232,23 @@ static void dequant_fmt(const Matrix& w, int n0, int n1, float* out) {
   }
 }
 
-using FU4H = Fmt<U4, true, true, 32>;
-using FU4F = Fmt<U4, false, true, 32>;
-using FI8H = Fmt<I8, true, false, 32>;
-using FI8HM = Fmt<I8, true, true, 32>;
-using FI8FM = Fmt<I8, false, true, 32>;
-using FI8F16 = Fmt<I8, false, false, 16>;
-using FI8FM16 = Fmt<I8, false, true, 16>;
-using FF16 = Fmt<H16, true, false, 32>;
-using FF32 = Fmt<F32, false, false, 32>;
+// Each format's block, from its one description (api.h's FORMATS).
+constexpr Code code_of(const ninfer::FormatLayout& l) {
+  return l.code_bytes == 8 ? U4 : l.code_bytes == 16 ? I8 : l.code_bytes == 32 ? H16 : F32;
+}
+template <int32_t F>
+using FmtOf = Fmt<code_of(*ninfer::format_layout(F)), ninfer::format_layout(F)->half_scales,
+                  ninfer::format_layout(F)->offsets, ninfer::format_layout(F)->block>;
+using FU4H = FmtOf<ninfer::FMT_U4H>;
+using FU4F = FmtOf<ninfer::FMT_U4F>;
+using FI8H = FmtOf<ninfer::FMT_I8H>;
+using FI8HM = FmtOf<ninfer::FMT_I8HM>;
+using FI8FM = FmtOf<ninfer::FMT_I8FM>;
+using FI8F16 = FmtOf<ninfer::FMT_I8F16>;
+using FI8FM16 = FmtOf<ninfer::FMT_I8FM16>;
+using FF16 = FmtOf<ninfer::FMT_F16>;
+using FF32 = FmtOf<ninfer::FMT_F32>;
+static_assert(FF16::dense && FF32::dense && !FI8FM16::dense && FI8FM16::QB == 16);
 
 #define NINFER_BY_FORMAT(fmt, call)          \
   switch (fmt) {                             \
@@ -251,8 +261,13 @@ using FF32 = Fmt<F32, false, false, 32>;
     case ninfer::FMT_I8FM16: call(FI8FM16); break; \
     case ninfer::FMT_F16: call(FF16); break;     \
     case ninfer::FMT_F32: call(FF32); break;     \
-    default: break;                          \
+    default: unknown_format(fmt);            \
   }
+
+// Never reached through ops.cpp, which refuses an unknown format before any kernel runs.
+[[noreturn]] static void unknown_format(int32_t fmt) {
+  throw std::invalid_argument("unknown packed matrix format " + std::to_string(fmt));
+}
 
 static void linear(const float* x, int m, int ldx, const float* sums, const Matrix& w, int p0,
                    int p1, float* y, int ldy) {

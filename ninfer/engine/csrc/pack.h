@@ -269,18 +269,19 @@ inline void unpack_row(const std::string& t, const uint8_t* src, int k, Row* row
   }
 }
 
-inline int format_block(int f) { return f == FMT_I8F16 || f == FMT_I8FM16 ? 16 : 32; }
-inline bool format_half(int f) { return f == FMT_U4H || f == FMT_I8H || f == FMT_I8HM; }
-inline bool format_min(int f) {
-  return f == FMT_U4H || f == FMT_U4F || f == FMT_I8HM || f == FMT_I8FM || f == FMT_I8FM16;
+// The format's layout (api.h's FORMATS), refusing one that is not a format by name.
+inline const FormatLayout& layout_of(int f) {
+  const FormatLayout* l = format_layout(f);
+  if (l == nullptr)
+    throw std::invalid_argument("unknown packed matrix format " + std::to_string(f) +
+                                " (the formats are 1 to 9: api.h)");
+  return *l;
 }
-inline bool format_dense(int f) { return f == FMT_F16 || f == FMT_F32; }
-inline int format_code_bytes(int f) {
-  if (f == FMT_U4H || f == FMT_U4F) return 8;
-  if (f == FMT_F16) return 32;
-  if (f == FMT_F32) return 64;
-  return 16;
-}
+inline int format_block(int f) { return layout_of(f).block; }
+inline bool format_half(int f) { return layout_of(f).half_scales; }
+inline bool format_min(int f) { return layout_of(f).offsets; }
+inline bool format_dense(int f) { return layout_of(f).dense; }
+inline int format_code_bytes(int f) { return layout_of(f).code_bytes; }
 inline size_t format_block_bytes(int f) {
   const int scale = format_dense(f) ? 0 : 16 * (format_half(f) ? 2 : 4);
   return static_cast<size_t>(scale + (format_min(f) ? scale : 0) + format_block(f) * format_code_bytes(f));
