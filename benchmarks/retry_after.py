@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/retry_after.py [--model NAME|PATH] [--levels 2,10]
         [--duration-s 40] [--max-tokens 32] [--max-concurrency 4] [--max-pending 4]
         [--threads 2] [--token] [--poller none|token|clock|sdk] [--squatters 0.25]
-        [--json out.json]
+        [--one-address] [--json out.json]
 
 Starts `ninfer serve` on a loopback port, then for each level runs level x capacity
 clients (capacity = max concurrency + max pending) in a closed loop for --duration-s:
@@ -27,7 +27,14 @@ Who games it (issue 41): --token makes the clients speak `ninfer-retry-token`;
 or without and saying it retries); --squatters makes that fraction of the clients give
 up after each 429 (their promise unclaimed) and send a new request after the told
 wait. It prints how many requests each role's clients were served (mean per client);
-the chains and waits above are the obedient clients' only. Not part of the test suite.
+the chains and waits above are the obedient clients' only; and the occupancy: the mean
+of /metrics' running requests over the level (sampled every 0.25 s) as a share of
+--max-concurrency. Not part of the test suite.
+
+Each client sends from an address of its own (127.0.0.2, 127.0.0.3, ...: Linux routes
+all of 127/8 to loopback), as clients on separate hosts would: the server knows a
+client without a token by its address (docs/scheduler.md, "Clients"). --one-address
+sends them all from 127.0.0.1 instead (many users behind one address).
 """
 
 from __future__ import annotations
@@ -63,9 +70,10 @@ class Chain:
 
 async def _level(
     url: str, clients: int, args: argparse.Namespace
-) -> tuple[list[Chain], int, dict[str, list[int]]]:
+) -> tuple[list[Chain], int, dict[str, list[int]], float]:
     """Run the closed loop; return every obedient client's refused requests' chains,
-    how many requests they were served, and how many each client of each role was."""
+    how many requests they were served, how many each client of each role was, and the
+    occupancy."""
     chains: list[Chain] = []
     served = 0
     squatters = round(args.squatters * clients)
@@ -81,15 +89,16 @@ async def _level(
         "temperature": 0,
         "ignore_eos": True,
     }
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+    running: list[float] = []
 
-        async def client(role: str) -> None:
-            nonlocal served
-            mine = 0
-            # Who speaks tokens: obedient clients and squatters with --token, the poller
-            # with --poller token.
-            speaks = args.poller == "token" if role == "poller" else args.token
+    async def client(role: str, address: str) -> None:
+        nonlocal served
+        mine = 0
+        # Who speaks tokens: obedient clients and squatters with --token, the poller
+        # with --poller token.
+        speaks = args.poller == "token" if role == "poller" else args.token
+        transport = httpx.AsyncHTTPTransport(local_address=address)
+        async with httpx.AsyncClient(base_url=url, timeout=600, transport=transport) as http:
             while trio.current_time() < stop_at:
                 first: tuple[float, float] | None = None  # (refused at, told)
                 attempts = 0
@@ -120,12 +129,24 @@ async def _level(
                     served += 1
                     if first is not None:
                         chains.append(Chain(told=first[1], real=sent - first[0], returns=attempts))
-            by_role[role].append(mine)
+        by_role[role].append(mine)
 
-        async with trio.open_nursery() as n:
-            for role in roles:
-                n.start_soon(client, role)
-    return chains, served, by_role
+    async def occupancy() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as probe:
+            while trio.current_time() < stop_at:
+                text = (await probe.get("/metrics")).text
+                line = next(x for x in text.splitlines()
+                            if x.startswith("ninfer_num_requests_running "))  # fmt: skip
+                running.append(float(line.split()[1]))
+                await trio.sleep(0.25)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(occupancy)
+        for i, role in enumerate(roles):
+            address = "127.0.0.1" if args.one_address else f"127.0.{i // 250}.{2 + i % 250}"
+            n.start_soon(client, role, address)
+    share = statistics.mean(running) / args.max_concurrency if running else 0.0
+    return chains, served, by_role, share
 
 
 def _pace(url: str) -> dict[str, float]:
@@ -186,6 +207,9 @@ def main() -> None:
         help="one more client that retries 0.1 s after every 429: with its "
         "token, without, or without and with x-stainless-retry-count",
     )
+    ap.add_argument("--one-address", action="store_true",
+                    help="every client from 127.0.0.1 (else each from its own loopback "
+                    "address, as separate hosts)")  # fmt: skip
     ap.add_argument("--squatters", type=float, default=0.0,
                     help="this fraction of the clients gives up after each 429 and sends "
                     "a new request after the wait it was told")  # fmt: skip
@@ -211,14 +235,15 @@ def main() -> None:
             for level in (float(x) for x in args.levels.split(",")):
                 clients = max(1, round(level * capacity))
                 began = time.monotonic()
-                chains, served, by_role = trio.run(_level, url, clients, args)
+                chains, served, by_role, occupancy = trio.run(_level, url, clients, args)
                 row = {**_row(level, clients, chains, served, time.monotonic() - began),
                        **_pace(url)}  # fmt: skip
                 row["served_by_role"] = by_role
+                row["occupancy"] = occupancy
                 results.append(row)
                 each = ", ".join(f"{role} {statistics.mean(n):.1f} (of {len(n)})"
                                  for role, n in by_role.items())  # fmt: skip
-                print(f"served per client: {each}", flush=True)
+                print(f"served per client: {each}; occupancy {occupancy:.2f}", flush=True)
                 print(
                     f"{level:g}x capacity ({clients} clients): {served} served "
                     f"({row['served_per_s']:.2f}/s), {len(chains)} refused at least once; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import ipaddress
 import tomllib
 import types
 import typing
@@ -251,6 +252,14 @@ class ServerConfig:
     api_key_file: str | None = setting(
         None, "read the API key from this file (its first line)", metavar="PATH"
     )
+    trusted_proxies: tuple[str, ...] | None = setting(
+        None,
+        "addresses or networks (CIDR) of load balancers in front of the server, whose "
+        "X-Forwarded-For names the client: the scheduler holds each client, known by its "
+        "address, to its Retry-After promise (docs/scheduler.md); e.g. 127.0.0.1 behind "
+        "deploy/nginx.conf on the same host",
+        metavar="ADDRESS",
+    )
     cors: str | None = setting(
         None,
         "browser CORS: --cors alone allows any origin; --cors ORIGIN[,ORIGIN...] only "
@@ -407,6 +416,14 @@ def build_config(
         from ninfer._chat_templates import chat_template_source
 
         chat_template_source(checked["chat_template"])
+    for proxy in checked["trusted_proxies"] or ():
+        try:
+            ipaddress.ip_network(proxy.strip(), strict=False)
+        except ValueError:
+            where = sources.get("trusted_proxies", "--trusted-proxies")
+            raise ConfigError(
+                f"{where}: {proxy.strip()!r} is not an address or a network (CIDR)"
+            ) from None
     if checked["api_key"] is not None and not checked["api_key"].strip():
         raise ConfigError("--api-key must not be empty (an empty key would let anyone in)")
     return ServerConfig(**checked)

@@ -75,6 +75,8 @@ class FlowContext:
     pages_needed: Callable[[int, int], int]
     draining: Callable[[], ApiError | None]  # the refusal while the server drains
     service_times: ServiceTimes  # sizes each ticket for the scheduler's estimates
+    # who a request's client is, as the scheduler tells clients apart (its address)
+    client_of: Callable[[HTTPScope], str | None] = lambda _scope: None
     # (seconds since the previous tokens, how many arrived): the inter-token metric.
     on_tokens: Callable[[float, int], None] = lambda _s, _n: None
 
@@ -138,6 +140,7 @@ async def serve_generation(
                 returning=_returning(scope),
                 promise=header(scope, b"x-ninfer-no-promise") is None,
                 token=_retry_token(scope),
+                client=ctx.client_of(scope),
             )
         except Overloaded as exc:
             raise ApiError(

@@ -4,10 +4,11 @@ protocol's dialect, CORS, and the exchange bookkeeping the app routes with."""
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import math
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import trio
 from hypercorn.typing import (
@@ -74,6 +75,48 @@ def header(scope: HTTPScope | WebsocketScope, name: bytes) -> bytes | None:
         if key.lower() == name:
             return bytes(value)
     return None
+
+
+Networks = Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]
+
+
+def trusted_networks(proxies: Sequence[str] | None) -> Networks:
+    """--trusted-proxies as networks (the config checked each)."""
+    return tuple(ipaddress.ip_network(p.strip(), strict=False) for p in proxies or ())
+
+
+def client_address(scope: HTTPScope, trusted: Networks) -> str | None:
+    """Who sent the request, as the scheduler knows clients apart: the peer's address;
+    where the peer is a trusted proxy (--trusted-proxies), the last address of its
+    X-Forwarded-For that is not one (the client as the first trusted proxy saw it: what
+    came before it, the client could have written). None where there is no peer (an
+    in-process call)."""
+    client = scope.get("client")
+    if not client:
+        return None
+    peer = str(client[0])
+    if not trusted or not _within(peer, trusted):
+        return peer
+    forwarded = header(scope, b"x-forwarded-for")
+    if forwarded is None:
+        return peer
+    for hop in reversed(forwarded.decode("latin-1").split(",")):
+        hop = hop.strip()
+        if not _within(hop, trusted):
+            return hop if _address(hop) is not None else peer  # a malformed hop: the proxy's
+    return peer
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def _within(text: str, networks: Networks) -> bool:
+    address = _address(text)
+    return address is not None and any(address in n for n in networks)
 
 
 def request_id_from(scope: HTTPScope | WebsocketScope) -> str:

@@ -24,6 +24,7 @@ from ninfer._chat_templates import chat_template_source
 from ninfer._config import ServerConfig, public_settings, redacted_argv
 from ninfer._estimate import ServiceTimes
 from ninfer._flow import FlowContext
+from ninfer._http import client_address, trusted_networks
 from ninfer._metrics import Metrics
 from ninfer._requestlog import RequestLog
 from ninfer.engine import (
@@ -264,6 +265,9 @@ class Lifespan:
             draining=lambda: self.shutting_down() if self.draining else None,
             service_times=service_times,
             on_tokens=self.metrics.inter_token,
+            client_of=functools.partial(
+                client_address, trusted=trusted_networks(cfg.trusted_proxies)
+            ),
         )
         return Serving(
             model=model,

@@ -46,6 +46,18 @@ returns without a token cannot take a place promised to one that has it. And pla
 are held for tokens' promises first: a promise without a token cannot be told from a
 poller's tenth (each of its refusals made one, and each is taken by its next poll), so
 where both wait, the promises that can be proved come first.
+
+Clients. A caller without a token may still be known by what it already is to the
+caller of `enter` (`client`: an opaque key, e.g. its network address). Its promises are
+its client's: the clock hands a client's due promise only to that client's callers, so
+a poller cannot take a place promised to another client; and a client's caller that
+does not say it is a first attempt, arriving while the client holds a promise not yet
+due, is told the rest of that wait and makes no new one (a client that polls holds one
+promise, however often it asks, as a token's caller does). A caller that says it is a
+first attempt is a new request of the same client (several users behind one address,
+each SDK call's first try): it gets a promise of its own, which the client's returning
+callers take in turn. A caller with neither a token nor a client is the clock's, as
+above.
 """
 
 from __future__ import annotations
@@ -116,6 +128,7 @@ class _Promise:
     lapses: float
     token: str  # given with the refusal
     bound: bool  # taken only with its token (its caller speaks tokens)
+    client: str | None = None  # a caller without a token: its client, where known
 
 
 @attrs.define(eq=False)
@@ -192,13 +205,15 @@ class AdmissionController:
         returning: bool | None = None,
         promise: bool = True,
         token: str | None = None,
+        client: str | None = None,
     ) -> Ticket:
         """Take a place now, or raise `Overloaded` at once when none is left for this
-        caller (see Promises and Tokens in the module docstring). `returning`: whether
-        the caller says it is retrying (None: it does not say); `promise=False`: a
-        refusal holds no place (the caller will not come back here: a balancer retries
+        caller (see Promises, Tokens and Clients in the module docstring). `returning`:
+        whether the caller says it is retrying (None: it does not say); `promise=False`:
+        a refusal holds no place (the caller will not come back here: a balancer retries
         it elsewhere); `token`: the token of the caller's promise, or "" for a caller
-        that speaks tokens and holds none (None: it does not speak them)."""
+        that speaks tokens and holds none (None: it does not speak them); `client`: who
+        a caller without a token is (None: unknown)."""
         now = trio.current_time()
         self._lapse(now)
         free = self.capacity - self._in_system
@@ -208,19 +223,31 @@ class AdmissionController:
                 self._rejected_total += 1
                 raise Overloaded(_clamp(mine.due - now), mine.token)
             return self._claim(mine, now, free)
-        if returning is not False and token is None:
-            # Which caller this is, the clock cannot tell: it takes the oldest due
-            # promise whose place is back, else is told again as the latest moment
-            # passed (the likeliest to be its own: a client that honours Retry-After
-            # returns just after it). One pass: a flood's arrivals each look.
-            ready = latest = None
-            for i, p in enumerate(self._order()):
-                if p.due <= now and not p.bound:
-                    latest = p
-                    if ready is None and i < free:
-                        ready = p
-            if latest is not None:
-                return self._claim(ready or latest, now, free)
+        if token is None:
+            client_early = None
+            if returning is not False:
+                # Which caller this is, the clock cannot tell (past its client): it takes
+                # the oldest due promise whose place is back, else is told again as the
+                # latest moment passed (the likeliest to be its own: a client that
+                # honours Retry-After returns just after it). A known client's caller
+                # looks at its client's promises only, and one back before any is due
+                # is told the rest of the first's wait. One pass: a flood's arrivals
+                # each look.
+                ready = latest = None
+                for i, p in enumerate(self._order()):
+                    if p.bound or p.client != client:
+                        continue
+                    if p.due <= now:
+                        latest = p
+                        if ready is None and i < free:
+                            ready = p
+                    elif client is not None and client_early is None:
+                        client_early = p
+                if latest is not None:
+                    return self._claim(ready or latest, now, free)
+            if client_early is not None:  # a known client back early: no second promise
+                self._rejected_total += 1
+                raise Overloaded(_clamp(client_early.due - now), client_early.token)
         # The places a caller waits behind: every promise's, or, for one that speaks
         # tokens, the tokens' (they come first).
         ahead = len(self._promises) if token is None else sum(p.bound for p in self._promises)
@@ -233,7 +260,8 @@ class AdmissionController:
         if promise and told < RETRY_AFTER_MAX_S and len(self._promises) < MAX_PROMISES:
             bound = token is not None
             grace = self.token_grace if bound else self.grace
-            made = _Promise(now + told, now + told + grace, secrets.token_urlsafe(12), bound)
+            made = _Promise(now + told, now + told + grace, secrets.token_urlsafe(12), bound,
+                            None if bound else client)  # fmt: skip
             self._promises.append(made)
             self._by_token[made.token] = made
             raise Overloaded(told, made.token)

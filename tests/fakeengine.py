@@ -355,9 +355,13 @@ class AsgiClient:
             self.finished.set()
 
 
-async def request(app: Any, method: str, path: str, body: Any = None) -> Response:
-    """A whole request and its answer (the body sent at once, then read to the end)."""
+async def request(
+    app: Any, method: str, path: str, body: Any = None, *, address: str = "127.0.0.1"
+) -> Response:
+    """A whole request and its answer (the body sent at once, then read to the end),
+    from a client at `address`."""
     client = AsgiClient(app, method, path)
+    client.scope["client"] = (address, 1234)
     client.send_body(orjson.dumps(body) if body is not None else b"")
     await client.run()
     return client.response

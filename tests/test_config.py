@@ -191,3 +191,41 @@ def test_a_misspelt_flag_is_told_the_one_it_meant(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--max-concurency", "4"])
     assert "did you mean --max-concurrency?" in capsys.readouterr().err
+
+
+def test_trusted_proxies_are_addresses_or_networks() -> None:
+    """--trusted-proxies takes addresses and CIDR networks (flag, variable or file) and
+    refuses anything else by name."""
+    config = build_config({"trusted_proxies": ("127.0.0.1", "10.0.0.0/8", "::1")})
+    assert config.trusted_proxies == ("127.0.0.1", "10.0.0.0/8", "::1")
+    with pytest.raises(ConfigError, match="'nginx' is not an address or a network"):
+        build_config({"trusted_proxies": ("nginx",)}, {"trusted_proxies": "NINFER_TRUSTED_PROXIES"})
+
+
+@pytest.mark.parametrize(
+    ("peer", "forwarded", "trusted", "client"),
+    [
+        ("192.0.2.7", None, (), "192.0.2.7"),  # no proxy: the peer
+        ("192.0.2.7", "198.51.100.1", (), "192.0.2.7"),  # an untrusted peer's header: no
+        ("127.0.0.1", "198.51.100.1", ("127.0.0.1",), "198.51.100.1"),  # nginx's
+        # a client that wrote its own header before the trusted proxy added its address
+        ("127.0.0.1", "203.0.113.9, 198.51.100.1", ("127.0.0.1",), "198.51.100.1"),
+        # two trusted proxies: the last address that is none of them
+        ("10.0.0.2", "198.51.100.1, 10.0.0.1", ("10.0.0.0/8",), "198.51.100.1"),
+        ("127.0.0.1", "not-an-address", ("127.0.0.1",), "127.0.0.1"),  # malformed: the peer
+        ("127.0.0.1", None, ("127.0.0.1",), "127.0.0.1"),  # no header: the proxy itself
+        ("::1", "2001:db8::5", ("::1",), "2001:db8::5"),
+    ],
+)
+def test_a_client_is_known_by_its_address_or_a_trusted_proxys_word(
+    peer: str, forwarded: str | None, trusted: tuple[str, ...], client: str
+) -> None:
+    """Who the scheduler holds to a promise (docs/scheduler.md, "Clients"): the peer's
+    address, or, from a trusted proxy, the last X-Forwarded-For address that is not a
+    trusted proxy's."""
+    from ninfer._http import client_address, trusted_networks
+
+    headers = [(b"x-forwarded-for", forwarded.encode())] if forwarded else []
+    scope: Any = {"client": (peer, 40000), "headers": headers}
+    assert client_address(scope, trusted_networks(trusted)) == client
+    assert client_address({"client": None, "headers": []}, ()) is None  # type: ignore[typeddict-item]

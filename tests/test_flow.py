@@ -442,7 +442,8 @@ async def test_retry_after_is_when_the_place_really_comes_back(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     """Known output lengths (30 and 50 tokens running, 20 and 40 queued, 10 ms a step):
-    places come back at 0.30, 0.50, 0.50 and 0.90 s. Six clients refused together are
+    places come back at 0.30, 0.50, 0.50 and 0.90 s. Six clients (six addresses) refused
+    together are
     told the places in turn (plus the promise's margin), in retry-after-ms: the first
     three each within one engine step of the moment its place really came back; the
     rest no sooner (past the first places the estimate assumes each freed place is
@@ -462,8 +463,9 @@ async def test_retry_after_is_when_the_place_really_comes_back(
         await _wait_for(lambda: sched.statistics().waiting == 2)
         t0 = trio.current_time()
         told = []
-        for _ in range(6):
-            r = await request(app, "POST", GEN, {"prompt": "y", "max_new_tokens": 5})
+        for k in range(6):
+            body = {"prompt": "y", "max_new_tokens": 5}
+            r = await request(app, "POST", GEN, body, address=f"192.0.2.{k + 1}")
             assert r.status == 429
             told.append(int(r.headers[b"retry-after-ms"]) / 1000)
             assert int(r.headers[b"retry-after"]) == max(

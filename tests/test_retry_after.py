@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
+import httpx
 import trio
 from server import serve
 
@@ -122,6 +124,63 @@ async def test_a_token_holds_its_place_against_a_poller(tiny_gguf: Path, tmp_pat
                     assert r.headers["ninfer-retry-token"] == token
                 done.set()
     assert order[:1] == ["token"], order
+
+
+async def test_a_client_known_by_its_address_holds_its_place_against_a_poller(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """One place, taken. Two clients that send no token, each from its own address: the
+    one at 127.0.0.2 is refused and promised the place; the poller at 127.0.0.3
+    retries every few milliseconds (as an SDK's retry, then saying nothing) and is
+    told the rest of its own wait, one promise however often it asks; it never gets
+    in before the client at 127.0.0.2, which gets in when it comes back as told
+    (docs/scheduler.md, "Clients")."""
+    settings = {"max_concurrency": 1, "max_pending_requests": 0, "pending_timeout_ms": 600_000}
+    long = {"prompt": "held", "max_new_tokens": 60, "ignore_eos": True}
+    short = {"prompt": "back", "max_new_tokens": 2}
+
+    def at(srv: Any, address: str) -> httpx.AsyncClient:
+        transport = httpx.AsyncHTTPTransport(local_address=address)
+        return httpx.AsyncClient(base_url=srv.url, transport=transport, timeout=60)
+
+    async with serve(tiny_gguf, tmp_path, **settings) as srv, srv.client() as c:
+        assert (await c.post(GEN, json=long)).status_code == 200  # the engine's pace
+        sched = srv.app.lifespan.scheduler
+        assert sched is not None
+        while sched.statistics().in_system:
+            await trio.lowlevel.checkpoint()
+        order: list[str] = []
+        client, polling = at(srv, "127.0.0.2"), at(srv, "127.0.0.3")
+        async with client, polling, trio.open_nursery() as n:
+            n.start_soon(functools.partial(c.post, GEN, json=long))
+            while sched.statistics().running == 0:
+                await trio.lowlevel.checkpoint()
+            r = await client.post(GEN, json=short)
+            assert r.status_code == 429, r.text
+            done = trio.Event()
+            polls: list[int] = []
+
+            async def poller() -> None:
+                while not done.is_set():
+                    said = {"x-stainless-retry-count": "1"} if len(polls) % 2 else {}
+                    p = await polling.post(GEN, json=short, headers=said)
+                    polls.append(p.status_code)
+                    if p.status_code == 200:
+                        order.append("poller")
+                        return
+                    await trio.sleep(0.005)
+
+            n.start_soon(poller)
+            for _ in range(10):
+                await trio.sleep(int(r.headers["retry-after-ms"]) / 1000)
+                r = await client.post(GEN, json=short)
+                if r.status_code == 200:
+                    order.append("client")
+                    break
+            done.set()
+        assert len(polls) > 2
+        assert sched.statistics().promised <= 1  # the poller's one (or none left)
+    assert order[:1] == ["client"], order
 
 
 def test_one_slow_step_does_not_move_the_pace() -> None:

@@ -350,6 +350,67 @@ async def test_a_tokens_place_goes_to_its_token_and_polling_gains_nothing(
     assert ctl.statistics().promises_lapsed_total >= 1
 
 
+async def test_a_known_clients_place_goes_to_it_and_polling_gains_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """One slot, no queue, the running request ends at 3 s. Two clients without tokens,
+    known by their address: "a" is refused and promised the place. "p" polls every
+    0.1 s without a token: its first poll is promised the place after a's; its later
+    polls are told the rest of its own wait and make no new promise; and when a's
+    moment has passed, p's polls cannot take a's place. a takes it at its moment; p
+    takes the next place at its own."""
+    ctl, t0, running = await _one_running(unknown=3.0, seconds=3.0)
+    with pytest.raises(Overloaded) as e:
+        ctl.enter(client="a")
+    told_a = e.value.retry_after
+    assert told_a == pytest.approx(3.0)
+    await trio.sleep_until(t0 + 0.1)
+    with pytest.raises(Overloaded) as e:
+        ctl.enter(client="p")  # a first poll: its promise, after a's
+    p_due = trio.current_time() + e.value.retry_after
+    for k in range(2, 40):  # every 0.1 s, up to 3.9 s
+        await trio.sleep_until(t0 + 0.1 * k)
+        if k == 30:
+            running.release()  # the place is back at 3 s, held for a
+        with pytest.raises(Overloaded) as e:
+            ctl.enter(client="p")
+        assert trio.current_time() + e.value.retry_after == pytest.approx(p_due)
+        assert ctl.statistics().promised == 2  # a's and p's: no more
+    mine = ctl.enter(client="a")  # back at its moment (and later than it)
+    assert ctl.statistics().promises_kept_total == 1
+    mine.release()
+    await trio.sleep_until(p_due)
+    ctl.enter(client="p").release()
+    assert ctl.statistics().promises_kept_total == 2
+
+
+async def test_first_attempts_of_one_client_each_hold_a_promise(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Several users behind one address: each first attempt (an SDK's retry count 0) is
+    a request of its own and is promised a place of its own; the client's returning
+    callers take them in turn, each at or after a moment of the client's."""
+    ctl = AdmissionController(max_running=1, max_pending=0, units_total=10,
+                              service_time=lambda ts: [1.0] * len(ts))  # fmt: skip
+    t0 = trio.current_time()
+    running = ctl.enter()
+    moments = []
+    for _ in range(3):
+        with pytest.raises(Overloaded) as e:
+            ctl.enter(client="nat", returning=False)
+        moments.append(trio.current_time() + e.value.retry_after)
+    assert ctl.statistics().promised == 3
+    assert moments == sorted(moments)
+    assert moments[1] > moments[0]
+    held = running
+    for due in moments:
+        await trio.sleep_until(max(due, held.arrival + 1.0))
+        held.release()
+        held = ctl.enter(client="nat", returning=True)  # its client's place, in turn
+    assert ctl.statistics().promises_kept_total == 3
+    assert trio.current_time() - t0 < 5.0
+
+
 async def test_a_queue_held_by_units_frees_places_in_fifo_order(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
