@@ -3,6 +3,8 @@
 # pyproject.toml changes), so a fresh clone needs nothing else:
 #   ./dev.sh serve [FLAGS]   fetch the default model if needed and serve it
 #   ./dev.sh test [ARGS]     ruff, mypy (strict) and the whole pytest suite
+#   ./dev.sh test --busy [ARGS]  the same beside a busy process a core (a loaded machine:
+#                            no verdict may depend on the machine's speed)
 #   ./dev.sh pool-stress     the kernels' thread pool under stress, optimized and under
 #                            ThreadSanitizer, beside busy processes (tests/poolstress.py)
 set -euo pipefail
@@ -72,6 +74,12 @@ case "$cmd" in
     exec .venv/bin/ninfer serve "$@"
     ;;
   test)
+    busy=0
+    if [ "${1:-}" = "--busy" ]; then
+      busy=$(.venv/bin/python -c "import os; print(len(os.sched_getaffinity(0)))" 2>/dev/null \
+             || nproc)
+      shift
+    fi
     setup
     js_clients
     echo "ruff, ruff format --check, mypy, then pytest" >&2
@@ -81,7 +89,18 @@ case "$cmd" in
     # A worker a core, up to four (each holds torch and its servers' engines); with
     # worksteal an idle worker takes tests queued for a busy one, so the cores stay busy
     # to the end. Arguments given after `test` come later and win (`-n 0`: one process).
-    exec .venv/bin/pytest -n auto --maxprocesses 4 --dist worksteal "$@"
+    if [ "$busy" -eq 0 ]; then
+      exec .venv/bin/pytest -n auto --maxprocesses 4 --dist worksteal "$@"
+    fi
+    echo "beside $busy busy processes (one a core), for the whole run" >&2
+    hogs=()
+    for _ in $(seq "$busy"); do
+      .venv/bin/python -c "while True: pass" & hogs+=($!)
+    done
+    trap 'kill "${hogs[@]}" 2>/dev/null' EXIT
+    status=0
+    .venv/bin/pytest -n auto --maxprocesses 4 --dist worksteal "$@" || status=$?
+    exit "$status"
     ;;
   pool-stress)
     # 50 million calls of the pool (and 200,000 of a kernel on it) with more threads than
@@ -90,7 +109,7 @@ case "$cmd" in
     exec .venv/bin/python tests/poolstress.py "$@"
     ;;
   *)
-    echo "usage: ./dev.sh serve [ninfer serve flags] | ./dev.sh test [pytest args]" \
+    echo "usage: ./dev.sh serve [ninfer serve flags] | ./dev.sh test [--busy] [pytest args]" \
       "| ./dev.sh pool-stress [--calls N]" >&2
     exit 2
     ;;
