@@ -31,7 +31,8 @@ from ninfer.engine._kvpool import KVPages
 from ninfer.engine._native import NativeLayers, Packed, pack_tensors
 
 __all__ = [
-    "WEIGHT_MODES", "Dense", "Embedding", "Int4", "Linear", "Rotations", "Transformer",
+    "WEIGHT_MODES", "Dense", "Embedding", "Int4", "KernelState", "Linear", "Rotations",
+    "Transformer",
     "load_transformer",
 ]  # fmt: skip
 
@@ -508,6 +509,18 @@ class _Group:
         return attn.reshape(B, a.n_heads, T, a.head_dim).transpose(1, 2).reshape(B * T, -1)
 
 
+@attrs.frozen
+class KernelState:
+    """Which kernels run a model: every layer's matrices (LAYER_TENSORS' order), the
+    embedding, the head and the native layers (`Transformer.kernel_state`)."""
+
+    matrices: list[tuple[Linear, ...]]
+    embedding: Embedding
+    lm_head: Linear
+    native: NativeLayers | None
+    packed: bool
+
+
 @attrs.define(eq=False)
 class Transformer:
     args: ModelArgs
@@ -689,24 +702,22 @@ class Transformer:
             start += B * T
         return out
 
-    def kernel_state(self) -> tuple[object, ...]:
-        """What `to_torch` replaces (every matrix, the embedding, the head, the native
-        layers), for `restore_kernels`: the engine measures a step each way, then keeps
-        one."""
+    def kernel_state(self) -> KernelState:
+        """What `to_torch` replaces, for `restore_kernels`: the engine measures a step
+        each way, then keeps one."""
         mats = [tuple(getattr(layer, slot) for slot in LAYER_TENSORS) for layer in self.layers]
-        return (mats, self.embedding, self.lm_head, self.native, self.packed)
+        return KernelState(
+            matrices=mats, embedding=self.embedding, lm_head=self.lm_head, native=self.native,
+            packed=self.packed,
+        )  # fmt: skip
 
-    def restore_kernels(self, state: tuple[object, ...]) -> None:
+    def restore_kernels(self, state: KernelState) -> None:
         """The kernels `kernel_state` saved, back in place."""
-        mats, embedding, lm_head, native, packed = state
-        assert isinstance(mats, list)
-        for layer, held in zip(self.layers, mats, strict=True):
+        for layer, held in zip(self.layers, state.matrices, strict=True):
             for slot, m in zip(LAYER_TENSORS, held, strict=True):
                 setattr(layer, slot, m)
-        assert isinstance(embedding, Embedding)
-        assert isinstance(native, NativeLayers | None)
-        self.embedding, self.lm_head, self.native = embedding, lm_head, native  # type: ignore[assignment]
-        self.packed = bool(packed)
+        self.embedding, self.lm_head = state.embedding, state.lm_head
+        self.native, self.packed = state.native, state.packed
 
     def to_torch(self, gguf: GGUFFile, weights: str) -> None:
         """Leave the native kernels: every matrix as the torch path holds it (`weights`),
