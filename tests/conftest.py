@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -204,6 +206,33 @@ def crowd_out(
     sink.wait_for(lambda: len(sink.tokens.get(big.id, [])) >= 1)
     assert eng.statistics().pages_free == 0
     return small, big
+
+
+@contextlib.contextmanager
+def counting_tokenizer(text_tokenizer: Any) -> Iterator[list[int]]:
+    """While the block runs, the characters each call of `text_tokenizer`'s `tokenizers`
+    object encodes (encode and encode_batch), in a list: a figure of tokenizing work
+    that does not depend on the machine's speed."""
+    seen: list[int] = []
+    real = text_tokenizer.tokenizer
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def encode(self, text: str, **kwargs: Any) -> Any:
+            seen.append(len(text))
+            return real.encode(text, **kwargs)
+
+        def encode_batch(self, texts: list[str], **kwargs: Any) -> Any:
+            seen.extend(map(len, texts))
+            return real.encode_batch(texts, **kwargs)
+
+    object.__setattr__(text_tokenizer, "tokenizer", Counting())  # a frozen attrs class
+    try:
+        yield seen
+    finally:
+        object.__setattr__(text_tokenizer, "tokenizer", real)
 
 
 def _joined(thread: threading.Thread, seconds: float) -> bool:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import gguf
 import numpy as np
 import pytest
 import torch
+from conftest import counting_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tinymodel import write_tiny_gguf
@@ -351,23 +351,9 @@ def test_a_text_far_over_the_limit_is_given_up_on_within_a_piece_of_it(
     from ninfer.engine._tokenizer import PIECE_CHARS
 
     tok = every_tokenizer["smollm"]
-    seen: list[int] = []
-    real = tok.tokenizer
-
-    class Counting:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
-
-        def encode(self, text: str, **kwargs: Any) -> Any:
-            seen.append(len(text))
-            return real.encode(text, **kwargs)
-
     text = "hello world, the capital of France is Paris. " * 27_000  # 1.2 MB
-    object.__setattr__(tok, "tokenizer", Counting())
-    try:
+    with counting_tokenizer(tok) as seen:
         assert tok.exceeds(text, 4096)
         assert not tok.exceeds("hello world", 4096)
-    finally:
-        object.__setattr__(tok, "tokenizer", real)
     per_token = len("hello world") / len(tok.encode_plain("hello world"))
     assert sum(seen) <= 4096 * per_token + 2 * PIECE_CHARS + len("hello world")

@@ -11,6 +11,7 @@ real model.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,16 +106,9 @@ async def test_a_token_holds_its_place_against_a_poller(tiny_gguf: Path, tmp_pat
                 assert int(again.headers["retry-after-ms"]) <= int(r.headers["retry-after-ms"])
                 assert sched.statistics().promised == 1
                 done = trio.Event()
-
-                async def poller() -> None:
-                    while not done.is_set():
-                        p = await c.post(GEN, json=short, headers={"x-stainless-retry-count": "1"})
-                        if p.status_code == 200:
-                            order.append("poller")
-                            return
-                        await trio.sleep(0.005)
-
-                n.start_soon(poller)
+                n.start_soon(
+                    _poll, c, short, done, order, lambda _k: {"x-stainless-retry-count": "1"}
+                )
                 for _ in range(10):
                     await trio.sleep(int(r.headers["retry-after-ms"]) / 1000)
                     r = await c.post(GEN, json=short, headers={"ninfer-retry-token": token})
@@ -159,18 +153,10 @@ async def test_a_client_known_by_its_address_holds_its_place_against_a_poller(
             assert r.status_code == 429, r.text
             done = trio.Event()
             polls: list[int] = []
-
-            async def poller() -> None:
-                while not done.is_set():
-                    said = {"x-stainless-retry-count": "1"} if len(polls) % 2 else {}
-                    p = await polling.post(GEN, json=short, headers=said)
-                    polls.append(p.status_code)
-                    if p.status_code == 200:
-                        order.append("poller")
-                        return
-                    await trio.sleep(0.005)
-
-            n.start_soon(poller)
+            retry = {"x-stainless-retry-count": "1"}
+            n.start_soon(
+                _poll, polling, short, done, order, lambda k: retry if k % 2 else {}, polls
+            )
             for _ in range(10):
                 await trio.sleep(int(r.headers["retry-after-ms"]) / 1000)
                 r = await client.post(GEN, json=short)
@@ -181,6 +167,26 @@ async def test_a_client_known_by_its_address_holds_its_place_against_a_poller(
         assert len(polls) > 2
         assert sched.statistics().promised <= 1  # the poller's one (or none left)
     assert order[:1] == ["client"], order
+
+
+async def _poll(
+    http: httpx.AsyncClient,
+    body: dict[str, Any],
+    done: trio.Event,
+    order: list[str],
+    headers: Callable[[int], dict[str, str]],
+    polls: list[int] | None = None,
+) -> None:
+    """A poller: `body` every few milliseconds (the k-th poll with `headers(k)`) until it
+    gets in (it says so in `order`) or `done` is set; each answer's status in `polls`."""
+    polls = [] if polls is None else polls
+    while not done.is_set():
+        p = await http.post(GEN, json=body, headers=headers(len(polls)))
+        polls.append(p.status_code)
+        if p.status_code == 200:
+            order.append("poller")
+            return
+        await trio.sleep(0.005)
 
 
 def test_one_slow_step_does_not_move_the_pace() -> None:

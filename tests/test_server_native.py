@@ -11,6 +11,7 @@ import httpx
 import orjson
 import pytest
 import trio
+from conftest import counting_tokenizer
 from server import SERVER_HANG_GUARD_S, serve, serve_app, serve_model
 
 GEN = "/v1/generate"
@@ -590,30 +591,14 @@ async def test_a_hopeless_text_costs_a_contexts_worth_of_tokenizing(tmp_path: Pa
         text = "hello world " * 25_000
         assert len(text) < 32768 * tok.max_token_bytes  # not refused by its bytes alone
         per_token = len(text[:120]) / len(tok.encode_plain(text[:120]))
-        seen: list[int] = []
-        real = tok.tokenizer  # type: ignore[attr-defined]
-
-        class Counting:
-            def __getattr__(self, name: str) -> Any:
-                return getattr(real, name)
-
-            def encode(self, piece: str, **kwargs: Any) -> Any:
-                seen.append(len(piece))
-                return real.encode(piece, **kwargs)
-
-            def encode_batch(self, pieces: list[str], **kwargs: Any) -> Any:
-                seen.extend(map(len, pieces))
-                return real.encode_batch(pieces, **kwargs)
-
-        object.__setattr__(tok, "tokenizer", Counting())
-        for path, field in (("/tokenize", "content"), ("/v1/generate", "prompt")):
-            seen.clear()
-            r = await c.post(path, json={field: text})
-            assert r.status_code == 422, r.text
-            error = r.json()["error"]
-            assert (error["type"], error["param"]) == ("context_length_exceeded", field)
-            assert sum(seen) <= 32768 * per_token + 2 * PIECE_CHARS, (path, sum(seen))
-        object.__setattr__(tok, "tokenizer", real)
+        with counting_tokenizer(tok) as seen:
+            for path, field in (("/tokenize", "content"), ("/v1/generate", "prompt")):
+                seen.clear()
+                r = await c.post(path, json={field: text})
+                assert r.status_code == 422, r.text
+                error = r.json()["error"]
+                assert (error["type"], error["param"]) == ("context_length_exceeded", field)
+                assert sum(seen) <= 32768 * per_token + 2 * PIECE_CHARS, (path, sum(seen))
 
 
 async def test_each_request_has_an_access_line_unless_turned_off(
