@@ -95,7 +95,10 @@ case "$cmd" in
     echo "beside $busy busy processes (one a core), for the whole run" >&2
     hogs=()
     for _ in $(seq "$busy"); do
-      .venv/bin/python -c "while True: pass" & hogs+=($!)
+      # a busy loop that ends with this script, however it ends
+      .venv/bin/python -c "import os
+parent = os.getppid()
+while os.getppid() == parent: pass" & hogs+=($!)
     done
     trap 'kill "${hogs[@]}" 2>/dev/null' EXIT
     status=0

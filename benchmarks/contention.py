@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import race  # the race's servers and blocks, shared
 
 from ninfer._artifacts import DEFAULT_MODEL, cache_dir, resolve_model
+from ninfer.tools._identity import HOG
 
-HOG = "while True:\n    pass\n"
 
 
 @contextlib.contextmanager

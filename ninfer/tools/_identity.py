@@ -19,7 +19,8 @@ import trio
 
 __all__ = ["Outcome", "busy_processes", "loaded", "prompts", "reference", "solo_calls"]
 
-HOG = "while True:\n    pass\n"
+# A busy loop that ends when the process that started it is gone (never outlives it).
+HOG = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
 SUBJECTS = ["lighthouses", "volcanoes", "honey bees", "the Roman roads", "glaciers",
             "tide pools", "paper making", "the printing press", "owls", "sourdough bread",
             "coral reefs", "the violin", "windmills", "desert foxes", "the Silk Road",

@@ -24,6 +24,9 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 
 #include <chrono>
 #include <cmath>
@@ -138,6 +141,10 @@ int main(int argc, char** argv) {
   for (int i = 0; i < busy; i++) {
     const pid_t pid = fork();
     if (pid == 0) {
+#if defined(__linux__)
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // a busy process never outlives the program
+      if (getppid() == 1) _exit(0);      // (the program already gone)
+#endif
       volatile uint64_t sink = 0;
       for (uint64_t x = static_cast<uint64_t>(i);; x++) sink = busy_work(x, 1 << 20);
     }
