@@ -39,7 +39,6 @@ from ninfer._artifacts import DEFAULT_MODEL, cache_dir, resolve_model
 from ninfer.tools._identity import HOG
 
 
-
 @contextlib.contextmanager
 def hogs(count: int) -> Any:
     procs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(count)]
