@@ -4,9 +4,10 @@ each CPU capability torch can be held to, as an AVX2-only or a plain x86-64 mach
 would dispatch them (the default server once answered in French on AVX2 CPUs while
 the suite was green on AVX-512: issue 27). The native capability is the suite itself.
 Under `default` (scalar code everywhere: every real-model start-up there takes
-minutes of the suite) only what decides an answer runs again: the self-checks of both
-kernels, the README's answer and the float64 logits; the SDK's answer and the rest run
-under avx2.
+minutes of the suite) only what decides an answer runs again: the README's answer (its
+engine's start-up runs the native kernels' whole self-check, which the test asserts),
+torch's self-check and the float64 logits; the SDK's answer, the native self-check
+run on its own (with speculation's) and the rest run under avx2.
 
 ATEN_CPU_CAPABILITY holds ATen's own kernels (the int4 kernel, norms, softmax, ...)
 to a capability, and ninfer's native kernels to their build for it (plain x86-64, AVX2);
@@ -42,14 +43,16 @@ TORCH_NAMES = {"avx2": "AVX2", "default": "DEFAULT"}
 TESTS = [
     "tests/test_realmodel_engine.py::test_chatml_prompt_tokenizes_and_greedy_reply_is_paris",
     "tests/test_selfcheck.py::test_the_check_runs_on_the_real_default_model_within_its_tolerances",
-    "tests/test_selfcheck.py::test_the_native_check_runs_on_the_real_default_model_within_its_tolerances",
     "tests/test_model.py::test_logits_equal_an_independent_float64_forward",
 ]
-# Under avx2 only: the SDK's answer over HTTP and the int4 head; the prefix-cache test
-# (its 1,000-token prompts take minutes on ATen's scalar int4 kernel); the fidelity test
+# Under avx2 only: the native self-check on its own (the README's answer's engine ran
+# it at start-up under both), the SDK's answer over HTTP and the int4 head; the
+# prefix-cache test (its 1,000-token prompts take minutes on ATen's scalar int4
+# kernel); the fidelity test
 # (HTTP batches and the prefix cache against the engine alone, bit for bit), which
 # caught MKL's AVX2 kernel computing attention rows by the row count.
 AVX2_TESTS = [
+    "tests/test_selfcheck.py::test_the_native_check_runs_on_the_real_default_model_within_its_tolerances",
     "tests/test_openai.py::test_real_model_through_the_sync_openai_sdk",
     "tests/test_model.py::test_the_head_gives_float32_logits_in_int4_mode",
     "tests/test_realmodel_engine.py::test_the_prefix_cache_changes_no_bit_of_an_answer",

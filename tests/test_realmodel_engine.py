@@ -20,9 +20,18 @@ FRANCE_IDS = [
 
 def test_chatml_prompt_tokenizes_and_greedy_reply_is_paris(real_gguf: Path) -> None:
     """The ChatML prompt gives the 37 reference ids; the float32 greedy reply names Paris
-    and stops at <|im_end|>."""
+    and stops at <|im_end|>; and the engine that answered passed every path of its
+    self-check, the native kernels' each where it runs on them (the capability re-runs
+    rely on this for the native self-check under the plain x86-64 build)."""
     running = start_engine(real_gguf, EngineConfig(max_batch=2, kv_capacity=1024))
     try:
+        served = running.engine.served()
+        checks = {c.path: c for c in served.self_check}
+        assert all(c.ok for c in checks.values()), served.self_check
+        native = {"native_dequant", "native_matmul", "native_head", "native_attention",
+                  "native_layers", "native_final_norm", "native_top_p"}  # fmt: skip
+        if served.kernels.startswith("native"):
+            assert native <= set(checks)
         tok = running.model.tokenizer
         assert tok.chat_template is not None
         prompt = tok.chat_template.render(
