@@ -21,7 +21,9 @@ PY="${PYTHON:-python3}"
 
 quiet_pip() {
   # pip warns about every index location this machine does not have; keep real errors.
-  .venv/bin/python -m pip install -q --disable-pip-version-check "$@" \
+  # --no-compile: pip would byte-compile every file of every package (torch's thousands:
+  # 44 s of a fresh set-up on 2 cores); Python compiles what is imported, once, instead.
+  .venv/bin/python -m pip install -q --no-compile --disable-pip-version-check "$@" \
     2> >(grep -v -e 'is ignored: it is neither a file nor a directory' >&2)
 }
 
