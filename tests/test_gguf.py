@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import counting_tokenizer
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tinymodel import write_tiny_gguf
 
@@ -311,6 +311,7 @@ _PIECES = ["a", "b", "é", "1", "23", " ", "  ", "\n", "\t", "'s", "!", ".", "x 
 
 
 @settings(max_examples=150)
+@example(parts=[], limit=0, special=True)  # a BOS-adding vocabulary's empty text: 1 token
 @given(
     parts=st.lists(st.sampled_from(_PIECES), max_size=80),
     limit=st.integers(0, 60),

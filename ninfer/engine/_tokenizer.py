@@ -311,6 +311,8 @@ class TextTokenizer:
         tokens' worth of work for a text far over it."""
         parts = self._parts(prompt, special=special)
         count = 1 if self.add_bos and self.bos_id is not None and parts[:1] != [self.bos_id] else 0
+        if count > limit:  # the BOS token alone (an empty text has no part)
+            return True
         for part in parts:
             pieces = self._pieces(part) if isinstance(part, str) else [part]
             for piece in pieces:
