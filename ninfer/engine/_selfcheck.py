@@ -258,7 +258,7 @@ class SelfCheck:
                 return 1.0
             values.append(got_codes.double() * got_scales.double())
         q, _, _ = self._probe_qkv()
-        scale = a.head_dim**-0.5 if a.attn_scale is None else a.attn_scale
+        scale = _attn_scale(a)
         fast = _native.attention(
             q, int8, 0, table, torch.zeros(N, dtype=torch.long), positions,
             window=0, scale=scale, softcap=a.attn_softcap,
@@ -297,7 +297,7 @@ class SelfCheck:
             softcap=a.attn_softcap,
             quantum=self.model.attn_quantum,
         )[0].transpose(0, 1)  # (N, H, D)
-        scale = D**-0.5 if a.attn_scale is None else a.attn_scale
+        scale = _attn_scale(a)
         k64, v64 = values
         ref = _reference_attention(q, k64, v64, positions, 0, scale, a.attn_softcap)
         return _rel(fast.reshape(-1, D).cpu(), ref.reshape(-1, D))
@@ -381,7 +381,7 @@ class SelfCheck:
         table, positions, write_page, offsets = self._prompt_plan(N, kv.page_size)
         kv.k[0, write_page, :, :, offsets] = k.float()  # transposed: (.., D, S)
         kv.v[0, write_page, :, offsets] = v.float()
-        scale = D**-0.5 if a.attn_scale is None else a.attn_scale
+        scale = _attn_scale(a)
         fast = _native.attention(
             q,
             kv,
@@ -453,7 +453,7 @@ class SelfCheck:
             table = self.model.rope_local
         rot = table.at(positions).to(torch.complex128).view(N, 1, D // 2)
         q, k = _rotate64(q, rot, a.rope_neox), _rotate64(k, rot, a.rope_neox)
-        scale = D**-0.5 if a.attn_scale is None else a.attn_scale
+        scale = _attn_scale(a)
         window = a.sliding_window if lay.local else 0
         attn = _reference_attention(q, k, v, positions, window, scale, a.attn_softcap)
         out = attn.reshape(N, H * D) @ self._reference(i, "wo").T
@@ -631,7 +631,7 @@ class SelfCheck:
             softcap=a.attn_softcap,
             quantum=self.model.attn_quantum,
         )[0]  # (H, N, D)
-        scale = D**-0.5 if a.attn_scale is None else a.attn_scale
+        scale = _attn_scale(a)
         kh = k.repeat_interleave(H // G, dim=1).transpose(0, 1)  # (H, N, D)
         vh = v.repeat_interleave(H // G, dim=1).transpose(0, 1)
         scores = q.transpose(0, 1) @ kh.transpose(1, 2) * scale  # (H, N, N)
@@ -796,6 +796,11 @@ def _split_qkv(qkv: torch.Tensor, a: ModelArgs) -> tuple[torch.Tensor, torch.Ten
     k = qkv[:, H * D : H * D + G * D].reshape(N, G, D)
     v = qkv[:, H * D + G * D :].reshape(N, G, D)
     return q, k, v
+
+
+def _attn_scale(a: ModelArgs) -> float:
+    """What attention's scores are scaled by: the model's own, else 1/sqrt(head dim)."""
+    return a.head_dim**-0.5 if a.attn_scale is None else a.attn_scale
 
 
 def _reference_rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
