@@ -5,6 +5,7 @@ sharing a call; packing keeps every value the file stores, exactly."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -274,13 +275,17 @@ def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "head_dim", "window", "softcap", "int8"),
     [(9, 3, 64, 0, 0.0, False), (4, 1, 256, 0, 0.0, False), (4, 2, 32, 40, 0.0, False),
-     (8, 8, 16, 0, 30.0, False), (6, 2, 48, 0, 0.0, True)],
+     (8, 8, 16, 0, 30.0, False), (6, 2, 48, 0, 0.0, True), (12, 1, 32, 21, 0.0, True),
+     (80, 1, 16, 0, 0.0, False)],
 )  # fmt: skip
 def test_attention_over_the_page_pool(heads: int, kv_heads: int, head_dim: int, window: int,
                                       softcap: float, int8: bool) -> None:  # fmt: skip
     """A row's queries over its keys and values on scattered pages: within 1e-5 of float64
     (of the values the pool holds), and each query's numbers the same alone, among the
-    others, in any build and at any thread count."""
+    others, in blocks cut anywhere (a prompt's chunks), beside another row's queries (a
+    decode batch), in any build and at any thread count. The shapes give blocks of 16
+    queries, of 5 (12 heads a kv head) and of one query with more heads than a block
+    aims at (80)."""
     torch.manual_seed(0)
     n_keys = 150
     kv = _pool(2, 24, kv_heads, head_dim, int8)
@@ -304,13 +309,19 @@ def test_attention_over_the_page_pool(heads: int, kv_heads: int, head_dim: int, 
     else:
         kv.k[layer, page, :, :, slot] = k
         kv.v[layer, page, :, slot] = v
+    # a second row holding the same keys and values on other pages
+    pages = torch.cat([pages, torch.tensor([[2, 5, 7, 8, 10, 12, 13, 15, 16, 18]])])
+    for store in (kv.k, kv.v, kv.k_scale, kv.v_scale):
+        if store is not None:
+            store[layer, pages[1]] = store[layer, pages[0]]
     q = torch.randn(n_keys, heads, head_dim)
     scale = head_dim**-0.5
     ref = _reference_attention(q, k, v, positions, window, scale, softcap)
     row = torch.zeros(n_keys, dtype=torch.long)
 
-    def run(idx: torch.Tensor) -> torch.Tensor:
-        return _native.attention(q[idx], kv, layer, pages, row[idx], positions[idx],
+    def run(idx: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        which = row[idx] if rows is None else rows
+        return _native.attention(q[idx], kv, layer, pages, which, positions[idx],
                                  window=window, scale=scale, softcap=softcap)  # fmt: skip
 
     OPS.configure("default", 1, 100)
@@ -323,6 +334,12 @@ def test_attention_over_the_page_pool(heads: int, kv_heads: int, head_dim: int, 
             assert torch.equal(run(every), out), (isa, threads)
             some = torch.tensor([149, 3, 77, 16, 15, 0])
             assert torch.equal(run(some), out[some]), (isa, threads)
+            cuts = (0, 37, 38, 101, n_keys)
+            chunks = [run(every[a:b]) for a, b in itertools.pairwise(cuts)]
+            assert torch.equal(torch.cat(chunks), out), (isa, threads)
+            batch = torch.tensor([148, 148, 60, 61, 0, 90])
+            rows = torch.tensor([0, 1, 1, 0, 1, 1])
+            assert torch.equal(run(batch, rows), out[batch]), (isa, threads)
 
 
 def test_the_engine_runs_on_the_native_kernels_by_default(tiny_gguf: Any) -> None:

@@ -91,7 +91,17 @@ struct Attention {
   int32_t window;             // > 0: only the keys less than this far behind
   float scale;                // scores are scale * q.k
   float softcap;              // > 0: scores -> softcap * tanh(scores / softcap)
+  // The queries in blocks: block b is queries block[b]..block[b + 1] - 1, all of one row,
+  // at most kMaxBlockHeads query heads of a kv head (a block of one query may hold more
+  // up to that bound). Blocks share loads, never numbers (kernels.h, attention).
+  const int32_t* block;       // (blocks + 1,)
+  int32_t blocks;
 };
+
+// A block aims at kBlockHeads query heads of a kv head (its queries' scores stay in a
+// core's cache); no kv head may have more than kMaxBlockHeads query heads.
+constexpr int kBlockHeads = 64;
+constexpr int kMaxBlockHeads = 256;
 
 struct Kernels {
   const char* name;
@@ -107,8 +117,8 @@ struct Kernels {
   void (*rmsnorm)(const float* x, const float* weight, int dim, float eps, float* out);
   // one row of a gate/up output (2 * ffn): out = act(gate) * up (act: SiLU, or GELU-tanh)
   void (*gated)(const float* gate_up, int ffn, int gelu, float* out);
-  // queries [i0, i1) x kv heads (items i = query * g + kv head); scratch: 8 x (the most
-  // keys a query sees, rounded up to 16, plus 16) floats
+  // blocks [i0, i1) x kv heads (item i: block i / g, kv head i % g); scratch: the most
+  // query heads a block has x (head dim + the most keys a query sees + 32) floats
   void (*attention)(const Attention& a, int i0, int i1, float* scratch);
   // the vector functions on n floats (what the tests compare with float64): 0 exp,
   // 1 tanh, 2 silu, 3 gelu-tanh

@@ -307,125 +307,303 @@ static void gated(const float* gate_up, int ffn, int gelu, float* out) {
   }
 }
 
-// Attention for one query and one kv head's queries (heads per group). Keys are stored
-// transposed in each page (a head's page is [D][S]: element d of 16 consecutive keys is
-// one vector), so a score vector holds 16 keys: score = scale * (sum over d, in order, of
-// q[d] * k[d], one fused multiply-add a term). Then the maximum of the keys the query sees
-// (a window's, or all up to its position), e^(score - max) (vexp), their sum in key order
-// and the weighted sum of the values in key order. Nothing depends on which other
-// queries, rows or keys share the call, nor on the page a key sits in.
-template <int P>
-static void attend_heads(const Attention& a, int n, int g, int h0, float* scratch) {
-  const int d = a.d, S = a.s, chunks = d / 16;
-  const int64_t pos = a.position[n];
-  const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
-  const int64_t base = first / 16 * 16;  // scores are kept from this key, in whole vectors
-  const int64_t span = pos + 1 - base;
-  const int64_t padded = (span + 15) / 16 * 16;
-  const int64_t* pages = a.page_table + a.row[n] * a.p;
-  const size_t head_block = static_cast<size_t>(S) * d;  // one head's page of keys or values
-  const float* qh[P];
-  for (int i = 0; i < P; i++) qh[i] = a.q + (static_cast<size_t>(n) * a.h + h0 + i) * d;
-  float* sc[P];
-  for (int i = 0; i < P; i++) sc[i] = scratch + i * padded;
+// Attention, a block of queries of one row at a time (api.h's `block`) against one kv
+// head: every query head of the block that sees a vector of 16 keys shares its loads, and
+// the values are read a tile of keys at a time for all of them, so a key is read from
+// memory once a block, not once a query. Each query head's own numbers are computed in
+// one fixed order that nothing else in the call changes:
+//   score of key j = scale * (sum over d, in order, of q[d] * k_j[d], one fma a term),
+//     (softcapped), -inf for a key the query does not see (before its window, after its
+//     position); scores are kept from its first key rounded down to 16, in whole vectors;
+//   m = the largest score it sees; e_j = exp(score_j - m) (vexp);
+//   total = e_first + e_first+1 + ... + e_position, added in key order;
+//   o = sum over its keys in key order of e_j * v_j (one fma a key and lane), / total.
+// So a query's output does not depend on the other queries, rows or keys of its call, on
+// which block or tile it falls in, nor on the page a key sits in: the same bits in a
+// prefill of thousands of tokens as in a decode step of one.
+
+// How many query heads share each key vector's loads (scores) and each value row's (the
+// weighted sums): as many accumulators as the registers hold.
+#if defined(NINFER_ISA_AVX512)
+constexpr int kScoreHeads = 8, kValueHeads = 4;
+#else
+constexpr int kScoreHeads = 4, kValueHeads = 2;
+#endif
+
+// The hot loops' helpers, always inlined: a call would pass their vectors through memory.
+#define NINFER_INLINE static inline __attribute__((always_inline))
+#define NINFER_LAMBDA __attribute__((always_inline))
+
+struct QueryHead {
+  const float* q;  // d floats
+  float* sc;       // its scores, then their exponentials: key j at sc[j - origin]
+  float* o;        // d floats: its weighted sum of values so far
+  int64_t first, pos, base;  // it sees keys first..pos; scored from base (first, down to 16)
+};
+
+struct Block {
+  const Attention* a;
+  const int64_t* pages;  // the row's page table
+  int g;                 // the kv head
+  int64_t origin;        // the lowest base of the block's queries
+  size_t head_block;     // one head's page of keys or values: S x D
+};
+
+// One page's kv head g block of keys or values.
+NINFER_INLINE size_t head_offset(const Block& b, int64_t key) {
+  return (static_cast<size_t>(b.pages[key / b.a->s]) * b.a->g + b.g) * b.head_block;
+}
+
+// The scores of keys key0..key0 + 15 (key0 a multiple of 16) for M query heads.
+template <int M>
+static void score_vector(const Block& b, int64_t key0, QueryHead* const* xs) {
+  const Attention& a = *b.a;
+  const int d = a.d, S = a.s;
+  const int slot0 = static_cast<int>(key0 % S);
+  const size_t head = head_offset(b, key0);
+  V16 acc[M];
+  for (int i = 0; i < M; i++) acc[i] = vzero();
+  if (a.k_scale == nullptr) {
+    const float* k = static_cast<const float*>(a.k) + head + slot0;
+    for (int dd = 0; dd < d; dd++) {
+      const V16 kv = vload(k + static_cast<size_t>(dd) * S);
+      for (int i = 0; i < M; i++) acc[i] = vfma(vset1(xs[i]->q[dd]), kv, acc[i]);
+    }
+  } else {
+    const int8_t* k = static_cast<const int8_t*>(a.k) + head + slot0;
+    const V16 ks = vload(a.k_scale + head / d + slot0);
+    for (int dd = 0; dd < d; dd++) {
+      const V16 kv = vmul(vbytes(k + static_cast<size_t>(dd) * S), ks);
+      for (int i = 0; i < M; i++) acc[i] = vfma(vset1(xs[i]->q[dd]), kv, acc[i]);
+    }
+  }
   alignas(64) float lane_key[16];
-  for (int l = 0; l < 16; l++) lane_key[l] = static_cast<float>(l);
-  const V16 lanes = vload(lane_key);
+  for (int l = 0; l < 16; l++) lane_key[l] = static_cast<float>(key0 + l);
+  const V16 key = vload(lane_key);
   const V16 scale = vset1(a.scale);
-  for (int64_t key0 = base; key0 <= pos; key0 += 16) {
-    const int64_t page = pages[key0 / S];
-    const int slot0 = static_cast<int>(key0 % S);
-    const size_t block = (static_cast<size_t>(page) * a.g + g) * head_block;
-    V16 acc[P];
-    for (int i = 0; i < P; i++) acc[i] = vzero();
-    if (a.k_scale == nullptr) {
-      const float* k = static_cast<const float*>(a.k) + block + slot0;
-      for (int dd = 0; dd < d; dd++) {
-        const V16 kv = vload(k + static_cast<size_t>(dd) * S);
-        for (int i = 0; i < P; i++) acc[i] = vfma(vset1(qh[i][dd]), kv, acc[i]);
+  for (int i = 0; i < M; i++) {
+    V16 s = vmul(acc[i], scale);
+    if (a.softcap > 0) s = vmul(vtanh(vdiv(s, vset1(a.softcap))), vset1(a.softcap));
+    s = vselect_lt(key, vset1(static_cast<float>(xs[i]->first)), vset1(-INFINITY), s);
+    s = vselect_lt(vset1(static_cast<float>(xs[i]->pos)), key, vset1(-INFINITY), s);
+    vstore(xs[i]->sc + (key0 - b.origin), s);
+  }
+}
+
+// Calls row(j, v) for keys j = j0..j1 in order, v: value row j's lanes [c0 * 16, (c0 + C)
+// * 16) as floats; the rows are found a page at a time (a key's row follows the last one
+// within its page).
+template <int C, class Row>
+NINFER_INLINE void value_rows(const Block& b, int64_t j0, int64_t j1, int c0, Row row) {
+  const Attention& a = *b.a;
+  const int64_t S = a.s;
+  for (int64_t j = j0; j <= j1;) {
+    const int64_t end = std::min(j1, (j / S + 1) * S - 1);  // the last key of j's page
+    const size_t at = head_offset(b, j) + static_cast<size_t>(j % S) * a.d;
+    if (a.v_scale == nullptr) {
+      const float* vp = static_cast<const float*>(a.v) + at + c0 * 16;
+      for (; j <= end; j++, vp += a.d) {
+        V16 v[C];
+        for (int c = 0; c < C; c++) v[c] = vload(vp + c * 16);
+        row(j, v);
       }
     } else {
-      const int8_t* k = static_cast<const int8_t*>(a.k) + block + slot0;
-      const V16 ks = vload(a.k_scale + (static_cast<size_t>(page) * a.g + g) * S + slot0);
-      for (int dd = 0; dd < d; dd++) {
-        const V16 kv = vmul(vbytes(k + static_cast<size_t>(dd) * S), ks);
-        for (int i = 0; i < P; i++) acc[i] = vfma(vset1(qh[i][dd]), kv, acc[i]);
+      const int8_t* vp = static_cast<const int8_t*>(a.v) + at + c0 * 16;
+      const float* sp = a.v_scale + at / a.d;
+      for (; j <= end; j++, vp += a.d, sp++) {
+        const V16 vs = vset1(*sp);
+        V16 v[C];
+        for (int c = 0; c < C; c++) v[c] = vmul(vbytes(vp + c * 16), vs);
+        row(j, v);
       }
-    }
-    // keys the query does not see (before the window, after its position): -inf
-    const V16 key = vadd(vset1(static_cast<float>(key0)), lanes);
-    const V16 lo = vset1(static_cast<float>(first)), hi = vset1(static_cast<float>(pos));
-    for (int i = 0; i < P; i++) {
-      V16 s = vmul(acc[i], scale);
-      if (a.softcap > 0) s = vmul(vtanh(vdiv(s, vset1(a.softcap))), vset1(a.softcap));
-      s = vselect_lt(key, lo, vset1(-INFINITY), s);
-      s = vselect_lt(hi, key, vset1(-INFINITY), s);
-      vstore(sc[i] + (key0 - base), s);
-    }
-  }
-  const int64_t skip = first - base;  // the window's first key among the scores
-  for (int i = 0; i < P; i++) {
-    float mx = -INFINITY;
-    for (int64_t j = skip; j < span; j++) mx = sc[i][j] > mx ? sc[i][j] : mx;
-    const V16 mv = vset1(mx);
-    for (int64_t j = 0; j < padded; j += 16) vstore(sc[i] + j, vexp(vsub(vload(sc[i] + j), mv)));
-  }
-  float total[P];
-  for (int i = 0; i < P; i++) {
-    total[i] = 0.0f;
-    for (int64_t j = skip; j < span; j++) total[i] += sc[i][j];
-  }
-  for (int c0 = 0; c0 < chunks; c0 += 4) {  // four 16-lane slices of the head at a time
-    const int cs = std::min(4, chunks - c0);
-    V16 o[P][4];
-    for (int i = 0; i < P; i++)
-      for (int c = 0; c < 4; c++) o[i][c] = vzero();
-    for (int64_t j = skip; j < span; j++) {
-      const int64_t key = base + j;
-      const size_t slot = (static_cast<size_t>(pages[key / S]) * a.g + g) * head_block +
-                          static_cast<size_t>(key % S) * d + c0 * 16;
-      V16 v[4];
-      if (a.v_scale == nullptr) {
-        const float* vp = static_cast<const float*>(a.v) + slot;
-        for (int c = 0; c < cs; c++) v[c] = vload(vp + c * 16);
-      } else {
-        const int8_t* vp = static_cast<const int8_t*>(a.v) + slot;
-        const V16 vs = vset1(a.v_scale[(slot - c0 * 16) / d]);
-        for (int c = 0; c < cs; c++) v[c] = vmul(vbytes(vp + c * 16), vs);
-      }
-      for (int i = 0; i < P; i++) {
-        const V16 p = vset1(sc[i][j]);
-        for (int c = 0; c < cs; c++) o[i][c] = vfma(p, v[c], o[i][c]);
-      }
-    }
-    for (int i = 0; i < P; i++) {
-      float* out = a.out + (static_cast<size_t>(n) * a.h + h0 + i) * d + c0 * 16;
-      const V16 tv = vset1(total[i]);
-      for (int c = 0; c < cs; c++) vstore(out + c * 16, vdiv(o[i][c], tv));
     }
   }
 }
 
-// scratch: room for 8 heads' scores of the longest query's keys (plus 32)
-static void attention(const Attention& a, int i0, int i1, float* scratch) {
-  const int per_group = a.h / a.g;
-  for (int item = i0; item < i1; item++) {
-    const int n = item / a.g, g = item % a.g;
-    for (int h = 0; h < per_group;) {
-      const int count = std::min(8, per_group - h);
-      const int h0 = g * per_group + h;
-      switch (count) {
-        case 1: attend_heads<1>(a, n, g, h0, scratch); break;
-        case 2: attend_heads<2>(a, n, g, h0, scratch); break;
-        case 3: attend_heads<3>(a, n, g, h0, scratch); break;
-        case 4: attend_heads<4>(a, n, g, h0, scratch); break;
-        case 5: attend_heads<5>(a, n, g, h0, scratch); break;
-        case 6: attend_heads<6>(a, n, g, h0, scratch); break;
-        case 7: attend_heads<7>(a, n, g, h0, scratch); break;
-        default: attend_heads<8>(a, n, g, h0, scratch); break;
+// One query head's weighted sums over keys [j0, j1], lanes [c0 * 16, (c0 + C) * 16).
+template <int C>
+NINFER_INLINE void weigh_one(const Block& b, const QueryHead& x, int64_t j0, int64_t j1, int c0, V16* o) {
+  const float* p = x.sc - b.origin;
+  value_rows<C>(b, j0, j1, c0, [&](int64_t j, const V16* v) NINFER_LAMBDA {
+    const V16 pj = vset1(p[j]);
+    for (int c = 0; c < C; c++) o[c] = vfma(pj, v[c], o[c]);
+  });
+}
+
+// M query heads' weighted sums over the keys of [t0, t1] each sees, lanes [c0 * 16,
+// (c0 + C) * 16): the keys all of them see with each value row read once, the others
+// before and after them one head at a time, so each head's keys still go in key order.
+template <int M, int C>
+static void weigh_tile(const Block& b, QueryHead* const* xs, int64_t t0, int64_t t1, int c0) {
+  int64_t lo[M], hi[M];
+  int64_t joint0 = t0, joint1 = t1;
+  for (int i = 0; i < M; i++) {
+    lo[i] = std::max(xs[i]->first, t0);
+    hi[i] = std::min(xs[i]->pos, t1);
+    joint0 = std::max(joint0, lo[i]);
+    joint1 = std::min(joint1, hi[i]);
+  }
+  V16 o[M][C];
+  for (int i = 0; i < M; i++)
+    for (int c = 0; c < C; c++) o[i][c] = vload(xs[i]->o + (c0 + c) * 16);
+  if (joint0 > joint1) {  // no key they all see: one at a time
+    for (int i = 0; i < M; i++) weigh_one<C>(b, *xs[i], lo[i], hi[i], c0, o[i]);
+  } else {
+    for (int i = 0; i < M; i++) weigh_one<C>(b, *xs[i], lo[i], joint0 - 1, c0, o[i]);
+    const float* p[M];
+    for (int i = 0; i < M; i++) p[i] = xs[i]->sc - b.origin;
+    value_rows<C>(b, joint0, joint1, c0, [&](int64_t j, const V16* v) NINFER_LAMBDA {
+      for (int i = 0; i < M; i++) {
+        const V16 pj = vset1(p[i][j]);
+        for (int c = 0; c < C; c++) o[i][c] = vfma(pj, v[c], o[i][c]);
       }
-      h += count;
+    });
+    for (int i = 0; i < M; i++) weigh_one<C>(b, *xs[i], joint1 + 1, hi[i], c0, o[i]);
+  }
+  for (int i = 0; i < M; i++)
+    for (int c = 0; c < C; c++) vstore(xs[i]->o + (c0 + c) * 16, o[i][c]);
+}
+
+template <int M>
+static void weigh_tile_lanes(const Block& b, QueryHead* const* xs, int64_t t0, int64_t t1) {
+  const int chunks = b.a->d / 16;
+  int c0 = 0;
+  for (; c0 + 4 <= chunks; c0 += 4) weigh_tile<M, 4>(b, xs, t0, t1, c0);
+  switch (chunks - c0) {
+    case 1: weigh_tile<M, 1>(b, xs, t0, t1, c0); break;
+    case 2: weigh_tile<M, 2>(b, xs, t0, t1, c0); break;
+    case 3: weigh_tile<M, 3>(b, xs, t0, t1, c0); break;
+    default: break;
+  }
+}
+
+// Each of M query heads' total: the sum of its exponentials over its keys in key order,
+// the chains side by side over the keys all of them see (each head's own first and last
+// keys alone).
+template <int M>
+static void ordered_totals(const Block& b, QueryHead* const* xs, float* total) {
+  const float* r[M];
+  float t[M];
+  int64_t joint0 = 0, joint1 = INT64_MAX;
+  for (int i = 0; i < M; i++) {
+    r[i] = xs[i]->sc - b.origin;
+    t[i] = 0.0f;
+    joint0 = std::max(joint0, xs[i]->first);
+    joint1 = std::min(joint1, xs[i]->pos);
+  }
+  if (joint0 > joint1) joint0 = INT64_MAX, joint1 = INT64_MAX - 1;  // none shared
+  for (int i = 0; i < M; i++)
+    for (int64_t j = xs[i]->first; j <= std::min(xs[i]->pos, joint0 - 1); j++) t[i] += r[i][j];
+  for (int64_t j = joint0; j <= joint1; j++)
+    for (int i = 0; i < M; i++) t[i] += r[i][j];
+  for (int i = 0; i < M; i++)
+    for (int64_t j = std::max(xs[i]->first, joint1 + 1); j <= xs[i]->pos; j++) t[i] += r[i][j];
+  for (int i = 0; i < M; i++) total[i] = t[i];
+}
+
+// Queries [n0, n1) (one row's) against kv head g. scratch: attention_scratch floats.
+static void attend_block(const Attention& a, int n0, int n1, int g, float* scratch) {
+  const int per_group = a.h / a.g, d = a.d;
+  const int heads = (n1 - n0) * per_group;
+  Block b{&a, a.page_table + a.row[n0] * a.p, g, 0, static_cast<size_t>(a.s) * d};
+  int64_t origin = INT64_MAX, last = 0;
+  for (int n = n0; n < n1; n++) {
+    const int64_t first = a.window > 0 ? std::max<int64_t>(0, a.position[n] - a.window + 1) : 0;
+    origin = std::min(origin, first / 16 * 16);
+    last = std::max(last, a.position[n]);
+  }
+  b.origin = origin;
+  const int64_t stride = (last + 1 - origin + 15) / 16 * 16;
+  QueryHead xs[ninfer::kMaxBlockHeads];
+  QueryHead* all[ninfer::kMaxBlockHeads];
+  float* o = scratch;  // heads x d, then heads x stride of scores
+  for (int n = n0; n < n1; n++) {
+    const int64_t first = a.window > 0 ? std::max<int64_t>(0, a.position[n] - a.window + 1) : 0;
+    for (int i = 0; i < per_group; i++) {
+      const int x = (n - n0) * per_group + i;
+      xs[x].q = a.q + (static_cast<size_t>(n) * a.h + g * per_group + i) * d;
+      xs[x].o = o + static_cast<size_t>(x) * d;
+      xs[x].sc = scratch + static_cast<size_t>(heads) * d + static_cast<size_t>(x) * stride;
+      xs[x].first = first;
+      xs[x].pos = a.position[n];
+      xs[x].base = first / 16 * 16;
+      all[x] = &xs[x];
     }
+  }
+  // scores: each vector of 16 keys once, for every query head that sees it
+  QueryHead* sel[ninfer::kMaxBlockHeads];
+  for (int64_t key0 = origin; key0 <= last; key0 += 16) {
+    int m = 0;
+    for (int x = 0; x < heads; x++)
+      if (xs[x].base <= key0 && key0 <= xs[x].pos) sel[m++] = &xs[x];
+    for (int i = 0; i < m; i += kScoreHeads) {
+      switch (std::min(kScoreHeads, m - i)) {
+        case 1: score_vector<1>(b, key0, sel + i); break;
+        case 2: score_vector<2>(b, key0, sel + i); break;
+        case 3: score_vector<3>(b, key0, sel + i); break;
+        case 4: score_vector<4>(b, key0, sel + i); break;
+        case 5: score_vector<5>(b, key0, sel + i); break;
+        case 6: score_vector<6>(b, key0, sel + i); break;
+        case 7: score_vector<7>(b, key0, sel + i); break;
+        default: score_vector<8>(b, key0, sel + i); break;
+      }
+    }
+  }
+  // each head's largest score (max is exact in any order: the vectors' lanes, then across
+  // them; a max of 0 may come out -0 or +0, which changes no difference below), the
+  // exponentials, and the totals, a query's heads' chains side by side
+  float total[ninfer::kMaxBlockHeads];
+  for (int x = 0; x < heads; x++) {
+    QueryHead& h = xs[x];
+    float* s = h.sc + (h.base - origin);
+    const int64_t padded = (h.pos + 1 - h.base + 15) / 16 * 16;
+    V16 mv = vset1(-INFINITY);
+    for (int64_t j = 0; j < padded; j += 16) mv = vmax(vload(s + j), mv);
+    mv = vset1(vmaxall(mv));
+    for (int64_t j = 0; j < padded; j += 16) vstore(s + j, vexp(vsub(vload(s + j), mv)));
+    for (int c = 0; c < d; c += 16) vstore(h.o + c, vzero());
+  }
+  for (int x = 0; x < heads; x += 8) {
+    switch (std::min(8, heads - x)) {
+      case 1: ordered_totals<1>(b, all + x, total + x); break;
+      case 2: ordered_totals<2>(b, all + x, total + x); break;
+      case 3: ordered_totals<3>(b, all + x, total + x); break;
+      case 4: ordered_totals<4>(b, all + x, total + x); break;
+      case 5: ordered_totals<5>(b, all + x, total + x); break;
+      case 6: ordered_totals<6>(b, all + x, total + x); break;
+      case 7: ordered_totals<7>(b, all + x, total + x); break;
+      default: ordered_totals<8>(b, all + x, total + x); break;
+    }
+  }
+  // the weighted sums of the values, a tile of keys at a time (it stays in cache while
+  // every head of the block reads it)
+  int64_t lowest = last;
+  for (int x = 0; x < heads; x++) lowest = std::min(lowest, xs[x].first);
+  const int64_t tile = std::max(16, 8192 / d);
+  for (int64_t t0 = lowest; t0 <= last; t0 += tile) {
+    const int64_t t1 = std::min(last, t0 + tile - 1);
+    for (int x = 0; x < heads; x += kValueHeads) {
+      switch (std::min(kValueHeads, heads - x)) {
+        case 1: weigh_tile_lanes<1>(b, all + x, t0, t1); break;
+        case 2: weigh_tile_lanes<2>(b, all + x, t0, t1); break;
+        case 3: weigh_tile_lanes<3>(b, all + x, t0, t1); break;
+        default: weigh_tile_lanes<4>(b, all + x, t0, t1); break;
+      }
+    }
+  }
+  for (int x = 0; x < heads; x++) {
+    const int n = n0 + x / per_group, i = x % per_group;
+    float* out = a.out + (static_cast<size_t>(n) * a.h + g * per_group + i) * d;
+    const V16 tv = vset1(total[x]);
+    for (int c = 0; c < d; c += 16) vstore(out + c, vdiv(vload(xs[x].o + c), tv));
+  }
+}
+
+// items [i0, i1): item i is block i / g against kv head i % g
+static void attention(const Attention& a, int i0, int i1, float* scratch) {
+  for (int item = i0; item < i1; item++) {
+    const int blk = item / a.g, g = item % a.g;
+    attend_block(a, a.block[blk], a.block[blk + 1], g, scratch);
   }
 }
 

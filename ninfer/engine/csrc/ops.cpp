@@ -311,6 +311,7 @@ void attend(const float* q, float* out, int64_t n, int64_t heads, const at::Tens
             const at::Tensor& v_pool, Pool5 k, Pool5 v, const int64_t* table, int64_t table_width,
             const int64_t* row, const int64_t* position, int64_t window, double scale,
             double softcap) {
+  if (n == 0) return;
   Attention a{};
   a.q = q;
   a.out = out;
@@ -330,13 +331,25 @@ void attend(const float* q, float* out, int64_t n, int64_t heads, const at::Tens
   a.window = static_cast<int32_t>(window);
   a.scale = static_cast<float>(scale);
   a.softcap = static_cast<float>(softcap);
-  const int items = static_cast<int>(n * a.g);
+  // blocks: runs of consecutive queries of one row, up to kBlockHeads query heads a kv head
+  const int per_group = a.h / a.g;
+  TORCH_CHECK(per_group <= kMaxBlockHeads, "more than ", kMaxBlockHeads, " query heads a kv head");
+  const int64_t block_queries = std::max(1, std::min(16, kBlockHeads / per_group));
+  std::vector<int32_t> block{0};
+  for (int64_t i = 1; i < n; i++)
+    if (row[i] != row[i - 1] || i - block.back() == block_queries) block.push_back(static_cast<int32_t>(i));
+  block.push_back(static_cast<int32_t>(n));
+  a.block = block.data();
+  a.blocks = static_cast<int32_t>(block.size() - 1);
+  const int items = a.blocks * a.g;
   int64_t most = 1;
   for (int64_t i = 0; i < n; i++) most = std::max(most, position[i] + 1);
+  const size_t scratch_floats =
+      static_cast<size_t>(block_queries * per_group) * (static_cast<size_t>(a.d + most) + 32);
   const int tasks = tasks_for(items, 1);
   const Kernels* kr = kernels();
   g_pool.run(tasks, [&](int t) {
-    std::vector<float> scratch(8 * (static_cast<size_t>(most) + 32));
+    std::vector<float> scratch(scratch_floats);
     const int i0 = static_cast<int>(static_cast<int64_t>(items) * t / tasks);
     const int i1 = static_cast<int>(static_cast<int64_t>(items) * (t + 1) / tasks);
     kr->attention(a, i0, i1, scratch.data());
