@@ -91,9 +91,9 @@ struct Attention {
   int32_t window;             // > 0: only the keys less than this far behind
   float scale;                // scores are scale * q.k
   float softcap;              // > 0: scores -> softcap * tanh(scores / softcap)
-  // The queries in blocks: block b is queries block[b]..block[b + 1] - 1, all of one row,
-  // at most kMaxBlockHeads query heads of a kv head (a block of one query may hold more
-  // up to that bound). Blocks share loads, never numbers (kernels.h, attention).
+  // The queries in blocks: block b is queries block[b]..block[b + 1] - 1, all of one row:
+  // at most kBlockHeads query heads of a kv head, or a single query (whose kv head may
+  // have up to kMaxBlockHeads). Blocks share loads, never numbers (kernels.h, attention).
   const int32_t* block;       // (blocks + 1,)
   int32_t blocks;
 };
