@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "api.h"
 #include "simd.h"
@@ -334,6 +335,16 @@ constexpr int kScoreHeads = 4, kValueHeads = 2;
 #define NINFER_INLINE static inline __attribute__((always_inline))
 #define NINFER_LAMBDA __attribute__((always_inline))
 
+// fn(std::integral_constant<int, count>) for 1 <= count <= N: a count known at run time
+// as a template argument (each helper below is compiled for every count it can take).
+template <int N, class Fn>
+NINFER_INLINE void with_count(int count, Fn fn) {
+  if constexpr (N > 1) {
+    if (count < N) return with_count<N - 1>(count, fn);
+  }
+  fn(std::integral_constant<int, N>{});
+}
+
 struct QueryHead {
   const float* q;  // d floats
   float* sc;       // its scores, then their exponentials: key j at sc[j - origin]
@@ -469,12 +480,8 @@ static void weigh_tile_lanes(const Block& b, QueryHead* const* xs, int64_t t0, i
   const int chunks = b.a->d / 16;
   int c0 = 0;
   for (; c0 + 4 <= chunks; c0 += 4) weigh_tile<M, 4>(b, xs, t0, t1, c0);
-  switch (chunks - c0) {
-    case 1: weigh_tile<M, 1>(b, xs, t0, t1, c0); break;
-    case 2: weigh_tile<M, 2>(b, xs, t0, t1, c0); break;
-    case 3: weigh_tile<M, 3>(b, xs, t0, t1, c0); break;
-    default: break;
-  }
+  if (c0 < chunks)
+    with_count<3>(chunks - c0, [&](auto C) { weigh_tile<M, decltype(C)::value>(b, xs, t0, t1, c0); });
 }
 
 // Each of M query heads' total: the sum of its exponentials over its keys in key order,
@@ -501,15 +508,20 @@ static void ordered_totals(const Block& b, QueryHead* const* xs, float* total) {
   for (int i = 0; i < M; i++) total[i] = t[i];
 }
 
-// Queries [n0, n1) (one row's) against kv head g. scratch: attention_scratch floats.
+// The first key query n sees (its window's, else 0).
+NINFER_INLINE int64_t first_key(const Attention& a, int n) {
+  return a.window > 0 ? std::max<int64_t>(0, a.position[n] - a.window + 1) : 0;
+}
+
+// Queries [n0, n1) (one row's) against kv head g. scratch: the block's query heads x
+// (head dim + its widest span of scored keys) floats (api.h, Kernels::attention).
 static void attend_block(const Attention& a, int n0, int n1, int g, float* scratch) {
   const int per_group = a.h / a.g, d = a.d;
   const int heads = (n1 - n0) * per_group;
   Block b{&a, a.page_table + a.row[n0] * a.p, g, 0, static_cast<size_t>(a.s) * d};
   int64_t origin = INT64_MAX, last = 0;
   for (int n = n0; n < n1; n++) {
-    const int64_t first = a.window > 0 ? std::max<int64_t>(0, a.position[n] - a.window + 1) : 0;
-    origin = std::min(origin, first / 16 * 16);
+    origin = std::min(origin, first_key(a, n) / 16 * 16);
     last = std::max(last, a.position[n]);
   }
   b.origin = origin;
@@ -518,7 +530,7 @@ static void attend_block(const Attention& a, int n0, int n1, int g, float* scrat
   QueryHead* all[ninfer::kMaxBlockHeads];
   float* o = scratch;  // heads x d, then heads x stride of scores
   for (int n = n0; n < n1; n++) {
-    const int64_t first = a.window > 0 ? std::max<int64_t>(0, a.position[n] - a.window + 1) : 0;
+    const int64_t first = first_key(a, n);
     for (int i = 0; i < per_group; i++) {
       const int x = (n - n0) * per_group + i;
       xs[x].q = a.q + (static_cast<size_t>(n) * a.h + g * per_group + i) * d;
@@ -536,22 +548,13 @@ static void attend_block(const Attention& a, int n0, int n1, int g, float* scrat
     int m = 0;
     for (int x = 0; x < heads; x++)
       if (xs[x].base <= key0 && key0 <= xs[x].pos) sel[m++] = &xs[x];
-    for (int i = 0; i < m; i += kScoreHeads) {
-      switch (std::min(kScoreHeads, m - i)) {
-        case 1: score_vector<1>(b, key0, sel + i); break;
-        case 2: score_vector<2>(b, key0, sel + i); break;
-        case 3: score_vector<3>(b, key0, sel + i); break;
-        case 4: score_vector<4>(b, key0, sel + i); break;
-        case 5: score_vector<5>(b, key0, sel + i); break;
-        case 6: score_vector<6>(b, key0, sel + i); break;
-        case 7: score_vector<7>(b, key0, sel + i); break;
-        default: score_vector<8>(b, key0, sel + i); break;
-      }
-    }
+    for (int i = 0; i < m; i += kScoreHeads)
+      with_count<kScoreHeads>(std::min(kScoreHeads, m - i),
+                              [&](auto M) { score_vector<decltype(M)::value>(b, key0, sel + i); });
   }
   // each head's largest score (max is exact in any order: the vectors' lanes, then across
   // them; a max of 0 may come out -0 or +0, which changes no difference below), the
-  // exponentials, and the totals, a query's heads' chains side by side
+  // exponentials, and the totals, eight heads' chains side by side
   float total[ninfer::kMaxBlockHeads];
   for (int x = 0; x < heads; x++) {
     QueryHead& h = xs[x];
@@ -563,18 +566,9 @@ static void attend_block(const Attention& a, int n0, int n1, int g, float* scrat
     for (int64_t j = 0; j < padded; j += 16) vstore(s + j, vexp(vsub(vload(s + j), mv)));
     for (int c = 0; c < d; c += 16) vstore(h.o + c, vzero());
   }
-  for (int x = 0; x < heads; x += 8) {
-    switch (std::min(8, heads - x)) {
-      case 1: ordered_totals<1>(b, all + x, total + x); break;
-      case 2: ordered_totals<2>(b, all + x, total + x); break;
-      case 3: ordered_totals<3>(b, all + x, total + x); break;
-      case 4: ordered_totals<4>(b, all + x, total + x); break;
-      case 5: ordered_totals<5>(b, all + x, total + x); break;
-      case 6: ordered_totals<6>(b, all + x, total + x); break;
-      case 7: ordered_totals<7>(b, all + x, total + x); break;
-      default: ordered_totals<8>(b, all + x, total + x); break;
-    }
-  }
+  for (int x = 0; x < heads; x += 8)
+    with_count<8>(std::min(8, heads - x),
+                  [&](auto M) { ordered_totals<decltype(M)::value>(b, all + x, total + x); });
   // the weighted sums of the values, a tile of keys at a time (it stays in cache while
   // every head of the block reads it)
   int64_t lowest = last;
@@ -582,14 +576,9 @@ static void attend_block(const Attention& a, int n0, int n1, int g, float* scrat
   const int64_t tile = std::max(16, 8192 / d);
   for (int64_t t0 = lowest; t0 <= last; t0 += tile) {
     const int64_t t1 = std::min(last, t0 + tile - 1);
-    for (int x = 0; x < heads; x += kValueHeads) {
-      switch (std::min(kValueHeads, heads - x)) {
-        case 1: weigh_tile_lanes<1>(b, all + x, t0, t1); break;
-        case 2: weigh_tile_lanes<2>(b, all + x, t0, t1); break;
-        case 3: weigh_tile_lanes<3>(b, all + x, t0, t1); break;
-        default: weigh_tile_lanes<4>(b, all + x, t0, t1); break;
-      }
-    }
+    for (int x = 0; x < heads; x += kValueHeads)
+      with_count<kValueHeads>(std::min(kValueHeads, heads - x),
+                              [&](auto M) { weigh_tile_lanes<decltype(M)::value>(b, all + x, t0, t1); });
   }
   for (int x = 0; x < heads; x++) {
     const int n = n0 + x / per_group, i = x % per_group;
