@@ -280,8 +280,9 @@ class EngineService:
         """Queue a request; its events arrive on the returned channel, ending with Finish."""
         if self._phase != "ready":
             raise EngineStopped(f"the engine is {self._phase}")
-        # Room for one TokenDelta per output token plus the Finish: never blocks.
-        send, receive = trio.open_memory_channel[Event](request.max_new_tokens + 2)
+        # Room for every event the request can receive (GenerationRequest.events_bound):
+        # never blocks.
+        send, receive = trio.open_memory_channel[Event](request.events_bound)
         handle = self._host.submit(request)
         self._channels[handle.id] = send
         return handle, receive

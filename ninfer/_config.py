@@ -195,7 +195,9 @@ class ServerConfig:
     )
     default_max_tokens: int = setting(
         512,
-        "output limit when a request names none (clamped to the context and the KV pool left)",
+        "output limit of a /v1/generate request that names none (clamped to the context and "
+        "the KV pool left); on the routes that give one naming none up to the room left (chat, "
+        "Responses, /completion), the output tokens whose KV pages are held from the start",
         minimum=1,
     )
     response_store_max_records: int = setting(
@@ -275,22 +277,24 @@ class ServerConfig:
     greedy: bool = setting(False, "force greedy decoding (temperature 0) for every request")
     temperature: float | None = setting(
         None,
-        "default temperature (default: the model file's recommendation, else 1.0)",
+        "default temperature (default: the model file's recommendation, else 0.8)",
         minimum=0,
         maximum=2,
     )
     top_p: float | None = setting(
         None,
-        "default top-p (default: the model file's recommendation, else 1.0, off)",
+        "default top-p (default: the model file's recommendation, else 0.95)",
         minimum=0,
         maximum=1,
     )
     top_k: int | None = setting(
-        None, "default top-k (default: the model file's recommendation, else 0, off)", minimum=0
+        None,
+        "default top-k (default: the model file's recommendation, else 40; 0 is off)",
+        minimum=0,
     )
     min_p: float | None = setting(
         None,
-        "default min-p (default: the model file's recommendation, else 0.0, off)",
+        "default min-p (default: the model file's recommendation, else 0.05; 0 is off)",
         minimum=0,
         maximum=1,
     )

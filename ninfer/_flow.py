@@ -38,11 +38,20 @@ from ninfer.engine import (
     Event,
     Finish,
     GenerationRequest,
+    PromptProgress,
     RequestHandle,
     TokenDelta,
     TokenLogprob,
 )
-from ninfer.frontends import Answer, Choice, FailingAnswer, Frontend, Outcome, Prepared
+from ninfer.frontends import (
+    Answer,
+    Choice,
+    FailingAnswer,
+    Frontend,
+    Outcome,
+    Prepared,
+    ProgressAnswer,
+)
 from protocols import ApiError
 from scheduler import AdmissionController, Overloaded, Ticket
 
@@ -515,6 +524,10 @@ class _Run:
         if isinstance(event, Finish):
             seq.finish = event
             return True
+        if isinstance(event, PromptProgress):  # asked for by the answer's request
+            if prepared.stream and isinstance(prepared.answer, ProgressAnswer):
+                await self.writer.frames(prepared.answer.progress(index, event))
+            return False
         now = trio.current_time()
         if self.life.stage is Stage.PREFILL:
             self.life.first_token(now)

@@ -49,6 +49,7 @@ from protocols._answers import (
     InputText,
     InputTokensCount,
     InputTokensDetails,
+    LlamaTimings,
     MessageDelta,
     MessageResponse,
     MessageStart,
@@ -73,6 +74,7 @@ from protocols._answers import (
     OutputTextDoneEvent,
     OutputTokensDetails,
     Ping,
+    PromptProgressBody,
     PromptTokensDetails,
     ReasoningItem,
     ReasoningText,
@@ -135,7 +137,6 @@ from protocols._llama import (
     LlamaCodec,
     LlamaCompletion,
     LlamaCompletionRequest,
-    LlamaTimings,
     llama_bias,
 )
 from protocols._native import (
@@ -269,6 +270,7 @@ __all__ = [
     "OutputTextDoneEvent",
     "OutputTokensDetails",
     "Ping",
+    "PromptProgressBody",
     "PromptTokensDetails",
     "ProtocolError",
     "ReasoningItem",

@@ -50,6 +50,7 @@ __all__ = [
     "InputText",
     "InputTokensCount",
     "InputTokensDetails",
+    "LlamaTimings",
     "MessageDelta",
     "MessageResponse",
     "MessageStart",
@@ -74,6 +75,7 @@ __all__ = [
     "OutputTextDoneEvent",
     "OutputTokensDetails",
     "Ping",
+    "PromptProgressBody",
     "PromptTokensDetails",
     "ReasoningItem",
     "ReasoningText",
@@ -302,6 +304,35 @@ class ChatChoice:
 
 
 @attrs.frozen(kw_only=True)
+class LlamaTimings:
+    """llama-server's `timings`: the prompt's tokens computed (not served from the cache)
+    and the output's, with their milliseconds (in a whole answer and in the last chunk
+    of a stream; in every chunk with `timings_per_token`)."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+
+
+@attrs.frozen(kw_only=True)
+class PromptProgressBody:
+    """llama-server's `prompt_progress` (streamed, with `return_progress`): the prompt's
+    tokens, those served from the cache, those in the cache now, and the milliseconds
+    since its prefill began."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+
+@attrs.frozen(kw_only=True)
 class ChatCompletion:
     """The answer to POST /v1/chat/completions without streaming."""
 
@@ -313,6 +344,7 @@ class ChatCompletion:
     usage: OpenAIUsage
     system_fingerprint: None
     service_tier: str | None = None  # as the request named it ("auto" answers "default")
+    timings: LlamaTimings | None = None  # llama-server's, beside OpenAI's fields
 
 
 @attrs.frozen(kw_only=True)
@@ -342,6 +374,10 @@ class ChatCompletionChunk:
     choices: list[ChatChunkChoice]
     usage: OpenAIUsage | None = None
     service_tier: str | None = None
+    # llama-server's, beside OpenAI's fields: in the last chunk (every chunk with
+    # `timings_per_token`), and the prompt's progress (with `return_progress`)
+    timings: LlamaTimings | None = None
+    prompt_progress: PromptProgressBody | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -374,6 +410,7 @@ class Completion:
     choices: list[CompletionChoice]
     usage: OpenAIUsage
     system_fingerprint: None
+    timings: LlamaTimings | None = None  # llama-server's, beside OpenAI's fields
 
 
 @attrs.frozen(kw_only=True)
@@ -394,6 +431,9 @@ class CompletionChunk:
     model: str
     choices: list[CompletionChunkChoice]
     usage: OpenAIUsage | None = None
+    # llama-server's, as in a chat completion chunk
+    timings: LlamaTimings | None = None
+    prompt_progress: PromptProgressBody | None = None
 
 
 @attrs.frozen(kw_only=True)

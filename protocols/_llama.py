@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import cattrs
 
+from protocols._answers import LlamaTimings, PromptProgressBody
 from protocols._native import MAX_STOP_CHARS, MAX_STOPS
 from protocols._openai import LOGIT_BIAS_MAX, refuse_known
 from protocols._schema import check_limits, schema
@@ -26,7 +27,6 @@ __all__ = [
     "LlamaCodec",
     "LlamaCompletion",
     "LlamaCompletionRequest",
-    "LlamaTimings",
     "llama_bias",
 ]
 
@@ -85,22 +85,6 @@ class LlamaCompletionRequest:
 
 
 @attrs.frozen(kw_only=True)
-class LlamaTimings:
-    """llama-server's `timings`: the prompt's tokens computed (not served from the cache)
-    and the output's, with their milliseconds."""
-
-    cache_n: int
-    prompt_n: int
-    prompt_ms: float
-    prompt_per_token_ms: float
-    prompt_per_second: float
-    predicted_n: int
-    predicted_ms: float
-    predicted_per_token_ms: float
-    predicted_per_second: float
-
-
-@attrs.frozen(kw_only=True)
 class LlamaCompletion:
     """/completion's answer, and each of its stream's `data:` events (`stop` false
     until the last, which carries the totals)."""
@@ -120,6 +104,7 @@ class LlamaCompletion:
     stop_type: str | None = None  # none, eos, limit, word
     stopping_word: str | None = None
     timings: LlamaTimings | None = None
+    prompt_progress: PromptProgressBody | None = None
 
 
 @attrs.frozen(kw_only=True)

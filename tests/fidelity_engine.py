@@ -25,6 +25,7 @@ from ninfer.engine import (
     TokenDelta,
 )
 from ninfer.engine._runtime import configure_process, create_engine
+from ninfer.frontends._sampling import BUILT_IN
 from ninfer.frontends._structured import json_schema_grammar
 
 HANG_GUARD_S = 300
@@ -86,9 +87,12 @@ def main() -> None:
     for i, case in enumerate(cases):
         ids = tuple(tok.encode(case["prompt"]))
         schema = case.get("json_schema")
+        # a field the case leaves out is the server's built-in default, as over HTTP
         sampling = SamplingParams(
             temperature=case["temperature"],
-            top_p=case.get("top_p", 1.0),
+            top_p=case.get("top_p", BUILT_IN["top_p"]),
+            top_k=case.get("top_k", BUILT_IN["top_k"]),
+            min_p=case.get("min_p", BUILT_IN["min_p"]),
             seed=case.get("seed"),
             grammar=None if schema is None else json_schema_grammar(schema, param="json_schema"),
         )

@@ -8,17 +8,23 @@ llama-server")."""
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import attrs
 import orjson
 import pytest
+import torch
 import trio
+from contract import check_answer
 from fakeengine import FakeEngine
 from server import serve_app, serve_model
 
 from ninfer.engine import SamplingParams
+from ninfer.engine._contract import DEFAULT_ORDER
+from ninfer.engine._sampling import RowSampler
 from ninfer.frontends._sampling import follow_samplers
 from protocols import ApiError
 
@@ -106,11 +112,9 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
         ({"repeat_penalty": 0}, "repeat_penalty"),
         ({"repeat_last_n": -2}, "repeat_last_n"),
         ({"samplers": ["top_k", "mirostat"]}, "samplers[1]"),
-        # llama-server's default order with top_p and min_p on: ninfer runs min_p first
-        ({"samplers": ["top_k", "top_p", "min_p", "temperature"], "top_p": 0.9,
-          "min_p": 0.05, "temperature": 1.0}, "samplers"),
-        # temperature last, with a filter that it changes: ninfer runs it first
-        ({"samplers": ["min_p", "temperature"], "min_p": 0.05, "temperature": 0.7}, "samplers"),
+        # the penalties after a stage they change: ninfer runs them first
+        ({"samplers": ["temperature", "penalties"], "temperature": 0.7,
+          "presence_penalty": 0.5}, "samplers"),
 ]  # fmt: skip
 HONOURED: list[dict[str, Any]] = [
     {"repeat_penalty": 1.1, "repeat_last_n": 64},
@@ -120,6 +124,10 @@ HONOURED: list[dict[str, Any]] = [
     {"samplers": ["top_k", "temperature"], "top_k": 40, "temperature": 0.5},
     {"samplers": ["temperature", "min_p", "top_p"], "min_p": 0.1, "top_p": 0.9,
      "temperature": 0.7},
+    # llama-server's default order at the default chain: temperature last, top-p before
+    # min-p, followed as given
+    {"samplers": ["top_k", "top_p", "min_p", "temperature"]},
+    {"samplers": ["min_p", "temperature"], "min_p": 0.05, "temperature": 0.7},
     {"cache_prompt": True, "return_progress": False},
 ]  # fmt: skip
 
@@ -149,17 +157,52 @@ def test_a_stage_left_out_of_the_order_is_off() -> None:
     with pytest.raises(ApiError) as refused:
         follow_samplers(("temperature", "penalties"), params)
     assert refused.value.param == "samplers"
+    # an order ninfer's computes the same keeps ninfer's; another is followed as given
+    same = ("penalties", "top_k", "temperature", "min_p", "top_p")
+    assert follow_samplers(same, params).order == DEFAULT_ORDER
+    llama = ("penalties", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+    assert follow_samplers(llama, params).order == ("top_k", "top_p", "min_p", "temperature")
+
+
+def _row(params: SamplingParams, seed: int) -> RowSampler:
+    return RowSampler.create(attrs.evolve(params, seed=seed), 6)
+
+
+def test_an_order_of_stages_is_followed() -> None:
+    """A filter before the temperature sees the untempered distribution: llama-server's
+    order (top-p, then min-p, then temperature) keeps what those filters keep at
+    temperature 1 and draws from it tempered; ninfer's own order keeps fewer here. The
+    draws land only on the kept tokens, in the tempered proportions."""
+    logits = torch.tensor([2.0, 1.6, 1.2, 0.0, -1.0, -3.0])
+    probs = torch.softmax(logits.double(), 0)
+    # at temperature 1, top-p 0.95 keeps 4 (the mass before the 4th is under 0.95, before
+    # the 5th over it) and min-p 0.05 keeps them all (the 4th is over 0.05 x the best)
+    assert float(probs[:3].sum()) < 0.95 < float(probs[:4].sum())
+    assert float(probs[3]) > 0.05 * float(probs[0])
+    llama = SamplingParams(temperature=0.5, top_p=0.95, min_p=0.05,
+                           order=("top_k", "top_p", "min_p", "temperature"))  # fmt: skip
+    drawn = Counter(_row(llama, seed).pick(logits) for seed in range(4000))
+    assert set(drawn) == {0, 1, 2, 3}
+    tempered = torch.softmax(logits[:4].double() / 0.5, 0)
+    for token, share in enumerate(tempered.tolist()):
+        assert abs(drawn[token] / 4000 - share) < 0.03, (token, drawn)
+    # temperature first (ninfer's order): at temperature 0.5 the 4th token falls under
+    # min-p, and is never drawn
+    cooler = torch.softmax(logits.double() / 0.5, 0)
+    assert float(cooler[3]) < 0.05 * float(cooler[0])
+    ours = attrs.evolve(llama, order=DEFAULT_ORDER)
+    assert set(_row(ours, seed).pick(logits) for seed in range(4000)) <= {0, 1, 2}
 
 
 async def test_llama_servers_completion_route(tmp_path: Path) -> None:
     """POST /completion in llama-server's shapes: a text or token-id prompt, n_predict
-    (-1: up to the room left; none: --default-max-tokens), its answer's fields and
+    (-1 or none, as llama-server's default: up to the room left), its answer's fields and
     timings, a stream of `data:` events without [DONE] whose last carries `stop: true`
     and the totals."""
     engine = FakeEngine(step_s=0.0)  # a step a token, without waiting
     async with serve_app(tmp_path, engine=engine, default_max_tokens=7) as srv, srv.client() as c:
-        unnamed = await c.post("/completion", json={"prompt": "hello"})  # --default-max-tokens
-        assert unnamed.json()["tokens_predicted"] == 7
+        unnamed = (await c.post("/completion", json={"prompt": "hello"})).json()
+        assert unnamed["tokens_evaluated"] + unnamed["tokens_predicted"] == 512  # the context
         whole = await c.post("/completion", json={"prompt": "hello", "n_predict": 4})
         assert whole.status_code == 200, whole.text
         body = whole.json()
@@ -260,3 +303,66 @@ async def test_llama_servers_logit_bias_forms(tiny_gguf: Path, tmp_path: Path) -
             r = await c.post("/completion", json={**base, "logit_bias": bias})
             assert r.status_code == 422, (bias, r.text)
             assert r.json()["error"]["param"] == param, bias
+
+
+def _events(text: str) -> list[dict[str, Any]]:
+    return [orjson.loads(line[6:]) for line in text.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
+
+
+async def test_timings_and_prompt_progress(tiny_gguf: Path, tmp_path: Path) -> None:
+    """llama-server's statistics, from the engine's own passes: with `return_progress`
+    a stream tells the prompt's progress after each prefill pass (0 first, the whole
+    prompt last, before the first token); with `timings_per_token` each token's chunk
+    carries the timings so far; without either only the last chunk (and a whole
+    answer) carries them, as llama-server sends them. All in the documented shapes."""
+    words = " ".join(f"w{i}" for i in range(40))
+    chat = {"messages": [{"role": "user", "content": words}], "max_tokens": 5,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    async with serve_model(tiny_gguf, tmp_path, prefill_chunk=16) as srv, srv.client() as c:
+        asked = await c.post(CHAT, json={**chat, "return_progress": True,
+                                         "timings_per_token": True})  # fmt: skip
+        plain = await c.post(CHAT, json={**chat, "messages": [
+            {"role": "user", "content": words + " again"}]})  # fmt: skip
+        whole = await c.post(CHAT, json={**chat, "stream": False})
+        llama = await c.post(
+            "/completion",
+            json={
+                "prompt": words + " more",
+                "n_predict": 3,
+                "stream": True,
+                "return_progress": True,
+            },
+        )
+    for path, r in ((CHAT, asked), (CHAT, plain), (CHAT, whole), ("/completion", llama)):
+        assert check_answer(path, r, {}) in ("streamed", "answered")
+    events = _events(asked.text)
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    first_token = next(i for i, e in enumerate(events) if e["choices"][0]["delta"].get("content"))
+    assert all("prompt_progress" not in e for e in events[first_token:])
+    total = progress[0]["total"]
+    done = [p["processed"] for p in progress]
+    assert done[0] == progress[0]["cache"] == 0
+    assert done[-1] == total > 16
+    assert done == sorted(set(done))
+    assert len(done) >= 3  # one a pass of at most 16 tokens
+    assert [p["time_ms"] for p in progress] == sorted(p["time_ms"] for p in progress)
+    timed = [e["timings"] for e in events if "timings" in e]
+    assert [t["predicted_n"] for t in timed] == [1, 2, 3, 4, 5, 5]  # a token each, the last
+    assert {t["prompt_n"] + t["cache_n"] for t in timed} == {total}
+    assert all(t["prompt_ms"] > 0 and t["prompt_per_second"] > 0 for t in timed)
+    assert [t["predicted_ms"] for t in timed] == sorted(t["predicted_ms"] for t in timed)
+    unasked = _events(plain.text)
+    assert all("prompt_progress" not in e for e in unasked)
+    assert ["timings" in e for e in unasked][-2:] == [False, True]  # the last chunk only
+    assert sum("timings" in e for e in unasked) == 1
+    body = whole.json()
+    assert body["timings"]["predicted_n"] == body["usage"]["completion_tokens"] == 5
+    assert body["timings"]["prompt_n"] + body["timings"]["cache_n"] == total
+    streamed = _events(llama.text)
+    assert streamed[0]["prompt_progress"]["processed"] == 0
+    assert [e["stop"] for e in streamed if "prompt_progress" in e] == [False] * sum(
+        "prompt_progress" in e for e in streamed
+    )
+    assert streamed[-1]["stop"]
+    assert streamed[-1]["timings"]["predicted_n"] == 3

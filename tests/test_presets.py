@@ -25,9 +25,9 @@ def _params(req: SamplingRequest, preset: SamplingPreset = PRESET, **flags: Any)
 
 
 def test_each_field_takes_the_first_layer_that_names_it() -> None:
-    # nothing set anywhere: the built-in defaults
+    # nothing set anywhere: the built-in defaults (llama-server's chain)
     bare = _params(SamplingRequest(), SamplingPreset())
-    assert [getattr(bare, f) for f in FIELDS] == [1.0, 1.0, 0, 0.0, 0.0, 0.0]
+    assert [getattr(bare, f) for f in FIELDS] == [0.8, 0.95, 40, 0.05, 0.0, 0.0]
     # the model's preset over the built-ins
     model = _params(SamplingRequest())
     assert [getattr(model, f) for f in FIELDS] == [0.6, 0.95, 20, 0.05, 0.0, 0.0]

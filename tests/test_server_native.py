@@ -195,12 +195,21 @@ async def test_version(tiny_gguf: Path, tmp_path: Path) -> None:
     assert props["total_slots"] == srv.app.config.max_concurrency
     assert "{%" in props["chat_template"]  # the tiny model's ChatML template
     assert props["capabilities"]["chat"] is props["capabilities"]["structured_outputs"] is True
-    assert props["default_generation_settings"]["params"]["temperature"] == 1.0
+    # llama-server's default chain, where nothing names another
+    params = props["default_generation_settings"]["params"]
+    assert (params["temperature"], params["top_k"], params["top_p"], params["min_p"]) == (
+        0.8,
+        40,
+        0.95,
+        0.05,
+    )
     # llama-server's fields (its web UI reads them)
     assert props["model_path"] == str(tiny_gguf)
     assert props["model_alias"] == srv.app.lifespan.public_id
     assert (props["bos_token"], props["eos_token"]) == ("<|im_start|>", "<|im_end|>")
-    assert props["default_generation_settings"]["params"]["n_predict"] == 512
+    # what a chat request naming no budget gets: up to the room left, as the web UI reads
+    # it; the native route's own default beside it
+    assert (params["max_tokens"], params["n_predict"], params["max_new_tokens"]) == (-1, -1, 512)
     assert props["chat_template_caps"]["supports_tools"] is True
     assert props["is_sleeping"] is False
     assert contract.json() == json.loads(SHIPPED_CONTRACT.read_bytes())

@@ -93,6 +93,11 @@ GRAMMAR_LIMIT = (
 )
 
 
+# A sampling stage after the penalties, and ninfer's order of them.
+Stage = Literal["temperature", "top_k", "min_p", "top_p"]
+DEFAULT_ORDER: tuple[Stage, ...] = ("temperature", "top_k", "min_p", "top_p")
+
+
 @attrs.frozen
 class SamplingParams:
     """How one request picks its tokens. temperature 0 is greedy."""
@@ -116,6 +121,10 @@ class SamplingParams:
     # output's JSON schema or a request's tools, compiled by the frontend), as text or
     # already compiled for the engine.
     grammar: str | CompiledGrammar | None = None
+    # The order of the filtering stages after the penalties: ninfer's (vLLM's) by
+    # default; a request's llama-server `samplers` may name another (its own default
+    # runs temperature last, on the tokens its filters kept).
+    order: tuple[Stage, ...] = DEFAULT_ORDER
 
     @property
     def greedy(self) -> bool:
@@ -253,6 +262,17 @@ class GenerationRequest:
     # Log probabilities of the prompt's tokens (from the second on), with this many
     # alternatives (None: none). The whole prompt is then computed: no prefix cache.
     prompt_logprobs: int | None = None
+    # A PromptProgress event after each prefill pass over its prompt (llama-server's
+    # `return_progress`).
+    progress: bool = False
+
+    @property
+    def events_bound(self) -> int:
+        """The most events it can receive: a TokenDelta per output token, the Finish, and
+        with `progress` a PromptProgress per prefill pass (each takes a token at least)
+        and the one before the first pass."""
+        passes = len(self.prompt_ids) + 1 if self.progress else 0
+        return self.max_new_tokens + 2 + passes
 
 
 @attrs.frozen
@@ -305,6 +325,21 @@ class TokenDelta:
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token id, when asked for
     # On the first delta only, when asked for: one per prompt token (None for the first).
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    # The engine's seconds for it so far: its prefill, and its decoding up to this
+    # step (llama-server's per-token `timings`).
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+
+@attrs.frozen
+class PromptProgress:
+    """How far a request's prompt is prefilled (llama-server's `prompt_progress`): sent
+    when its prefill begins and after each pass, when the request asks for it."""
+
+    total: int  # prompt tokens
+    cached: int  # of them served from the prefix cache
+    processed: int  # of them in the KV cache now (cached ones included)
+    elapsed_s: float  # since its prefill began
 
 
 @attrs.frozen
@@ -348,7 +383,7 @@ class Finish:
     speculative: SpeculativeCounts | None = None  # when the engine speculates (--spec)
 
 
-Event = TokenDelta | Finish
+Event = TokenDelta | PromptProgress | Finish
 
 
 class EventSink(Protocol):

@@ -529,6 +529,8 @@ class Engine:
         a.cached = a.prefilled
         self._counters.cached_tokens += a.cached
         a.prefill_start = time.perf_counter()
+        if a.request.progress:  # its 0% (or the cached share): the prompt has begun
+            self._events.append((a.handle, a.progress()))
         return True
 
     def _memory_short(self, a: Row) -> None:
@@ -582,6 +584,8 @@ class Engine:
         self._counters.add_prefill(tokens, time.perf_counter() - began, scoring)
         for i, (a, chunk) in enumerate(zip(group, chunks, strict=True)):
             a.prefilled += len(chunk)
+            if a.request.progress:
+                self._events.append((a.handle, a.progress()))
             if a.prefilled < len(a.request.prompt_ids):
                 continue
             if self.config.prefix_cache:  # its prompt's full pages, final now

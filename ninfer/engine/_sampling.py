@@ -28,7 +28,7 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from ninfer.engine._contract import SamplingParams, TokenLogprob
+from ninfer.engine._contract import DEFAULT_ORDER, SamplingParams, TokenLogprob
 from ninfer.engine._grammar import Constraint
 
 __all__ = ["RowSampler", "logprobs_of", "native_top_p_kept", "sample_rows", "top_p_kept"]
@@ -122,6 +122,8 @@ class RowSampler:
             logits = logits.index_copy(0, ids, penalized)
         if p.greedy:
             return int(torch.argmax(logits))
+        if p.order != DEFAULT_ORDER:
+            return self._pick_in_order(logits)
         # Shift by the maximum first, and divide by at least MIN_TEMPERATURE (a smaller
         # one would round to 0 in float32): any temperature a client may send then gives
         # 0 for the best token and finite or -inf for the rest, never NaN.
@@ -136,6 +138,25 @@ class RowSampler:
             ids = self.top_p(probs, p.top_p)
             return int(ids[_draw(probs[ids], self.generator)])
         return _draw(probs, self.generator)
+
+    def _pick_in_order(self, logits: torch.Tensor) -> int:
+        """`pick`'s stages in the request's own order (llama-server's `samplers`): each
+        filter keeps tokens of the row as the stages before it left it (a filter before
+        the temperature sees the untempered distribution), the draw is from the last."""
+        p = self.params
+        x = logits - logits.max()  # the best token at 0; a dropped one at -inf
+        for stage in p.order:
+            if stage == "temperature":
+                x = x / max(p.temperature, MIN_TEMPERATURE)
+            elif stage == "top_k" and 0 < p.top_k < x.shape[0]:
+                x = x.masked_fill(x < torch.topk(x, p.top_k).values[-1], float("-inf"))
+            elif stage == "min_p" and p.min_p > 0.0:
+                probs = torch.softmax(x, dim=-1)
+                x = x.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+            elif stage == "top_p" and p.top_p < 1.0:
+                kept = self.top_p(torch.softmax(x, dim=-1), p.top_p)
+                x = torch.full_like(x, float("-inf")).index_copy(0, kept, x[kept])
+        return _draw(torch.softmax(x, dim=-1), self.generator)
 
 
 # Top-p looks first among the tokens at least this share of the likeliest one's

@@ -21,6 +21,7 @@ from ninfer.engine._contract import (
     Finish,
     FinishReason,
     GenerationRequest,
+    PromptProgress,
     RequestHandle,
     TokenDelta,
     TokenLogprob,
@@ -201,16 +202,28 @@ class Row:
         first also carries the cached prompt tokens and the prompt's logprobs)."""
         first = not self.delivered
         self.delivered = True
+        decode_start = self.decode_start or time.perf_counter()
         delta = TokenDelta(
             tuple(self.pending_ids),
             text,
             self.cached if first else None,
             tuple(self.pending_lps) if self.request.logprobs is not None else None,
             tuple(self.prompt_lps) if first and self.prompt_lps is not None else None,
+            prefill_s=decode_start - (self.prefill_start or decode_start),
+            decode_s=time.perf_counter() - decode_start,
         )
         self.pending_ids = []
         self.pending_lps = []
         return delta
+
+    def progress(self) -> PromptProgress:
+        """Where its prefill stands (for a request that asked: `request.progress`)."""
+        return PromptProgress(
+            total=len(self.request.prompt_ids),
+            cached=self.cached,
+            processed=self.prefilled,
+            elapsed_s=time.perf_counter() - (self.prefill_start or time.perf_counter()),
+        )
 
     def step_delta(self) -> TokenDelta:
         """The delta after a step it goes on from (text held back where a stop string

@@ -19,6 +19,7 @@ from ninfer.frontends._base import (
     Outcome,
     PathArgs,
     Prepared,
+    ProgressAnswer,
     Routed,
 )
 from ninfer.frontends._grammar import GrammarCompiler
@@ -48,6 +49,7 @@ __all__ = [
     "Outcome",
     "PathArgs",
     "Prepared",
+    "ProgressAnswer",
     "ResponsesFrontend",
     "Routed",
     "TokenizeFrontend",

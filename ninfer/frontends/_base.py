@@ -26,6 +26,7 @@ from ninfer.engine import (
     CompiledGrammar,
     Finish,
     GenerationRequest,
+    PromptProgress,
     ServedModel,
     TokenDelta,
     TokenLogprob,
@@ -162,6 +163,14 @@ class FailingAnswer(Protocol):
     dialect's error frames."""
 
     def failed(self, err: ApiError) -> list[bytes]: ...
+
+
+@runtime_checkable
+class ProgressAnswer(Protocol):
+    """An answer that streams its prompt's progress (llama-server's `prompt_progress`,
+    for requests that ask with `return_progress`)."""
+
+    def progress(self, index: int, progress: PromptProgress) -> list[bytes]: ...
 
 
 @attrs.frozen(kw_only=True)

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import attrs
 
-from ninfer.engine import TokenDelta
+from ninfer.engine import PromptProgress, TokenDelta
 from ninfer.frontends._base import Frontend, FrontendContext, Outcome, Prepared
 from ninfer.frontends._sampling import SamplingRequest
+from ninfer.frontends._timings import Clock, final_timings, progress_body
 from protocols import (
     ApiError,
     Encoder,
     LlamaCodec,
     LlamaCompletion,
     LlamaCompletionRequest,
-    LlamaTimings,
     NativeDialect,
     llama_bias,
 )
@@ -28,20 +28,26 @@ _STOP_TYPES = {"eos": "eos", "stop": "word", "length": "limit", "context": "limi
                "capacity": "limit"}  # fmt: skip
 
 
-def _per(n: int, ms: float) -> tuple[float, float]:
-    """Milliseconds a token and tokens a second (0 where nothing was timed)."""
-    return (ms / n if n else 0.0), (n * 1000.0 / ms if ms > 0 else 0.0)
-
-
 @attrs.frozen(kw_only=True)
 class LlamaAnswer:
     encoder: Encoder
     model: str
     prompt: str
     return_tokens: bool
+    clock: Clock  # llama-server's timings, with every token on `timings_per_token`
 
     def head(self) -> list[bytes]:
         return []
+
+    def progress(self, index: int, progress: PromptProgress) -> list[bytes]:
+        event = LlamaCompletion(
+            content="",
+            tokens=[],
+            stop=False,
+            model=self.model,
+            prompt_progress=progress_body(progress),
+        )
+        return [self.encoder.sse(event)]
 
     def delta(self, index: int, delta: TokenDelta) -> list[bytes]:
         event = LlamaCompletion(
@@ -49,16 +55,12 @@ class LlamaAnswer:
             tokens=list(delta.token_ids) if self.return_tokens else [],
             stop=False,
             model=self.model,
+            timings=self.clock.step(index, delta),
         )
         return [self.encoder.sse(event)]
 
     def _last(self, outcome: Outcome, content: str) -> LlamaCompletion:
         f, u = outcome.finish, outcome.finish.usage
-        prompt_ms = outcome.timing["prefill"] * 1000.0
-        predicted_ms = outcome.timing["decode"] * 1000.0
-        computed = u.prompt_tokens - u.cached_tokens
-        prompt_each, prompt_rate = _per(computed, prompt_ms)
-        predicted_each, predicted_rate = _per(u.completion_tokens, predicted_ms)
         return LlamaCompletion(
             content=content,
             tokens=list(outcome.token_ids) if self.return_tokens and content else [],
@@ -72,17 +74,7 @@ class LlamaAnswer:
             truncated=False,
             stop_type=_STOP_TYPES[f.reason],
             stopping_word=f.stop_string or "",
-            timings=LlamaTimings(
-                cache_n=u.cached_tokens,
-                prompt_n=computed,
-                prompt_ms=prompt_ms,
-                prompt_per_token_ms=prompt_each,
-                prompt_per_second=prompt_rate,
-                predicted_n=u.completion_tokens,
-                predicted_ms=predicted_ms,
-                predicted_per_token_ms=predicted_each,
-                predicted_per_second=predicted_rate,
-            ),
+            timings=final_timings(outcome),
         )
 
     def tail(self, outcome: Outcome) -> list[bytes]:
@@ -155,12 +147,8 @@ class LlamaCompletionFrontend(Frontend):
             repeat_last_n=req.repeat_last_n,
             samplers=tuple(req.samplers) if req.samplers is not None else None,
         )
-        # -1: up to the room left; none: --default-max-tokens (llama-server's -n, which
-        # /props reports as n_predict)
-        n_predict = (
-            req.n_predict if req.n_predict is not None else self.ctx.config.default_max_tokens
-        )
-        requested = None if n_predict == -1 else n_predict
+        # -1, or none (llama-server's default -n): up to the room left, as /props says
+        requested = None if req.n_predict in (None, -1) else req.n_predict
         gen, grant, _warnings = self.request(
             request_id,
             ids,
@@ -177,7 +165,10 @@ class LlamaCompletionFrontend(Frontend):
             model=model,
             prompt=prompt,
             return_tokens=bool(req.return_tokens),
+            clock=Clock((len(ids),), bool(req.timings_per_token)),
         )
+        if req.stream and req.return_progress:
+            gen = attrs.evolve(gen, progress=True)
         return self.prepared(
             gen, grant, stream=bool(req.stream), answer=answer, log_fields=self.log_fields()
         )

@@ -249,9 +249,13 @@ def server_props(ctx: FrontendContext) -> dict[str, Any]:
             "params": {
                 **defaults,
                 "seed": ctx.config.seed,
-                "max_tokens": ctx.config.default_max_tokens,
-                # llama-server's name for it: what /completion gives a request naming none
-                "n_predict": ctx.config.default_max_tokens,
+                # What a chat, Responses or /completion request naming no budget gets: up
+                # to the room the context and the pool leave (llama-server's -1, which its
+                # web UI shows as no limit)
+                "max_tokens": -1,
+                "n_predict": -1,
+                # ninfer's own: the native route's (/v1/generate) default, strict
+                "max_new_tokens": ctx.config.default_max_tokens,
             },
         },
         "build_info": f"ninfer {__version__}",

@@ -13,6 +13,7 @@ import attrs
 from ninfer.engine import (
     CompiledGrammar,
     GenerationRequest,
+    PromptProgress,
     TokenDelta,
     Tokenizer,
     TokenLogprob,
@@ -37,6 +38,7 @@ from ninfer.frontends._output import OutputReader, PieceWriter, Reading
 from ninfer.frontends._reasoning import ThinkingAsk
 from ninfer.frontends._sampling import SamplingRequest
 from ninfer.frontends._structured import ANY_JSON_OBJECT
+from ninfer.frontends._timings import Clock, final_timings, progress_body
 from ninfer.frontends._tools import (
     CallArgs,
     CallEnd,
@@ -69,12 +71,14 @@ from protocols import (
     Encoder,
     FunctionCall,
     FunctionCallDelta,
+    LlamaTimings,
     ModelCard,
     ModelList,
     ModelMeta,
     OpenAICodec,
     OpenAIDialect,
     OpenAIUsage,
+    PromptProgressBody,
     PromptTokensDetails,
     TokenLogprobEntry,
     ToolCall,
@@ -210,8 +214,15 @@ class ChatAnswer(PieceWriter):
     # Usage says how many tokens were reasoning (a model that can think, thinking or not).
     reasoning_usage: bool = False
     readers: dict[int, OutputReader] = attrs.field(factory=dict)  # per choice, streaming
+    clock: Clock = attrs.field(factory=lambda: Clock(()))  # llama-server's timings
 
-    def _chunk(self, choice: ChatChunkChoice | None, usage: OpenAIUsage | None = None) -> bytes:
+    def _chunk(
+        self,
+        choice: ChatChunkChoice | None,
+        usage: OpenAIUsage | None = None,
+        timings: LlamaTimings | None = None,
+        progress: PromptProgressBody | None = None,
+    ) -> bytes:
         chunk = ChatCompletionChunk(
             id=self.id,
             created=self.created,
@@ -219,8 +230,17 @@ class ChatAnswer(PieceWriter):
             choices=[choice] if choice is not None else [],
             usage=usage,
             service_tier=self.service_tier,
+            timings=timings,
+            prompt_progress=progress,
         )
         return self.encoder.sse(chunk)
+
+    def progress(self, index: int, progress: PromptProgress) -> list[bytes]:
+        """llama-server's progress chunk: an empty assistant delta with the progress."""
+        choice = ChatChunkChoice(
+            index=index, delta=ChatDelta(role="assistant"), logprobs=None, finish_reason=None
+        )
+        return [self._chunk(choice, progress=progress_body(progress))]
 
     def head(self) -> list[bytes]:
         return [
@@ -239,19 +259,17 @@ class ChatAnswer(PieceWriter):
         lps = None
         if self.spelling is not None and delta.logprobs:
             lps = self.spelling.chat(delta.logprobs)
+        timings = self.clock.step(index, delta)
         if not self.reading.plain:
             reader = self._reader(index)
             frames = self.write(index, reader.feed(delta.text, len(delta.token_ids)))
-            if lps is not None:
-                frames.append(
-                    self._chunk(
-                        ChatChunkChoice(
-                            index=index, delta=ChatDelta(), logprobs=lps, finish_reason=None
-                        )
-                    )
+            if lps is not None or timings is not None:
+                choice = ChatChunkChoice(
+                    index=index, delta=ChatDelta(), logprobs=lps, finish_reason=None
                 )
+                frames.append(self._chunk(choice, timings=timings))
             return frames
-        if not delta.text and lps is None:
+        if not delta.text and lps is None and timings is None:
             return []
         return [
             self._chunk(
@@ -260,7 +278,8 @@ class ChatAnswer(PieceWriter):
                     delta=ChatDelta(content=delta.text),
                     logprobs=lps,
                     finish_reason=None,
-                )
+                ),
+                timings=timings,
             )
         ]
 
@@ -307,15 +326,18 @@ class ChatAnswer(PieceWriter):
                 reasoning += reader.reasoning_tokens
                 if self.reading.tools:
                     reason = chat_finish(c.finish.reason, reader.calls, reader.open_call)
+            last = c.index == outcome.choices[-1].index and not self.include_usage
             frames.append(
                 self._chunk(
                     ChatChunkChoice(
                         index=c.index, delta=ChatDelta(), logprobs=None, finish_reason=reason
-                    )
+                    ),
+                    timings=final_timings(outcome) if last else None,
                 )
             )
         if self.include_usage:
-            frames.append(self._chunk(None, self._usage(outcome, reasoning)))
+            usage = self._usage(outcome, reasoning)
+            frames.append(self._chunk(None, usage, timings=final_timings(outcome)))
         return [*frames, _DONE]
 
     def _usage(self, outcome: Outcome, reasoning: int) -> OpenAIUsage:
@@ -364,6 +386,7 @@ class ChatAnswer(PieceWriter):
                 usage=self._usage(outcome, reasoning),
                 system_fingerprint=None,
                 service_tier=self.service_tier,
+                timings=final_timings(outcome),
             )
         )
 
@@ -388,15 +411,31 @@ class CompletionAnswer:
     spelling: Spelling | None  # when logprobs are asked for
     # Characters already streamed per choice (logprobs' text offsets go on from there).
     sent: dict[int, int] = attrs.field(factory=dict)
+    clock: Clock = attrs.field(factory=lambda: Clock(()))  # llama-server's timings
 
     def _chunk(
-        self, choice: CompletionChunkChoice | None, usage: OpenAIUsage | None = None
+        self,
+        choice: CompletionChunkChoice | None,
+        usage: OpenAIUsage | None = None,
+        timings: LlamaTimings | None = None,
+        progress: PromptProgressBody | None = None,
     ) -> bytes:
         choices = [choice] if choice is not None else []
         chunk = CompletionChunk(
-            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=usage,
+            timings=timings,
+            prompt_progress=progress,
         )
         return self.encoder.sse(chunk)
+
+    def progress(self, index: int, progress: PromptProgress) -> list[bytes]:
+        """llama-server's progress chunk: an empty text with the progress."""
+        choice = CompletionChunkChoice(index=index, text="", logprobs=None, finish_reason=None)
+        return [self._chunk(choice, progress=progress_body(progress))]
 
     def _echo(
         self, index: int, scored: Sequence[TokenLogprob | None] | None
@@ -430,18 +469,21 @@ class CompletionAnswer:
         if self.spelling is not None and delta.logprobs:
             ids = [t.token_id for t in delta.logprobs]
             lps = self.spelling.legacy(delta.logprobs, ids, self.sent[index])
-        if delta.text or lps is not None:
+        timings = self.clock.step(index, delta)
+        if delta.text or lps is not None or timings is not None:
             self.sent[index] += len(delta.text)
             frames.append(
                 self._chunk(
                     CompletionChunkChoice(
                         index=index, text=delta.text, logprobs=lps, finish_reason=None
-                    )
+                    ),
+                    timings=timings,
                 )
             )
         return frames
 
     def tail(self, outcome: Outcome) -> list[bytes]:
+        last = outcome.choices[-1].index
         frames = [
             self._chunk(
                 CompletionChunkChoice(
@@ -449,12 +491,15 @@ class CompletionAnswer:
                     text="",
                     logprobs=None,
                     finish_reason=FINISH[c.finish.reason].openai,
-                )
+                ),
+                timings=(
+                    final_timings(outcome) if c.index == last and not self.include_usage else None
+                ),
             )
             for c in outcome.choices
         ]
         if self.include_usage:
-            frames.append(self._chunk(None, _usage(outcome)))
+            frames.append(self._chunk(None, _usage(outcome), timings=final_timings(outcome)))
         return [*frames, _DONE]
 
     def _choice(self, c: Choice) -> CompletionChoice:
@@ -488,6 +533,7 @@ class CompletionAnswer:
                 choices=[self._choice(c) for c in outcome.choices],
                 usage=_usage(outcome),
                 system_fingerprint=None,
+                timings=final_timings(outcome),
             )
         )
 
@@ -600,6 +646,8 @@ class _OpenAIFrontend(Frontend):
         answer: ChatAnswer | CompletionAnswer,
         log_fields: dict[str, Any],
     ) -> Prepared:
+        if req.stream and req.return_progress:  # llama-server's prompt_progress chunks
+            requests = tuple(attrs.evolve(r, progress=True) for r in requests)
         return Prepared(
             requests=requests,
             stream=bool(req.stream),
@@ -611,6 +659,11 @@ class _OpenAIFrontend(Frontend):
 
     def _include_usage(self, req: ChatRequest | CompletionRequest) -> bool:
         return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def _clock(req: ChatRequest | CompletionRequest, requests: Sequence[GenerationRequest]) -> Clock:
+    """The answer's running timings (sent with every token with `timings_per_token`)."""
+    return Clock(tuple(len(r.prompt_ids) for r in requests), bool(req.timings_per_token))
 
 
 def _sibling(gen: GenerationRequest, k: int) -> GenerationRequest:
@@ -743,6 +796,7 @@ class ChatFrontend(_OpenAIFrontend):
             spelling=self._spelling if logprobs is not None else None,
             reading=chat.reading,
             reasoning_usage=chat.thinking is not None,
+            clock=_clock(req, requests),
         )
         return self._prepared(req, requests, groups, headers, answer, chat.log_fields)
 
@@ -794,5 +848,6 @@ class CompletionsFrontend(_OpenAIFrontend):
             choices=len(requests),
             prompts=echoed,
             spelling=self._spelling if logprobs is not None else None,
+            clock=_clock(req, requests),
         )
         return self._prepared(req, requests, groups, headers, answer, self.log_fields())
