@@ -571,10 +571,10 @@ def test_scoring_a_prompt_yields_to_the_streams(
     steps: list[str] = []  # "p": a scoring pass, "d": a decode step with the stream
     real_pass, real_step = _engine.Engine._prefill_pass, _engine.Engine._decode_step
 
-    def prefill_pass(self: Any, group: list[Any], size: int | None = None) -> None:
+    def prefill_pass(self: Any, group: list[Any], sizes: list[int]) -> None:
         if any(a.request.prompt_logprobs is not None for a in group):
             steps.append("p")
-        real_pass(self, group, size)
+        real_pass(self, group, sizes)
 
     def decode_step(self: Any) -> None:
         if any(a.request.request_id == "stream" for a in self._decoding):
@@ -602,6 +602,61 @@ def test_scoring_a_prompt_yields_to_the_streams(
     assert got == expected
 
 
+def test_a_prompt_beside_streams_is_prefilled_in_passes_of_the_time_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While another request decodes, a prefill pass is cut to what STREAM_PASS_S buys at
+    the measured seconds a cost unit (here fixed: 40 units), so the stream's next token
+    waits for about that long, not a whole --prefill-chunk; alone, the same prompt gets
+    whole chunks. The prompt's tokens are the same either way."""
+    from ninfer.engine import _engine
+
+    path = write_tiny_gguf(tmp_path / "budget.gguf", context=2048)
+    prompt = _prompt(300, salt=5)
+    config = EngineConfig(max_batch=4, kv_capacity=2048, page_size=16, prefill_chunk=64)
+    monkeypatch.setattr(_engine.Counters, "unit_rate", lambda _self: _engine.STREAM_PASS_S / 40)
+    real = _engine.Engine._prefill_pass
+
+    def run(beside: bool) -> tuple[list[tuple[int, float]], list[int]]:
+        """(tokens, cost in units) of each pass over the long prompt, and its greedy
+        tokens."""
+        costs: list[tuple[int, float]] = []
+
+        def counted(self: Any, group: list[Any], sizes: list[int]) -> None:
+            keys = self._p.keys_per_token
+            costs.extend((size, size * (1 + a.prefilled / keys))
+                         for a, size in zip(group, sizes, strict=True)
+                         if a.request.request_id == "long")  # fmt: skip
+            real(self, group, sizes)
+
+        monkeypatch.setattr(_engine.Engine, "_prefill_pass", counted)
+        running = start_engine(path, config)
+        try:
+            stream = None
+            if beside:
+                stream = running.engine.submit(
+                    GenerationRequest("stream", _prompt(8), 1500, ignore_eos=True)
+                )
+                running.sink.wait_for(lambda: len(running.sink.tokens.get(stream.id, ())) >= 2)
+            handle = running.engine.submit(GenerationRequest("long", prompt, 4))
+            running.sink.wait_done(handle)
+            if stream is not None:
+                running.engine.cancel(stream)
+                running.sink.wait_done(stream)
+        finally:
+            stop_engine(running)
+        return costs, running.sink.tokens[handle.id]
+
+    beside, tokens = run(beside=True)
+    alone, tokens_alone = run(beside=False)
+    assert tokens == tokens_alone
+    assert alone[0][0] == 64  # a whole --prefill-chunk where nothing else decodes
+    # beside the stream: the budget's cost, or MIN_DEEP_CHUNK tokens where it buys fewer
+    assert beside[0][0] == 40
+    assert all(c <= 40 + 1e-6 or t == _engine.MIN_DEEP_CHUNK for t, c in beside), beside
+    assert len(beside) > len(alone)
+
+
 def test_prefill_passes_shrink_with_depth_and_keep_the_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -614,7 +669,10 @@ def test_prefill_passes_shrink_with_depth_and_keep_the_numbers(
     from ninfer.engine._gguf import ModelArgs
 
     smollm2 = ModelArgs("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1e5, 1e-5)
-    assert _startup.keys_per_token(smollm2) == pytest.approx(1024)
+    # its matrices cost what 3,072 keys' attention does, by arithmetic
+    assert _startup.keys_per_token(smollm2) == pytest.approx(
+        3072 / _startup.ATTENTION_INEFFICIENCY, rel=1e-3
+    )
     path = write_tiny_gguf(tmp_path / "long.gguf", context=4096)
     prompt = _prompt(900, salt=3)
     config = EngineConfig(max_batch=4, kv_capacity=2048, page_size=16, prefill_chunk=64)
@@ -627,9 +685,9 @@ def test_prefill_passes_shrink_with_depth_and_keep_the_numbers(
         passes: list[tuple[int, int]] = []
         real = _engine.Engine._prefill_pass
 
-        def counted(self: Any, group: list[Any], size: int | None = None) -> None:
-            passes.extend((a.prefilled, size or self._chunk_at(a.prefilled)) for a in group)
-            real(self, group, size)
+        def counted(self: Any, group: list[Any], sizes: list[int]) -> None:
+            passes.extend((a.prefilled, size) for a, size in zip(group, sizes, strict=True))
+            real(self, group, sizes)
 
         monkeypatch.setattr(_engine.Engine, "_prefill_pass", counted)
         running = start_engine(path, config)

@@ -85,6 +85,14 @@ MIN_DEEP_CHUNK = 16
 # other requests decode, its passes come at most once every this many decode steps, so
 # that most of their tokens come at the pace they had before (docs/engine.md).
 SCORE_EVERY = 3
+# While other requests decode, a prefill pass is cut to take about this long (by the
+# measured seconds a cost unit: `Counters.unit_rate`), so that a stream's token waits
+# at most about this for a long prompt beside it. Chosen by measurement
+# (benchmarks/prefill.py --gaps; docs/benchmarks.md, "Long prompts").
+STREAM_PASS_S = 0.1
+# The same cut before any prefill pass was timed: tokens at depth 0 (on SmolLM2 on 2
+# cores, 64 tokens take ~0.1 s).
+COLD_STREAM_CHUNK = 64
 
 
 @attrs.frozen
@@ -152,18 +160,25 @@ class Counters:
     # scoring prompt tokens (the head over a chunk's rows, their logprobs): likewise
     score_seconds: float = 0.0
     score_counted: float = 0.0
+    # prefill seconds and cost units (a token at depth d costs 1 + d / keys_per_token:
+    # `Engine._chunk_at`), decaying sums: what a pass of a given cost takes now
+    unit_seconds: float = 0.0
+    unit_counted: float = 0.0
     pace: StepPace = attrs.field(factory=StepPace)  # between decode steps
     # When the engine last made progress, and how long the recent steps took (what a
     # stall is judged against).
     last_progress: float = attrs.field(factory=time.monotonic)
     recent_steps: deque[float] = attrs.field(factory=lambda: deque(maxlen=RECENT_STEPS))
 
-    def add_prefill(self, tokens: int, seconds: float, scoring: float) -> None:
-        """A prefill pass of `tokens` that took `seconds`, `scoring` of them scoring."""
+    def add_prefill(self, tokens: int, seconds: float, scoring: float, units: float) -> None:
+        """A prefill pass of `tokens` (`units` of cost) that took `seconds`, `scoring` of
+        them scoring."""
         self.prefill_tokens += tokens
         self.prefill_passes += 1
         self.prefill_seconds = 0.8 * self.prefill_seconds + (seconds - scoring)
         self.prefill_counted = 0.8 * self.prefill_counted + tokens
+        self.unit_seconds = 0.5 * self.unit_seconds + (seconds - scoring)
+        self.unit_counted = 0.5 * self.unit_counted + units
         if scoring:
             self.score_seconds = 0.8 * self.score_seconds + scoring
             self.score_counted = 0.8 * self.score_counted + tokens
@@ -173,6 +188,13 @@ class Counters:
         if self.prefill_counted < PREFILL_RATE_MIN_TOKENS:
             return 0.0
         return self.prefill_seconds / self.prefill_counted
+
+    def unit_rate(self) -> float:
+        """Seconds a cost unit of prefill, as the recent passes took (0.0 until one
+        pass of PREFILL_RATE_MIN_TOKENS was measured)."""
+        if self.unit_counted < PREFILL_RATE_MIN_TOKENS:
+            return 0.0
+        return self.unit_seconds / self.unit_counted
 
     def plain_share(self) -> float:
         """The share of a scoring pass's tokens that costs what a plain pass of the same
@@ -459,29 +481,36 @@ class Engine:
         in any number of rows (measured at start-up and by the self-check: the int4
         kernel and oneDNN's float32 matmul do), the chunks run as one pass, which pays a
         pass's fixed cost once; else one pass each."""
-        budget = float(self.config.prefill_chunk)  # in tokens at depth 0 (see _chunk_at)
-        group: list[Row] = []
-        rows = 0  # of the group's pass
         decoding = any(not x.paused for x in self._decoding)
+        chunk = float(self.config.prefill_chunk)  # in tokens at depth 0 (see _chunk_at)
+        if decoding:  # cut to the time budget (before any pass was measured: a guess)
+            unit = self._counters.unit_rate()
+            budget_units = STREAM_PASS_S / unit if unit > 0 else float(COLD_STREAM_CHUNK)
+            chunk = min(chunk, max(float(MIN_DEEP_CHUNK), budget_units))
+        budget = chunk
+        group: list[Row] = []
+        sizes: list[int] = []  # the group's chunks
+        rows = 0  # of the group's pass
         for a in list(self._waiting):
             scoring = a.request.prompt_logprobs is not None
             if scoring and decoding and self._since_score < SCORE_EVERY:
                 continue  # its next pass waits for the streams' next steps
             left = len(a.request.prompt_ids) - a.prefilled
-            size = min(self._chunk_at(a.prefilled), left)
+            size = min(self._chunk_at(a.prefilled, chunk), left)
             if scoring:  # a pass with its scoring costs what a plain pass does
                 share = self._counters.plain_share()
                 size = max(min(MIN_DEEP_CHUNK, size), int(size * share))
             cost = size * (1 + a.prefilled / self._p.keys_per_token)
-            first = budget == self.config.prefill_chunk  # (its chunk always goes)
+            first = budget == chunk  # (its chunk always goes)
             if (cost > budget + 1e-9 and not first) or not self._reserve(a):
                 break
             budget -= cost
             if a.request.prompt_logprobs is None and rows + size <= self._p.together_rows:
                 group.append(a)
+                sizes.append(size)
                 rows += size
             else:  # alone, as every prompt row's logits (prompt logprobs) need it
-                self._prefill_pass([a], size)
+                self._prefill_pass([a], [size])
                 if scoring:
                     self._since_score = 0
                     if a.prefilled >= len(a.request.prompt_ids):
@@ -489,18 +518,20 @@ class Engine:
             if size < left:
                 break  # its next chunk comes before anyone behind it
         if group:
-            self._prefill_pass(group)
+            self._prefill_pass(group, sizes)
 
-    def _chunk_at(self, depth: int) -> int:
+    def _chunk_at(self, depth: int, chunk: float | None = None) -> int:
         """The most prompt tokens one prefill pass takes of a prompt already `depth`
-        tokens in: --prefill-chunk at the start, fewer as each token attends to more
+        tokens in: `chunk` (--prefill-chunk, or fewer while others decode: `_prefill`)
+        at the start, fewer as each token attends to more
         keys, so that a pass deep into a long prompt costs no more than the first (each
         pass holds up every running stream for its duration). Measured on SmolLM2: 256
         tokens took 0.42 s at depth 0 and 1.8 s at depth 3,072, so a 7,300-token prompt
         (with or without prompt logprobs) held the other streams' next token for
         seconds at a time. A prompt's numbers do not depend on its chunks."""
-        chunk, keys = self.config.prefill_chunk, self._p.keys_per_token
-        return max(min(chunk, MIN_DEEP_CHUNK), int(chunk * (keys / (keys + depth))))
+        chunk = self.config.prefill_chunk if chunk is None else chunk
+        keys = self._p.keys_per_token
+        return max(int(min(chunk, MIN_DEEP_CHUNK)), int(chunk * (keys / (keys + depth))))
 
     def _reserve(self, a: Row) -> bool:
         """Give `a` its pages before its first chunk (those of its prompt's full pages
@@ -549,17 +580,19 @@ class Engine:
         if pool.used == 0:
             self._finish(a, "error", KV_MEMORY)
 
-    def _prefill_pass(self, group: list[Row], size: int | None = None) -> None:
-        """One pass over the next chunk of each request of `group` (`size`: the chunk of
-        a request alone, when cut shorter); those whose prompt is done get their first
-        token and move on to decoding."""
+    def _prefill_pass(self, group: list[Row], sizes: list[int]) -> None:
+        """One pass over the next chunk of each request of `group` (of `sizes` tokens,
+        as `_prefill` chose them); those whose prompt is done get their first token and
+        move on to decoding."""
         dev = self.config.device
         S = self.config.page_size
         chunks = [
-            a.request.prompt_ids[a.prefilled : a.prefilled + (size or self._chunk_at(a.prefilled))]
-            for a in group
+            a.request.prompt_ids[a.prefilled : a.prefilled + size]
+            for a, size in zip(group, sizes, strict=True)
         ]
         began = time.perf_counter()
+        keys = self._p.keys_per_token
+        units = sum(len(c) * (1 + a.prefilled / keys) for a, c in zip(group, chunks, strict=True))
         scoring = 0.0  # seconds of it spent scoring prompt tokens
         try:
             model = self._transformer
@@ -581,7 +614,7 @@ class Engine:
                 self._fail(a, "prefill")
             return
         tokens = sum(len(c) for c in chunks)
-        self._counters.add_prefill(tokens, time.perf_counter() - began, scoring)
+        self._counters.add_prefill(tokens, time.perf_counter() - began, scoring, units)
         for i, (a, chunk) in enumerate(zip(group, chunks, strict=True)):
             a.prefilled += len(chunk)
             if a.request.progress:

@@ -48,10 +48,11 @@ ROW_COST_ROWS = 17
 # What a pass costs per row against its fixed cost, where it was not measured.
 DEFAULT_ROW_COST = 9.0
 # Attention's arithmetic per key is this many times less efficient than the matrices'
-# (measured on SmolLM2 on the 2-core machine: a prompt token costs 1.65 ms in the
-# matrices and 1.5 us per key it attends to, where their arithmetic says 3,070 keys a
-# token's matrices: a ratio of 3).
-ATTENTION_INEFFICIENCY = 3.0
+# (measured on SmolLM2 on the 2-core machine with the blocked attention kernel: a
+# prompt token costs ~1.45 ms in the matrices and ~0.62 us per key it attends to (from
+# the prompt rates at ~530 and ~7,850 tokens), where their arithmetic says 3,070 keys a
+# token's matrices: a ratio of 1.3; it was 3 with the kernel before).
+ATTENTION_INEFFICIENCY = 1.3
 
 
 def keys_per_token(args: ModelArgs) -> float:
