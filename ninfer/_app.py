@@ -32,7 +32,7 @@ from hypercorn.typing import (
 from ninfer._bridge import EngineHost
 from ninfer._config import ServerConfig, config_from_env
 from ninfer._errors import ConfigError
-from ninfer._flow import serve_generation
+from ninfer._flow import serve_generation, serve_replay
 from ninfer._http import (
     ClientGone,
     Exchange,
@@ -50,6 +50,7 @@ from ninfer._hypercorn import adapt_hypercorn
 from ninfer._lifecycle import Lifecycle, Stage, Trigger
 from ninfer._lifespan import Lifespan
 from ninfer._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ninfer._streams import StreamSessions
 from ninfer.frontends import (
     FRONTENDS,
     Count,
@@ -60,12 +61,14 @@ from ninfer.frontends import (
     Routed,
     server_props,
 )
-from protocols import ApiError, Dialect, NativeDialect, dumps
+from protocols import ApiError, Dialect, NativeDialect, OpenAIDialect, dumps, loads
 
 __all__ = ["App", "create_app"]
 
 # Token counts served at once (/v1/messages/count_tokens).
 COUNT_TOKENS_CONCURRENCY = 2
+# Conversations one POST /v1/streams/lookup may name (the web UI names those it lists).
+LOOKUP_IDS_MAX = 10_000
 
 Handler = Callable[[HTTPScope, Exchange, Lifecycle, PathArgs], Awaitable[None]]
 
@@ -186,7 +189,7 @@ class App:
         # count_tokens takes no place in the scheduler (it never reaches the engine), so
         # it has a limit of its own: past it, 429 at once.
         self.counting = trio.CapacityLimiter(COUNT_TOKENS_CONCURRENCY)
-        native = NativeDialect()
+        native, openai = NativeDialect(), OpenAIDialect()
         self.routes = RouteTable(native)
         own = {
             "/health": Route({"GET": self._health}, native, open=True, logged=False),
@@ -198,6 +201,14 @@ class App:
             "/openapi.json": Route({"GET": self._openapi}, native, logged=False),
             "/props": Route({"GET": self._props}, native, logged=False),
             "/slots": Route({"GET": self._slots}, native, logged=False),
+            # llama-server's resumable streams (api.md, "Resumable streams")
+            "/v1/stream": Route(
+                {"GET": self._stream_get, "DELETE": self._stream_delete}, openai, logged=False
+            ),
+            "/v1/streams/lookup": Route({"POST": self._streams_lookup}, openai, logged=False),
+            # llama-server's built-in tools: not run here, answered as llama-server does
+            # when started without them (its web UI then offers none)
+            "/tools": Route({"GET": self._tools, "POST": self._tools}, openai, logged=False),
         }
         for path, route in own.items():
             self.routes.add(path, route)
@@ -469,6 +480,89 @@ class App:
             raise ApiError("server_overloaded", "no slot is idle", retry_after=1.0)
         await self._ok(ex, life, dumps(slots))
 
+    def _streams(self) -> StreamSessions:
+        streams = self.lifespan.ready().flow.streams
+        if streams is None or not streams.enabled:
+            raise ApiError(
+                "not_found", "resumable streams are off on this server (--stream-resume-s 0)"
+            )
+        return streams
+
+    async def _stream_get(
+        self, scope: HTTPScope, ex: Exchange, life: Lifecycle, a: PathArgs
+    ) -> None:
+        """llama-server's GET /v1/stream?conv_id=…&from=N: a resumable stream's bytes from
+        offset N (0 by default), then its live ones to its end."""
+        streams = self._streams()
+        query = _query(a.query)
+        conv = query.get("conv_id", "")
+        if not conv:
+            raise ApiError("invalid_request", "conv_id is required", param="conv_id")
+        session = streams.get(conv)
+        if session is None:
+            raise ApiError(
+                "not_found", "no stream for this conversation: never begun, stopped or expired"
+            )
+        raw = query.get("from", "0") or "0"
+        offset = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else -1
+        if offset < 0 or offset > session.total_bytes:
+            raise ApiError(
+                "invalid_request",
+                f"from must be a byte offset within the stream's {session.total_bytes} bytes",
+                param="from",
+            )
+        if offset < session.dropped:
+            raise ApiError(
+                "invalid_request",
+                "the stream no longer keeps the bytes from that offset; start again",
+                param="from",
+            )
+        await serve_replay(
+            self.lifespan.ready().flow, ex, session, offset, life.request_id.encode()
+        )
+
+    async def _stream_delete(
+        self, scope: HTTPScope, ex: Exchange, life: Lifecycle, a: PathArgs
+    ) -> None:
+        """llama-server's DELETE /v1/stream?conv_id=…: stop that conversation's generation
+        and drop its stream (204, also where there was none)."""
+        streams = self._streams()
+        conv = _query(a.query).get("conv_id", "")
+        if not conv:
+            raise ApiError("invalid_request", "conv_id is required", param="conv_id")
+        streams.delete(conv)
+        rid = [(b"x-request-id", life.request_id.encode())]
+        await send_bytes(ex.send, 204, b"", rid)
+
+    async def _streams_lookup(
+        self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs
+    ) -> None:
+        """llama-server's POST /v1/streams/lookup {"conversation_ids": [...]}: the streams
+        of the named conversations (never others': nobody can list them)."""
+        streams = self._streams()
+        self._require_json(scope)
+        deadline = trio.current_time() + self.config.read_timeout_s
+        body = await read_body(scope, ex.receive, self.config.max_request_bytes, deadline)
+        parsed = loads(body)
+        ids = parsed.get("conversation_ids", []) if isinstance(parsed, dict) else None
+        if (
+            not isinstance(ids, list)
+            or len(ids) > LOOKUP_IDS_MAX
+            or not all(isinstance(i, str) for i in ids)
+        ):
+            raise ApiError(
+                "invalid_request",
+                f"conversation_ids must be an array of at most {LOOKUP_IDS_MAX} strings",
+                param="conversation_ids",
+            )
+        await self._ok(ex, life, dumps(streams.lookup([i for i in ids if i])))
+
+    async def _tools(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs) -> None:
+        raise ApiError(
+            "feature_disabled",
+            "this server runs no built-in tools; send tools with the request instead",
+        )
+
     async def _openapi(self, scope: HTTPScope, ex: Exchange, life: Lifecycle, _: PathArgs) -> None:
         """The contract this server keeps (what `ninfer openapi` writes, and
         docs/openapi.json ships), built once."""
@@ -497,6 +591,17 @@ class App:
         """Prometheus text format; served while loading too (levels read as zero)."""
         body = self.lifespan.metrics.render()
         await self._ok(ex, life, body, content_type=METRICS_CONTENT_TYPE)
+
+
+def _query(raw: bytes) -> dict[str, str]:
+    """A query string's parameters (the first of each name), percent-decoded."""
+    from urllib.parse import parse_qsl
+
+    pairs = parse_qsl(raw.decode("latin-1"), keep_blank_values=True)
+    out: dict[str, str] = {}
+    for key, value in pairs:
+        out.setdefault(key, value)
+    return out
 
 
 def create_app(config: ServerConfig | None = None, **kwargs: Any) -> App:

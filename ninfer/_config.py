@@ -245,6 +245,14 @@ class ServerConfig:
         minimum=0.001,
         maximum=3600,
     )
+    stream_resume_s: float = setting(
+        60.0,
+        "a stream sent with X-Conversation-Id (llama.cpp's web UI) goes on this long "
+        "after its client leaves, for GET /v1/stream to resume; then it is cancelled. "
+        "0: streams end with their client",
+        minimum=0,
+        maximum=3600,
+    )
     api_key: str | None = setting(
         None,
         "require this key (Bearer or x-api-key) on all but /health, /ready; visible to "

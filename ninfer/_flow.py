@@ -31,6 +31,7 @@ from ninfer._http import (
 from ninfer._hypercorn import abort
 from ninfer._lifecycle import Lifecycle, Stage, Trigger
 from ninfer._requestlog import RequestLog
+from ninfer._streams import OffsetLost, StreamSession, StreamSessions, conversation_id
 from ninfer.engine import (
     GRAMMAR_LIMIT,
     KV_MEMORY,
@@ -55,7 +56,7 @@ from ninfer.frontends import (
 from protocols import ApiError
 from scheduler import AdmissionController, Overloaded, Ticket
 
-__all__ = ["EngineChannel", "FlowContext", "serve_generation"]
+__all__ = ["EngineChannel", "FlowContext", "serve_generation", "serve_replay"]
 
 
 class EngineChannel(Protocol):
@@ -88,21 +89,43 @@ class FlowContext:
     client_of: Callable[[HTTPScope], str | None] = lambda _scope: None
     # (seconds since the previous tokens, how many arrived): the inter-token metric.
     on_tokens: Callable[[float, int], None] = lambda _s, _n: None
+    # Resumable streams (X-Conversation-Id; ninfer._streams); None: none.
+    streams: StreamSessions | None = None
 
 
 class _Writer:
-    """Sends ASGI messages and notices when one has been in flight for too long."""
+    """Sends ASGI messages and notices when one has been in flight for too long. A
+    resumable stream's body bytes also go to its session (`tee`); once its client is
+    gone (`detached`), only there."""
 
-    def __init__(self, exchange: Exchange, timeout: float) -> None:
+    def __init__(
+        self,
+        exchange: Exchange,
+        timeout: float,
+        tee: StreamSession | None = None,
+        on_gone: Callable[[], None] = lambda: None,
+    ) -> None:
         self._exchange = exchange
         self.timeout = timeout
         self.in_flight_since: float | None = None
         self.completed = 0
+        self.tee = tee
+        self.detached = False
+        self._on_gone = on_gone  # a resumable stream's client went away (a failed write)
 
     async def send(self, message: ASGISendEvent) -> None:
+        if self.tee is not None and message["type"] == "http.response.body":
+            self.tee.append(message["body"])
+        if self.detached:
+            return
         self.in_flight_since = trio.current_time()
         try:
             await self._exchange.send(message)
+        except ClientGone:
+            if self.tee is None:
+                raise
+            self._on_gone()  # the answer goes on into the session
+            return
         finally:  # a write cancelled before it began is not one stuck on the client
             self.in_flight_since = None
         self.completed += 1
@@ -268,9 +291,15 @@ class _Run:
     last_at: float = 0.0  # when tokens last arrived (for the inter-token metric)
     answer: Answer | None = None  # once prepared
     writer: _Writer = attrs.field(init=False)
+    # A resumable stream's session (X-Conversation-Id), and the nursery its watchers run in
+    session: StreamSession | None = None
+    nursery: trio.Nursery | None = None
+    # request_cancelled's cause where it was not the client's leaving: abandoned (nobody
+    # resumed its stream in time), stopped (DELETE /v1/stream), replaced
+    cause: str | None = None
 
     def __attrs_post_init__(self) -> None:
-        self.writer = _Writer(self.exchange, self.ctx.write_timeout_s)
+        self.writer = _Writer(self.exchange, self.ctx.write_timeout_s, on_gone=self._detach)
 
     async def cut_by_shutdown(self) -> None:
         """Record a request the shutdown ends (request_cancelled, cause shutdown) and end
@@ -337,7 +366,13 @@ class _Run:
         self.progress = ctx.service_times.track(
             ticket, prompt_tokens, req.max_new_tokens * len(prepared.requests)
         )
-        extra = {"choices": len(prepared.requests)} if len(prepared.requests) > 1 else {}
+        extra: dict[str, Any] = (
+            {"choices": len(prepared.requests)} if len(prepared.requests) > 1 else {}
+        )
+        conv = conversation_id(header(self.scope, b"x-conversation-id"))
+        if prepared.stream and conv is not None and ctx.streams and ctx.streams.enabled:
+            self.session = ctx.streams.open(conv, self._stop)
+            extra["resumable"] = True
         life.prepared(
             trio.current_time(),
             prompt_tokens=prompt_tokens,
@@ -350,8 +385,11 @@ class _Run:
             **prepared.log_fields,
         )
         failure: ApiError | None = None
+        if self.session is not None:
+            self.writer.tee = self.session
         try:
             async with trio.open_nursery() as nursery:
+                self.nursery = nursery
                 nursery.start_soon(self._watch_disconnect)
                 nursery.start_soon(self.writer.watch, lambda: self._stalled(ticket))
                 with self.work:
@@ -363,15 +401,18 @@ class _Run:
                         self._gone()  # the connection broke while we wrote to it
                 nursery.cancel_scope.cancel()
         finally:  # however it ended (a shutdown's cancellation too): nobody reads on
+            self.nursery = None
             for handle in self.handles:
                 ctx.engine.cancel(handle)  # a no-op once the engine has finished it
+            if self.session is not None and ctx.streams is not None:
+                ctx.streams.close(self.session)  # its readers see the end
         # Only this task moves the lifecycle: the watchers above just noted what they saw
         # (the work may have run on to its next checkpoint after they cancelled it).
         now = trio.current_time()
         if self.stalled and life.allows(Trigger.STALLED):
             life.stalled(now)
         elif self.client_gone and life.allows(Trigger.GONE):
-            life.gone(now)
+            life.gone(now, cause=self.cause)
         if failure is not None:
             raise failure  # refuse() records it unless the outcome is already decided
         if life.stage is Stage.RESPOND:
@@ -384,8 +425,45 @@ class _Run:
         if not self.life.decided:
             self.work.cancel()
 
+    def _detach(self) -> None:
+        """A resumable stream's client went away: the generation goes on into its
+        session while a reader may come back for it (`_watch_abandoned`)."""
+        if self.writer.detached:
+            return
+        self.writer.detached = True
+        if self.nursery is not None:
+            self.nursery.start_soon(self._watch_abandoned)
+
+    def _stop(self, cause: str) -> None:
+        """End the generation for `cause` (its session was stopped or abandoned):
+        request_cancelled with that cause, unless the outcome is settled already."""
+        self.cause = cause
+        self._gone()
+
+    async def _watch_abandoned(self) -> None:
+        """Stop the generation once its session has had no reader for --stream-resume-s
+        (the seed's rule, with a bounded wait: work nobody waits for is cancelled)."""
+        session, streams = self.session, self.ctx.streams
+        assert session is not None
+        assert streams is not None
+        while True:
+            if session.readers == 0:
+                with trio.move_on_after(streams.resume_s) as waiting:
+                    while session.readers == 0:
+                        await session.changed()
+                if waiting.cancelled_caught:
+                    self._stop("abandoned")
+                    return
+            while session.readers > 0:
+                await session.changed()
+
     def _stalled(self, ticket: Ticket) -> None:
-        """The client stopped reading: free the slot and pages now, whatever send does."""
+        """The client stopped reading: free the slot and pages now, whatever send does.
+        (A resumable stream's generation goes on: the connection is closed under the
+        stuck write, which then fails, and the stream is followed in its session.)"""
+        if self.session is not None:
+            self._detach()
+            return
         self.stalled = True
         for handle in self.handles:
             self.ctx.engine.cancel(handle)
@@ -396,7 +474,10 @@ class _Run:
         while True:
             message = await self.exchange.receive()
             if message["type"] == "http.disconnect":
-                self._gone()
+                if self.session is not None:
+                    self._detach()
+                else:
+                    self._gone()
                 return
 
     async def _admit_and_generate(self, ticket: Ticket, prepared: Prepared) -> None:
@@ -454,6 +535,9 @@ class _Run:
             ),
             outcome.timing,
             stream=prepared.stream,
+            session=None
+            if self.session is None
+            else {"client_left": self.writer.detached, "resumes": self.session.resumes},
         )
         # The engine has finished with it: its place and pages are free before the last
         # bytes are written, so the answer's reader can be admitted again at once.
@@ -590,3 +674,54 @@ class _Run:
                 *headers,
             ],
         )
+
+
+async def serve_replay(
+    ctx: FlowContext, exchange: Exchange, session: StreamSession, offset: int, rid: bytes
+) -> None:
+    """GET /v1/stream: a session's bytes from `offset`, then its live ones to its end, as
+    an SSE response. The reader counts as the stream's client while attached: its
+    generation is not abandoned meanwhile. A reader that stops reading is cut off after
+    --write-timeout-s, as any client; one that falls SESSION_BYTES behind is ended (its
+    next resume is refused: the bytes are gone)."""
+    writer = _Writer(exchange, ctx.write_timeout_s)
+    session.attach()
+    try:
+        async with trio.open_nursery() as nursery:
+            done = nursery.cancel_scope.cancel
+
+            async def disconnect() -> None:
+                while (await exchange.receive())["type"] != "http.disconnect":
+                    pass
+                done()
+
+            nursery.start_soon(disconnect)
+            nursery.start_soon(writer.watch, lambda: None)
+            await writer.send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream"),
+                        (b"cache-control", b"no-cache"),
+                        (b"x-accel-buffering", b"no"),
+                        (b"x-request-id", rid),
+                    ],
+                    "trailers": False,
+                }
+            )
+            try:
+                async for chunk in session.read_from(offset):
+                    await writer.send(
+                        {"type": "http.response.body", "body": chunk, "more_body": True}
+                    )
+            except OffsetLost:  # fell behind what the session keeps: a broken stream,
+                await abort()  # never an end that looks whole
+                done()
+                return
+            await writer.send({"type": "http.response.body", "body": b"", "more_body": False})
+            done()
+    except ClientGone:
+        pass
+    finally:
+        session.detach()

@@ -179,10 +179,19 @@ class Lifecycle:
             "total": now - self.arrival,
         }
 
-    def settled(self, finish: Finish, timing: Mapping[str, float], *, stream: bool) -> None:
+    def settled(
+        self,
+        finish: Finish,
+        timing: Mapping[str, float],
+        *,
+        stream: bool,
+        session: Mapping[str, Any] | None = None,
+    ) -> None:
         # A budget cut short by a full KV pool is told to the client as its length; the
         # record says so in a field of its own (the finish reasons of schema v1 stay).
         extra: dict[str, Any] = {"cut_by": "kv_pool"} if finish.reason == "capacity" else {}
+        if session is not None:  # a resumable stream: whether its client left, resumes
+            extra["stream_session"] = dict(session)
         if finish.speculative is not None:  # the server speculates (--spec)
             extra["speculative"] = attrs.asdict(finish.speculative)
         self.tokens = (finish.usage.prompt_tokens, finish.usage.completion_tokens)
@@ -223,9 +232,15 @@ class Lifecycle:
         )
         return {"elapsed_seconds": now - self.arrival, "queue_seconds": queued}
 
-    def gone(self, now: float) -> None:
-        """The client went away (in RESPOND: the settled outcome stands)."""
-        self._go(Trigger.GONE, **self._cancelled_fields(now))
+    def gone(self, now: float, *, cause: str | None = None) -> None:
+        """The client went away (in RESPOND: the settled outcome stands); `cause` where
+        it was not simply its leaving: a resumable stream `abandoned` (nobody came back
+        for it in time), `stopped` (DELETE /v1/stream) or `replaced` (by a newer
+        generation of its conversation)."""
+        fields = self._cancelled_fields(now)
+        if fields and cause is not None:
+            fields["cause"] = cause
+        self._go(Trigger.GONE, **fields)
 
     def cut(self, now: float) -> None:
         """The server's shutdown ended the request before its outcome was settled:

@@ -27,6 +27,7 @@ from ninfer._flow import FlowContext
 from ninfer._http import client_address, trusted_networks
 from ninfer._metrics import Metrics
 from ninfer._requestlog import RequestLog
+from ninfer._streams import StreamSessions
 from ninfer.engine import (
     ChatText,
     EngineConfig,
@@ -265,6 +266,7 @@ class Lifespan:
             draining=lambda: self.shutting_down() if self.draining else None,
             service_times=service_times,
             on_tokens=self.metrics.inter_token,
+            streams=StreamSessions(cfg.stream_resume_s),
             client_of=functools.partial(
                 client_address, trusted=trusted_networks(cfg.trusted_proxies)
             ),

@@ -151,6 +151,7 @@ _ANTHROPIC_TYPES = {
     "unsupported_media_type": "invalid_request_error",
     "request_timeout": "timeout_error",
     "unauthorized": "authentication_error",
+    "feature_disabled": "permission_error",
     "not_found": "not_found_error",
     "model_not_found": "not_found_error",
     "method_not_allowed": "invalid_request_error",

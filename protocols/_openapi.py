@@ -395,6 +395,57 @@ def openapi_document(version: str) -> dict[str, Any]:
                               **_errors(native_err, ("401", "429", "503"), "X-Request-Id")},
             }
         },
+        "/v1/stream": {
+            "get": {
+                "summary": "llama-server's resumable stream: a generation's SSE bytes from an "
+                "offset, then its live ones to its end (docs/api.md, Resumable streams)",
+                "parameters": [{"name": "conv_id", "in": "query", "required": True,
+                                "schema": {"type": "string"}},
+                               {"name": "from", "in": "query",
+                                "schema": {"type": "integer", "minimum": 0}}],
+                "responses": {"200": {"description": "the stream's bytes, as first sent",
+                                      "content": {"text/event-stream": {
+                                          "schema": {"type": "string"}}}},
+                              **_errors(openai_err, ("400", "401", "404", "503"),
+                                        "X-Request-Id")},
+            },
+            "delete": {
+                "summary": "stop a conversation's generation and drop its stream (llama-server's)",
+                "parameters": [{"name": "conv_id", "in": "query", "required": True,
+                                "schema": {"type": "string"}}],
+                "responses": {"204": {"description": "stopped, or there was none"},
+                              **_errors(openai_err, ("400", "401", "404", "503"),
+                                        "X-Request-Id")},
+            },
+        },
+        "/v1/streams/lookup": {
+            "post": {
+                "summary": "the resumable streams of the named conversations (llama-server's)",
+                "requestBody": {"required": True, "content": _json(
+                    {"type": "object", "properties": {"conversation_ids": {
+                        "type": "array", "items": {"type": "string"}}}})},
+                "responses": {"200": {"description": "one entry a stream", "content": _json(
+                    {"type": "array", "items": {
+                        "type": "object",
+                        "required": ["conversation_id", "is_done", "total_bytes",
+                                     "started_at", "completed_at"],
+                        "properties": {"conversation_id": {"type": "string"},
+                                       "is_done": {"type": "boolean"},
+                                       "total_bytes": {"type": "integer"},
+                                       "started_at": {"type": "integer"},
+                                       "completed_at": {"type": "integer"}}}})},
+                              **_errors(openai_err, ("400", "401", "404", "503"),
+                                        "X-Request-Id")},
+            }
+        },
+        "/tools": {
+            method: {
+                "summary": "llama-server's built-in tools: not run here (403 feature_disabled, "
+                "as llama-server answers when started without them)",
+                "responses": _errors(openai_err, ("401", "403"), "X-Request-Id"),
+            }
+            for method in ("get", "post")
+        },
         "/tokenize": tokenizing(
             "a text's tokens (llama.cpp's and vLLM's shapes, one answer)",
             TokenizeRequest, TokenizeResponse, "tokenized"),
