@@ -75,11 +75,15 @@ def _sha256(path: Path) -> str:
 
 def extract_tests(sdist: Path, workdir: Path) -> Path:
     """tools/server/tests of the sdist, under workdir/tests-<build>."""
-    out = workdir / sdist.name.removesuffix(".tar.gz")
-    tests = out / "tests"
-    if tests.is_dir():
-        return tests
-    marker = "/tools/server/tests/"
+    tests = workdir / sdist.name.removesuffix(".tar.gz") / "tests"
+    if not tests.is_dir():
+        extract_dir(sdist, "tools/server/tests", tests)
+    return tests
+
+
+def extract_dir(sdist: Path, folder: str, target: Path) -> None:
+    """The sdist's `folder` (a path under its llama.cpp/) written to `target`."""
+    marker = f"/{folder}/"
     with tarfile.open(sdist) as tar:
         for member in tar.getmembers():
             if marker not in member.name or not (member.isfile() or member.isdir()):
@@ -87,15 +91,14 @@ def extract_tests(sdist: Path, workdir: Path) -> Path:
             rel = member.name.split(marker, 1)[1]
             if not rel or ".." in Path(rel).parts:
                 continue
-            target = tests / rel
+            out = target / rel
             if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
+                out.mkdir(parents=True, exist_ok=True)
                 continue
-            target.parent.mkdir(parents=True, exist_ok=True)
+            out.parent.mkdir(parents=True, exist_ok=True)
             source = tar.extractfile(member)
             assert source is not None
-            target.write_bytes(source.read())
-    return tests
+            out.write_bytes(source.read())
 
 
 def suite_python(tests: Path, workdir: Path) -> Path:
