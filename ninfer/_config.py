@@ -20,7 +20,14 @@ from typing import Any, Literal, Union
 import attrs
 
 from ninfer._errors import ConfigError
-from ninfer.engine import DTYPE_NAMES, KERNEL_MODES, KV_DTYPES, SPEC_BACKENDS, WEIGHT_MODES
+from ninfer.engine import (
+    DTYPE_NAMES,
+    KERNEL_MODES,
+    KV_DTYPES,
+    POOLINGS,
+    SPEC_BACKENDS,
+    WEIGHT_MODES,
+)
 
 __all__ = [
     "SETTINGS",
@@ -252,6 +259,21 @@ class ServerConfig:
         "0: streams end with their client",
         minimum=0,
         maximum=3600,
+    )
+    pooling: str = setting(
+        "auto",
+        "how an embedding's token states become its vector (/v1/embeddings, /embedding): "
+        "auto (the GGUF's pooling_type where it has one, else mean), mean, last, cls, or "
+        "none (one vector a token: llama-server's /embedding routes only)",
+        choices=("auto", *POOLINGS),
+    )
+    embd_normalize: int = setting(
+        2,
+        "how embeddings are normalized (llama-server's): -1 none, 0 max absolute to "
+        "int16's range, 1 taxicab, 2 euclidean, p > 2 the p-norm; a request's "
+        "embd_normalize wins",
+        minimum=-1,
+        maximum=64,
     )
     api_key: str | None = setting(
         None,

@@ -373,17 +373,25 @@ class _Run:
         if prepared.stream and conv is not None and ctx.streams and ctx.streams.enabled:
             self.session = ctx.streams.open(conv, self._stop)
             extra["resumable"] = True
-        life.prepared(
-            trio.current_time(),
-            prompt_tokens=prompt_tokens,
-            max_new_tokens=req.max_new_tokens,
-            stream=prepared.stream,
-            sampling=_logged_sampling(req),
-            stop_count=len(req.stop),
-            ignore_eos=req.ignore_eos,
-            **extra,
-            **prepared.log_fields,
-        )
+        if req.embed is not None:  # its own record: its inputs and pooling (log_fields)
+            life.prepared(
+                trio.current_time(),
+                prompt_tokens=prompt_tokens,
+                stream=False,
+                **prepared.log_fields,
+            )
+        else:
+            life.prepared(
+                trio.current_time(),
+                prompt_tokens=prompt_tokens,
+                max_new_tokens=req.max_new_tokens,
+                stream=prepared.stream,
+                sampling=_logged_sampling(req),
+                stop_count=len(req.stop),
+                ignore_eos=req.ignore_eos,
+                **extra,
+                **prepared.log_fields,
+            )
         failure: ApiError | None = None
         if self.session is not None:
             self.writer.tee = self.session
@@ -482,10 +490,15 @@ class _Run:
 
     async def _admit_and_generate(self, ticket: Ticket, prepared: Prepared) -> None:
         life, ctx = self.life, self.ctx
-        units = sum(
-            ctx.pages_needed(len(r.prompt_ids), r.reserved_tokens) for r in prepared.requests
-        )
-        slots = len(prepared.requests)
+        pages = [ctx.pages_needed(len(r.prompt_ids), r.reserved_tokens) for r in prepared.requests]
+        wave = prepared.wave or len(pages)
+        if prepared.wave:  # at most `wave` inputs in the engine at once: their pages
+            pages.sort(reverse=True)
+            while wave > 1 and sum(pages[:wave]) > ctx.scheduler.units_total:
+                wave -= 1
+        units = sum(pages[:wave])
+        # a running slot per sequence decoded; an embedding request decodes none: one
+        slots = 1 if prepared.wave else len(pages)
         with trio.move_on_at(life.arrival + ctx.pending_timeout_s) as queue_scope:
             await ctx.scheduler.admit(ticket, units, slots)
         if queue_scope.cancelled_caught:
@@ -495,19 +508,15 @@ class _Run:
                 retry_after=ctx.scheduler.admitted_in(units),
             )
         life.admitted(trio.current_time())
-        streams = []
-        try:
-            for req in prepared.requests:
-                handle, events = ctx.engine.submit(req)
-                self.handles.append(handle)
-                streams.append(events)
-        except Exception as exc:  # the engine stopped or refused: not the client's fault
-            raise ApiError("internal_error", "the engine is not accepting requests") from exc
         answer = self.answer = prepared.answer
-        if prepared.stream:
-            await self._start_stream(prepared.headers)
-            await self.writer.frames(answer.head())
-        choices = await self._collect(streams, prepared)
+        if prepared.wave:
+            choices = await self._collect_waves(prepared, wave)
+        else:
+            streams = [self._submit(req) for req in prepared.requests]
+            if prepared.stream:
+                await self._start_stream(prepared.headers)
+                await self.writer.frames(answer.head())
+            choices = await self._collect(streams, prepared)
         # A choice the engine ended without an answer (an error; or cancelled, which only
         # a stopping engine does to a request its reader still waits for) fails them all.
         unanswered = [c for c in choices if c.finish is None or c.finish.reason in _UNANSWERED]
@@ -538,6 +547,7 @@ class _Run:
             session=None
             if self.session is None
             else {"client_left": self.writer.detached, "resumes": self.session.resumes},
+            inputs=len(choices),
         )
         # The engine has finished with it: its place and pages are free before the last
         # bytes are written, so the answer's reader can be admitted again at once.
@@ -559,6 +569,48 @@ class _Run:
             )
             await self.writer.send({"type": "http.response.body", "body": body, "more_body": False})
         life.sent()
+
+    def _submit(self, req: GenerationRequest) -> trio.MemoryReceiveChannel[Event]:
+        """Give the engine one of the request's sequences; its events' channel."""
+        try:
+            handle, events = self.ctx.engine.submit(req)
+        except Exception as exc:  # the engine stopped or refused: not the client's fault
+            raise ApiError("internal_error", "the engine is not accepting requests") from exc
+        self.handles.append(handle)
+        return events
+
+    async def _collect_waves(self, prepared: Prepared, wave: int) -> list[_Sequence]:
+        """An embedding request's inputs, at most `wave` in the engine at once (the pages
+        it was admitted with), the next submitted as each one finishes; after a failure
+        none more (the others are cancelled and the request fails)."""
+        requests = prepared.requests
+        sequences = [_Sequence() for _ in requests]
+        send, receive = trio.open_memory_channel[tuple[int, Event]](0)
+        submitted = finished = 0
+        failed = False
+        async with trio.open_nursery() as nursery, send, receive:
+
+            def submit() -> None:
+                nonlocal submitted
+                events = self._submit(requests[submitted])
+                nursery.start_soon(self._forward, submitted, events, send.clone())
+                submitted += 1
+
+            while submitted < min(wave, len(requests)):
+                submit()
+            while finished < submitted:
+                i, event = await receive.receive()
+                await self._take(i, event, sequences[i], prepared)
+                if not isinstance(event, Finish):
+                    continue
+                finished += 1
+                if event.reason in _UNANSWERED:
+                    failed = True
+                    for handle in self.handles:
+                        self.ctx.engine.cancel(handle)
+                elif not failed and submitted < len(requests):
+                    submit()
+        return sequences
 
     async def _collect(
         self, streams: list[trio.MemoryReceiveChannel[Event]], prepared: Prepared

@@ -186,6 +186,7 @@ class Lifecycle:
         *,
         stream: bool,
         session: Mapping[str, Any] | None = None,
+        inputs: int = 1,
     ) -> None:
         # A budget cut short by a full KV pool is told to the client as its length; the
         # record says so in a field of its own (the finish reasons of schema v1 stay).
@@ -194,6 +195,9 @@ class Lifecycle:
             extra["stream_session"] = dict(session)
         if finish.speculative is not None:  # the server speculates (--spec)
             extra["speculative"] = attrs.asdict(finish.speculative)
+        if finish.reason == "embedded":  # an embedding request (request_start's kind)
+            extra["kind"] = "embedding"
+            extra["inputs"] = inputs
         self.tokens = (finish.usage.prompt_tokens, finish.usage.completion_tokens)
         self._go(
             Trigger.SETTLED,

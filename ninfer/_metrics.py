@@ -185,7 +185,7 @@ class Metrics:
         )
         self.request_success = Counter(
             "ninfer_request_success",
-            "Generation requests completed, by finish reason.",
+            "Requests completed, by finish reason (embedded: an embedding request).",
             ["finished_reason"],
             registry=r,
         )
@@ -247,6 +247,17 @@ class Metrics:
             buckets=(1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
             registry=r,
         )
+        self.embedding_inputs = Counter(
+            "ninfer_embedding_inputs",
+            "Inputs of completed embedding requests (each a vector).",
+            registry=r,
+        )
+        self.embedding_latency = Histogram(
+            "ninfer_embedding_request_latency_seconds",
+            "Time from arrival to the answer's vectors, completed embedding requests.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         r.register(_Levels(scheduler, engine, request_log))
 
     def on_event(self, event: str, fields: Mapping[str, Any]) -> None:
@@ -254,6 +265,11 @@ class Metrics:
         if event == "request_done":
             t = fields["timings_seconds"]
             self.request_success.labels(fields["finish_reason"]).inc()
+            if fields.get("kind") == "embedding":  # no token: its own series
+                self.embedding_inputs.inc(fields["inputs"])
+                self.embedding_latency.observe(t["total"])
+                self.prompt_len.observe(fields["prompt_tokens"])
+                return
             self.queue_time.observe(t["queue"])
             self.ttft.observe(t["ttft"])
             self.e2e.observe(t["total"])

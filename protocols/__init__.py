@@ -122,6 +122,19 @@ from protocols._dialect import (
     NativeDialect,
     OpenAIDialect,
 )
+from protocols._embeddings import (
+    EMBED_MAX_INPUTS,
+    ENCODING_FORMATS,
+    POOLING_NAMES,
+    EmbeddingCodec,
+    EmbeddingData,
+    EmbeddingInput,
+    EmbeddingList,
+    EmbeddingRequest,
+    EmbeddingUsage,
+    LlamaEmbedding,
+    LlamaEmbeddingRequest,
+)
 from protocols._errors import (
     KINDS,
     ApiError,
@@ -176,8 +189,11 @@ from protocols._tools import (
 
 __all__ = [
     "ANTHROPIC_STREAM_EVENTS",
+    "EMBED_MAX_INPUTS",
+    "ENCODING_FORMATS",
     "KINDS",
     "NATIVE_STREAM_EVENTS",
+    "POOLING_NAMES",
     "RESPONSES_STREAM_EVENTS",
     "AnthropicCodec",
     "AnthropicDialect",
@@ -219,6 +235,12 @@ __all__ = [
     "DetokenizeRequest",
     "DetokenizeResponse",
     "Dialect",
+    "EmbeddingCodec",
+    "EmbeddingData",
+    "EmbeddingInput",
+    "EmbeddingList",
+    "EmbeddingRequest",
+    "EmbeddingUsage",
     "Encoder",
     "ErrorKind",
     "FunctionCall",
@@ -240,6 +262,8 @@ __all__ = [
     "LlamaCodec",
     "LlamaCompletion",
     "LlamaCompletionRequest",
+    "LlamaEmbedding",
+    "LlamaEmbeddingRequest",
     "LlamaTimings",
     "MessageDelta",
     "MessageResponse",

@@ -32,6 +32,12 @@ from protocols._answers import (
     ResponseObject,
 )
 from protocols._anthropic import CountTokensRequest, MessagesRequest
+from protocols._embeddings import (
+    EmbeddingList,
+    EmbeddingRequest,
+    LlamaEmbedding,
+    LlamaEmbeddingRequest,
+)
 from protocols._llama import AppliedTemplate, LlamaCompletion, LlamaCompletionRequest
 from protocols._native import (
     DetokenizeRequest,
@@ -192,6 +198,17 @@ def openapi_document(version: str) -> dict[str, Any]:
                 },
             }
         }
+
+    def embedding(
+        summary: str, body: dict[str, Any], ok: dict[str, Any], errors: dict[str, Any]
+    ) -> dict[str, Any]:
+        return {"post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": _json(body)},
+            "responses": {"200": {"description": "the inputs' vectors, in order",
+                                  "headers": rid, "content": _json(ok)},
+                          **errors},
+        }}  # fmt: skip
 
     def tokenizing(summary: str, request: type, answer: type, what: str) -> dict[str, Any]:
         """A native POST route that answers one JSON object (/tokenize, /detokenize)."""
@@ -366,6 +383,21 @@ def openapi_document(version: str) -> dict[str, Any]:
              "x-stream-end": "the event with stop: true"},
             _errors(native_err, _NATIVE_STATUSES, "X-Request-Id"),
         ),
+        "/v1/embeddings": embedding(
+            "OpenAI-compatible embeddings: a vector an input (docs/api.md, Embeddings)",
+            req(EmbeddingRequest, True),
+            resp(EmbeddingList),
+            _errors(openai_err, _COMPAT_STATUSES, "X-Request-Id"),
+        ),
+        **{
+            path: embedding(
+                "llama-server's embeddings: a JSON array of {index, embedding} (rows)",
+                req(LlamaEmbeddingRequest, False),
+                {"type": "array", "items": resp(LlamaEmbedding)},
+                _errors(native_err, _NATIVE_STATUSES, "X-Request-Id"),
+            )
+            for path in ("/embedding", "/embeddings")
+        },
         "/apply-template": {
             "post": {
                 "summary": "a chat rendered to the prompt /v1/chat/completions would use "

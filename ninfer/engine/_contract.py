@@ -10,6 +10,8 @@ reports (`EngineStatistics`). The server imports this module and nothing else of
 
 from __future__ import annotations
 
+import array
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
@@ -19,12 +21,15 @@ __all__ = [
     "DTYPE_NAMES",
     "KERNEL_MODES",
     "KV_DTYPES",
+    "POOLINGS",
     "THINK_CLOSE",
     "THINK_OPEN",
     "WEIGHT_MODES",
     "ChatTemplate",
     "ChatText",
     "CompiledGrammar",
+    "EmbedSpec",
+    "Embedding",
     "EngineConfig",
     "EngineStatistics",
     "EngineTimings",
@@ -37,6 +42,7 @@ __all__ = [
     "Misfit",
     "ModelIdentity",
     "PathCheck",
+    "Pooling",
     "RequestHandle",
     "SamplingParams",
     "SamplingPreset",
@@ -67,8 +73,51 @@ SPEC_BACKENDS = ("none", "ngram")
 # eos: an end-of-sequence token; stop: a stop string; length: the output budget;
 # context: the end of the context window; capacity: past its reserved output, no free
 # KV page was left to grow into; cancelled: the caller cancelled;
-# error: serving this request failed (the message says why, the log has detail).
-FinishReason = Literal["eos", "stop", "length", "context", "capacity", "cancelled", "error"]
+# error: serving this request failed (the message says why, the log has detail);
+# embedded: an embedding request's prompt was computed (its Finish carries the vector).
+FinishReason = Literal[
+    "eos", "stop", "length", "context", "capacity", "cancelled", "error", "embedded"
+]
+
+# How an embedding request's token states become its vector (llama.cpp's --pooling):
+# their mean, the last token's, the first token's (cls), or none (one vector a token).
+Pooling = Literal["mean", "last", "cls", "none"]
+POOLINGS: tuple[Pooling, ...] = ("mean", "last", "cls", "none")
+
+
+@attrs.frozen
+class EmbedSpec:
+    """An embedding request: its prompt is computed (no output is sampled), and its
+    final-norm hidden states, pooled and normalized, come back in its Finish."""
+
+    pooling: Pooling = "mean"
+    # llama.cpp's embd_normalize: -1 none, 0 max absolute scaled to int16's range,
+    # 1 taxicab, 2 euclidean, p > 2 the p-norm. Pooling `none` is never normalized.
+    normalize: int = 2
+
+
+@attrs.frozen
+class Embedding:
+    """An embedding request's vectors: `rows` float32 vectors of `dim` values, little-
+    endian, row after row (one row when pooled, one a prompt token with pooling none)."""
+
+    data: bytes = attrs.field(repr=False)
+    rows: int
+    dim: int
+
+    def row(self, i: int) -> bytes:
+        """Vector i's bytes (OpenAI's base64 encoding of it)."""
+        n = 4 * self.dim
+        return self.data[i * n : (i + 1) * n]
+
+    def vectors(self) -> list[list[float]]:
+        """The vectors as floats (each float32 value exactly, as a Python float)."""
+        values = array.array("f")
+        values.frombytes(self.data)
+        if sys.byteorder != "little":
+            values.byteswap()
+        flat = values.tolist()
+        return [flat[i * self.dim : (i + 1) * self.dim] for i in range(self.rows)]
 
 
 @attrs.frozen(eq=False)
@@ -265,6 +314,9 @@ class GenerationRequest:
     # A PromptProgress event after each prefill pass over its prompt (llama-server's
     # `return_progress`).
     progress: bool = False
+    # An embedding request (max_new_tokens 0): its whole prompt is computed, never
+    # served from the prefix cache, and its Finish (reason `embedded`) carries the vector.
+    embed: EmbedSpec | None = None
 
     @property
     def events_bound(self) -> int:
@@ -381,6 +433,7 @@ class Finish:
     stop_string: str | None = None
     error: str | None = None
     speculative: SpeculativeCounts | None = None  # when the engine speculates (--spec)
+    embedding: Embedding | None = None  # an embedding request's (reason `embedded`)
 
 
 Event = TokenDelta | PromptProgress | Finish
@@ -463,6 +516,8 @@ class ModelIdentity:
     context_length: int
     vocab_size: int
     path: str
+    # The GGUF's `<arch>.pooling_type` (an embedding model's), when it has one
+    pooling: Pooling | None = None
 
 
 @attrs.frozen
@@ -642,6 +697,8 @@ class ServedModel:
     # Compiles a grammar for this engine on the calling thread (thread-safe; ValueError
     # for a grammar it refuses); None where the engine takes grammars as text only.
     compile_grammar: Callable[[str], CompiledGrammar] | None = attrs.field(default=None, eq=False)
+    # The width of its hidden states: an embedding's values (0: an engine that does not say)
+    embedding_length: int = 0
 
     def pages_needed(self, prompt_tokens: int, reserved_tokens: int) -> int:
         """KV pages a request reserves: its whole prompt plus its reserved output."""

@@ -491,9 +491,11 @@ class Engine:
         group: list[Row] = []
         sizes: list[int] = []  # the group's chunks
         rows = 0  # of the group's pass
+        background = False  # the group holds an embedding request's chunk
         for a in list(self._waiting):
             scoring = a.request.prompt_logprobs is not None
-            if scoring and decoding and self._since_score < SCORE_EVERY:
+            embedding = a.request.embed is not None
+            if (scoring or embedding) and decoding and self._since_score < SCORE_EVERY:
                 continue  # its next pass waits for the streams' next steps
             left = len(a.request.prompt_ids) - a.prefilled
             size = min(self._chunk_at(a.prefilled, chunk), left)
@@ -505,13 +507,14 @@ class Engine:
             if (cost > budget + 1e-9 and not first) or not self._reserve(a):
                 break
             budget -= cost
-            if a.request.prompt_logprobs is None and rows + size <= self._p.together_rows:
+            if not scoring and rows + size <= self._p.together_rows:
                 group.append(a)
                 sizes.append(size)
                 rows += size
+                background = background or embedding
             else:  # alone, as every prompt row's logits (prompt logprobs) need it
                 self._prefill_pass([a], [size])
-                if scoring:
+                if scoring or embedding:
                     self._since_score = 0
                     if a.prefilled >= len(a.request.prompt_ids):
                         trim_heap()  # its passes' logits: hundreds of MB, given back
@@ -519,6 +522,8 @@ class Engine:
                 break  # its next chunk comes before anyone behind it
         if group:
             self._prefill_pass(group, sizes)
+            if background:
+                self._since_score = 0
 
     def _chunk_at(self, depth: int, chunk: float | None = None) -> int:
         """The most prompt tokens one prefill pass takes of a prompt already `depth`
@@ -548,8 +553,12 @@ class Engine:
         a.page_keys = page_keys(prompt, S, len(prompt) // S)
         if a.request.prompt_logprobs is not None:
             a.prompt_lps = [None]  # the first token has no context to score it
-        # None shared where every prompt position's logits are wanted.
-        share = a.request.prompt_logprobs is None and self.config.prefix_cache
+        # None shared where every prompt position's logits (or states) are wanted.
+        share = (
+            a.request.prompt_logprobs is None
+            and a.request.embed is None
+            and self.config.prefix_cache
+        )
         got = reserve_prompt(pool, kv, prompt, a.page_keys, a.reserved_pages(S), share=share)
         if got is None:
             if pool.short:
@@ -598,13 +607,19 @@ class Engine:
             model = self._transformer
             passes = [a.chunk_group(c, S, dev) for a, c in zip(group, chunks, strict=True)]
             xs = model.hidden_many(passes, self._cache)  # (1, T, dim) each
-            if len(group) == 1:
-                last = xs[0][:, -1]  # (1, dim): as `forward(last_only=True)`
-            else:  # padded to a batch size whose rows the head computes as alone
-                n = self._p.padded(len(group))
-                last = torch.cat([x[:, -1] for x in xs] + [xs[0][:, -1]] * (n - len(group)))
-            rows = model.logits(last)[: len(group)].float().cpu()  # (n, V)
+            # The head for the rows that sample (an embedding request's states are its
+            # answer): padded to a batch size whose rows it computes as alone.
+            heads = [x[:, -1] for a, x in zip(group, xs, strict=True) if a.request.embed is None]
+            rows = torch.empty(0)
+            if len(heads) == 1:
+                rows = model.logits(heads[0]).float().cpu()  # as `forward(last_only=True)`
+            elif heads:
+                n = self._p.padded(len(heads))
+                last = torch.cat(heads + [heads[0]] * (n - len(heads)))
+                rows = model.logits(last)[: len(heads)].float().cpu()  # (n, V)
             for a, x in zip(group, xs, strict=True):
+                if a.request.embed is not None:
+                    a.keep_states(a.prefilled, model.final_norm(x[0]))
                 if a.prompt_lps is not None:
                     t = time.perf_counter()
                     a.score_prompt(a.prefilled, model.logits(x[0]).cpu())
@@ -615,7 +630,9 @@ class Engine:
             return
         tokens = sum(len(c) for c in chunks)
         self._counters.add_prefill(tokens, time.perf_counter() - began, scoring, units)
-        for i, (a, chunk) in enumerate(zip(group, chunks, strict=True)):
+        i = -1  # the row's place in `rows` (the rows that sample)
+        for a, chunk in zip(group, chunks, strict=True):
+            i += a.request.embed is None
             a.prefilled += len(chunk)
             if a.request.progress:
                 self._events.append((a.handle, a.progress()))
@@ -623,6 +640,14 @@ class Engine:
                 continue
             if self.config.prefix_cache:  # its prompt's full pages, final now
                 self._pages.index(a.pages, a.request.prompt_ids, a.page_keys)
+            if a.request.embed is not None:  # done: its vector, and its pages free now
+                try:
+                    a.embedded = a.embedding()
+                except Exception:
+                    self._fail(a, "embedding")
+                    continue
+                self._finish(a, "embedded")
+                continue
             with self._stats_lock:
                 self._waiting.remove(a)
             a.position = len(a.request.prompt_ids)

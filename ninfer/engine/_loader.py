@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import torch
 
-from ninfer.engine._contract import PRESET_FIELDS, ModelIdentity, SamplingPreset
+from ninfer.engine._contract import PRESET_FIELDS, ModelIdentity, Pooling, SamplingPreset
 from ninfer.engine._gguf import GGUFFile, file_sha256, open_gguf
 from ninfer.engine._invariance import prime_vector_math
 from ninfer.engine._model import Transformer, load_transformer
@@ -48,6 +48,25 @@ _GGUF_SAMPLING = {
     "general.sampling.top_k": "top_k",
     "general.sampling.min_p": "min_p",
 }
+
+
+# llama.cpp's enum llama_pooling_type, as `<arch>.pooling_type` stores it (4, rank, is a
+# reranker's: not served here).
+_GGUF_POOLING: dict[int, Pooling] = {0: "none", 1: "mean", 2: "cls", 3: "last"}
+
+
+def gguf_pooling(
+    metadata: Mapping[str, object], progress: Callable[[str], None] = lambda _m: None
+) -> Pooling | None:
+    """The file's pooling for embeddings (an embedding model's GGUF names one), or None."""
+    arch = metadata.get("general.architecture")
+    value = metadata.get(f"{arch}.pooling_type")
+    if value is None:
+        return None
+    pooling = _GGUF_POOLING.get(value) if type(value) is int else None
+    if pooling is None:
+        progress(f"the file's pooling_type {value!r} is not one served here: not used")
+    return pooling
 
 
 def sampling_preset(
@@ -139,6 +158,7 @@ def load_model(
         context_length=a.context_length,
         vocab_size=a.vocab_size,
         path=path,
+        pooling=gguf_pooling(gguf.metadata, progress),
     )
     return LoadedModel(
         identity=identity,

@@ -557,13 +557,16 @@ class Transformer:
         x = self.hidden(tokens, positions, page_table, kv)
         return self.logits(x[:, -1] if last_only else x)
 
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., dim) through the final norm: what the head reads, and an
+        embedding request's token states (llama.cpp's `t_embd`)."""
+        if self.native is not None:  # the same norm as the layers': the same bits on every CPU
+            return _native.rmsnorm(x, self.norm, self.args.norm_eps)
+        return F.rms_norm(x, (self.args.dim,), self.norm, self.args.norm_eps)
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits of final hidden states (..., dim) -> (..., V)."""
-        if self.native is not None:  # the same norm as the layers': the same bits on every CPU
-            x = _native.rmsnorm(x, self.norm, self.args.norm_eps)
-        else:
-            x = F.rms_norm(x, (self.args.dim,), self.norm, self.args.norm_eps)
-        logits = self.lm_head(x).float()
+        logits = self.lm_head(self.final_norm(x)).float()
         cap = self.args.final_softcap
         return torch.tanh(logits / cap) * cap if cap > 0 else logits
 

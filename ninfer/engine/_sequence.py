@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from ninfer.engine._contract import (
+    Embedding,
     EngineTimings,
     Finish,
     FinishReason,
@@ -48,7 +49,10 @@ def check_request(
     n = len(request.prompt_ids)
     if n == 0:
         raise RequestInvalid("the prompt has no tokens", param="prompt")
-    if request.max_new_tokens < 1:
+    if request.embed is not None:
+        if request.max_new_tokens != 0:
+            raise RequestInvalid("an embedding request samples no token", param="max_new_tokens")
+    elif request.max_new_tokens < 1:
         raise RequestInvalid("max_new_tokens must be at least 1", param="max_new_tokens")
     if any(t < 0 or t >= vocab for t in request.prompt_ids):
         raise RequestInvalid("a prompt token id is outside the vocabulary", param="prompt")
@@ -61,7 +65,10 @@ def check_request(
             param="max_new_tokens",
         )
     reserve = request.reserve_tokens
-    if reserve is not None and not 1 <= reserve <= request.max_new_tokens:
+    if (
+        reserve is not None
+        and not min(1, request.max_new_tokens) <= reserve <= request.max_new_tokens
+    ):
         raise RequestInvalid("reserve_tokens must be 1..max_new_tokens", param="max_new_tokens")
     if wrong is not None:
         raise RequestInvalid(
@@ -93,6 +100,10 @@ class Row:
     pending_lps: list[TokenLogprob] = attrs.field(factory=list)  # of pending_ids, if asked
     prompt_lps: list[TokenLogprob | None] | None = None  # when prompt_logprobs is asked
     spec: RowSpeculation | None = None  # its drafting, when the engine speculates
+    # An embedding request's final-norm states, (T, dim) float32 a prefill pass, of the
+    # positions its pooling reads (`keep_states`)
+    states: list[torch.Tensor] = attrs.field(factory=list)
+    embedded: Embedding | None = None  # its vector(s), once computed (`embedding`)
 
     @classmethod
     def create(
@@ -162,6 +173,36 @@ class Row:
             if start + i + 1 < len(prompt):
                 token = prompt[start + i + 1]
                 self.prompt_lps.append(logprobs_of(logits[i], token, self.request.prompt_logprobs))
+
+    def keep_states(self, start: int, states: torch.Tensor) -> None:
+        """Keep what its pooling reads of a pass's (T, dim) final-norm states for prompt
+        positions start.. (all of them for mean and none, else the one it takes)."""
+        assert self.request.embed is not None
+        pooling = self.request.embed.pooling
+        if pooling == "cls":
+            if start == 0:
+                self.states = [states[:1].float().cpu()]
+        elif pooling == "last":
+            if start + states.shape[0] == len(self.request.prompt_ids):
+                self.states = [states[-1:].float().cpu()]
+        else:
+            self.states.append(states.float().cpu())
+
+    def embedding(self) -> Embedding:
+        """Its vector(s) from the kept states, once its whole prompt is computed: pooled
+        and normalized in float64 over the prompt's states in order (so the same bits
+        however its prompt was cut into passes), as float32."""
+        assert self.request.embed is not None
+        spec = self.request.embed
+        states = torch.cat(self.states).double()  # (T or 1, dim)
+        self.states = []
+        if spec.pooling == "none":
+            out = states  # llama.cpp normalizes no per-token state
+        else:
+            pooled = states.mean(dim=0, keepdim=True) if spec.pooling == "mean" else states
+            out = pooled * _norm_scale(pooled[0], spec.normalize)
+        values = out.float().contiguous()
+        return Embedding(values.numpy().astype("<f4").tobytes(), values.shape[0], values.shape[1])
 
     def draft_limit(self, max_context: int) -> int:
         """The most tokens it may draft: within its budget (the round's last token
@@ -258,7 +299,19 @@ class Row:
             stop_string=self.text.stop_string if reason == "stop" else None,
             error=error,
             speculative=self.spec.counts(speculative) if self.spec is not None else None,
+            embedding=self.embedded if reason == "embedded" else None,
         )
+
+
+def _norm_scale(v: torch.Tensor, p: int) -> float:
+    """What a vector is multiplied by for llama.cpp's embd_normalize `p` (its
+    common_embd_normalize: -1 none, 0 max absolute to int16's range, 2 euclidean, else
+    the p-norm); 0 for a zero vector."""
+    if p < 0:
+        return 1.0
+    big = v.abs()
+    total = float(big.max()) / 32760.0 if p == 0 else float(big.pow(p).sum()) ** (1.0 / p)
+    return 1.0 / total if total > 0.0 else 0.0
 
 
 # ---- rows as a pass's inputs ------------------------------------------------------------

@@ -129,6 +129,7 @@ def served_model(
         compile_grammar=compile_grammar,
         sampling_preset=model.sampling_preset,
         kv_sizing=plan.sizing,
+        embedding_length=model.transformer.args.dim,
     )
 
 

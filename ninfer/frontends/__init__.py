@@ -22,6 +22,7 @@ from ninfer.frontends._base import (
     ProgressAnswer,
     Routed,
 )
+from ninfer.frontends._embeddings import EmbeddingsFrontend, LlamaEmbeddingFrontend
 from ninfer.frontends._grammar import GrammarCompiler
 from ninfer.frontends._llama import LlamaCompletionFrontend
 from ninfer.frontends._native import NativeFrontend, TokenizeFrontend, server_props
@@ -36,12 +37,14 @@ __all__ = [
     "Choice",
     "CompletionsFrontend",
     "Count",
+    "EmbeddingsFrontend",
     "FailingAnswer",
     "Frontend",
     "FrontendContext",
     "FrontendRoute",
     "Generate",
     "GrammarCompiler",
+    "LlamaEmbeddingFrontend",
     "Look",
     "MessagesFrontend",
     "ModelsFrontend",
@@ -68,4 +71,6 @@ FRONTENDS: tuple[type[Routed], ...] = (
     CompletionsFrontend,
     MessagesFrontend,
     ResponsesFrontend,
+    EmbeddingsFrontend,
+    LlamaEmbeddingFrontend,
 )

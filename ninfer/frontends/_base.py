@@ -186,6 +186,10 @@ class Prepared:
     # count its tokens once in the usage); default: each its own.
     prompt_of: tuple[int, ...] = ()
     headers: tuple[tuple[bytes, bytes], ...] = ()  # added to the response's
+    # An embedding request's: its inputs (one engine request each) go to the engine at
+    # most this many at a time, under one running slot (0: every request at once, a
+    # slot each: the sequences of a generation, decoded together).
+    wave: int = 0
 
     @property
     def request(self) -> GenerationRequest:
