@@ -244,10 +244,11 @@ async def test_an_embedding_request_is_admitted_like_a_generation(
 ) -> None:
     """One place, none pending: while a stream holds it, an embedding request is refused
     at once with 429 and Retry-After (OpenAI's shape), and logged as rejected; once the
-    stream is done, the same request is served."""
+    stream has ended, the same request is served."""
     from server import serve
 
     body = {"input": ["one", "two"]}
+    NO_PROMISE = {"x-ninfer-no-promise": "1"}
     async with (
         serve(tiny_gguf, tmp_path, max_concurrency=1, max_pending_requests=0) as srv,
         srv.client() as c,
@@ -256,7 +257,10 @@ async def test_an_embedding_request_is_admitted_like_a_generation(
         async with c.stream("POST", "/v1/completions", json=gen) as stream:
             lines = stream.aiter_lines()
             assert (await anext(lines)).startswith("data: ")  # it holds the place now
-            refused = await c.post("/v1/embeddings", json=body)
+            # (no place promised to it: the next request may take the freed one)
+            refused = await c.post("/v1/embeddings", json=body, headers=NO_PROMISE)
+            async for _ in lines:  # to its end: its place is free before its last bytes
+                pass
         assert refused.status_code == 429
         assert float(refused.headers["retry-after"]) > 0
         assert refused.json()["error"]["type"] == "rate_limit_error"  # OpenAI's, for a 429
