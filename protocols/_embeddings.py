@@ -17,7 +17,13 @@ import cattrs
 
 from protocols._answers import tag
 from protocols._schema import check_limits, schema
-from protocols._strict import invalid_value, make_converter, structure, unsupported
+from protocols._strict import (
+    ARRAY_LIMITS,
+    invalid_value,
+    make_converter,
+    structure,
+    unsupported,
+)
 
 __all__ = [
     "EMBED_MAX_INPUTS",
@@ -34,8 +40,10 @@ __all__ = [
 ]
 
 # The most inputs one request may hold (OpenAI's limit; the body's size limit and the
-# token bound each input and the whole request are held to come first for long ones).
-EMBED_MAX_INPUTS = 2048
+# token bound each input and the whole request are held to come first for long ones):
+# the limit `structure` holds every protocol's top-level `input` array to, which
+# `parse_inputs` applies to llama-server's `content` too.
+EMBED_MAX_INPUTS = ARRAY_LIMITS["input"]
 ENCODING_FORMATS = ("float", "base64")
 POOLING_NAMES = ("mean", "last", "cls", "none")
 # llama.cpp's embd_normalize: -1 none, 0 max absolute (int16's range), 1 taxicab,
@@ -66,10 +74,6 @@ class EmbeddingInput:
 
     pieces: tuple[Piece, ...]
     param: str
-
-    @property
-    def ids_only(self) -> bool:
-        return all(isinstance(p, int) for p in self.pieces)
 
 
 @attrs.frozen(kw_only=True)

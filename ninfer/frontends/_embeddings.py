@@ -113,18 +113,14 @@ class _Embeddings(Frontend):
             )
         if truncate is not None and len(ids) > truncate:
             ids = ids[-truncate:]
-        if len(ids) > model.max_context:
+        wrong = model.misfit(len(ids), 0)  # the engine's one rule of what fits
+        if wrong is not None:
             raise ApiError(
                 "context_length_exceeded",
                 f"{inp.param} is {len(ids)} tokens, too large to process: the context holds "
-                f"{model.max_context} (truncate_prompt_tokens cuts an input to its last tokens)",
-                param=inp.param,
-                code="context_length_exceeded",
-            )
-        if model.misfit(len(ids), 0) is not None:
-            raise ApiError(
-                "context_length_exceeded",
-                f"{inp.param} needs more KV pages than the server's pool holds",
+                f"{model.max_context} (truncate_prompt_tokens cuts an input to its last tokens)"
+                if wrong.limit == "context"
+                else f"{inp.param} needs more KV pages than the server's pool holds",
                 param=inp.param,
                 code="context_length_exceeded",
             )
