@@ -55,7 +55,7 @@ urllib.request.urlopen(sys.argv[1] + '/torch/', timeout=5)" "$TORCH_CPU_INDEX" 2
 
 js_clients() {
   # The JavaScript clients some tests drive (tests/js: the Anthropic TypeScript SDK's
-  # tool runner), installed with npm from tests/js/package-lock.json (again only when
+  # tool runner, the node openai SDK and the AI SDK's embeddings), installed with npm from tests/js/package-lock.json (again only when
   # it changes). Where npm is missing or cannot install, those tests are skipped.
   local stamp=tests/js/node_modules/.ninfer-setup
   if command -v npm >/dev/null 2>&1 && { [ ! -f "$stamp" ] || [ tests/js/package-lock.json -nt "$stamp" ]; }; then

@@ -121,6 +121,9 @@ class Lifecycle:
     tokens: tuple[int, int] | None = None  # (prompt, completion), once settled
     # Where a request the client (or the shutdown) ended was: request_cancelled's stage.
     left_at: str | None = None
+    # request_start's `kind` (an embedding request's "embedding"), repeated on the
+    # terminal record so a reader can tell the request's kind from that record alone.
+    kind: str | None = None
 
     @property
     def decided(self) -> bool:
@@ -143,6 +146,8 @@ class Lifecycle:
                 fields.setdefault("stage" if record != "request_rejected" else "phase", stage.value)
             if record == "request_cancelled":
                 self.left_at = fields["stage"]
+            if self.kind is not None and record != "request_start":
+                fields["kind"] = self.kind
             self.emit(record, self.request_id, endpoint=self.endpoint, **fields)
 
     # ---- the way through -------------------------------------------------------------
@@ -155,6 +160,7 @@ class Lifecycle:
 
     def prepared(self, now: float, **start_fields: Any) -> None:
         self.prepared_at = now
+        self.kind = start_fields.get("kind")
         self._go(Trigger.PREPARED, **start_fields)
 
     def admitted(self, now: float) -> None:
@@ -195,8 +201,7 @@ class Lifecycle:
             extra["stream_session"] = dict(session)
         if finish.speculative is not None:  # the server speculates (--spec)
             extra["speculative"] = attrs.asdict(finish.speculative)
-        if finish.reason == "embedded":  # an embedding request (request_start's kind)
-            extra["kind"] = "embedding"
+        if finish.reason == "embedded":  # an embedding request's (its kind: _go's)
             extra["inputs"] = inputs
         self.tokens = (finish.usage.prompt_tokens, finish.usage.completion_tokens)
         self._go(

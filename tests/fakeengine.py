@@ -3,7 +3,8 @@
 `FakeEngine` is an `EngineHost` (what the bridge drives): each step is a
 `trio.sleep(step_s)`, so on the autojump clock a test sees exact, repeatable times.
 A request prefills for `prefill_steps` steps, then gets one token a step (text "a"
-each) until its budget; a prompt containing the `FAIL` marker fails in decode. Its
+each) until its budget; a prompt containing the `FAIL` marker fails in decode; an
+embedding request ends after its prefill with a vector of 4 values. Its
 events reach the real `EngineService` through the same sink as the threaded engine's.
 
 `AsgiClient` calls the real app with channel-backed receive/send, so a test can send
@@ -12,6 +13,7 @@ the body in pieces, disconnect at any point, and stop reading (a send that waits
 
 from __future__ import annotations
 
+import array
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +25,7 @@ import trio
 
 from ninfer.engine import (
     ChatText,
+    Embedding,
     EngineStatistics,
     EngineTimings,
     EventSink,
@@ -115,6 +118,7 @@ def served_model(
         device="cpu",
         batch_invariant=True,
         batch_sizes=(1, 2, 4, 8),
+        embedding_length=4,
     )
 
 
@@ -177,6 +181,9 @@ class FakeEngine:
             if r.prefill_left > 0:
                 r.prefill_left -= 1
                 continue
+            if r.request.embed is not None:  # its prompt is done: its vector, no token
+                events.append((r.handle, self._finish(r, "embedded")))
+                continue
             rows += 1
             r.generated += 1
             self.generated += 1
@@ -203,7 +210,14 @@ class FakeEngine:
     def _finish(self, r: _Req, reason: FinishReason, error: str | None = None) -> Finish:
         self._reqs.pop(r.handle.id, None)
         usage = Usage(len(r.request.prompt_ids), r.generated)
-        return Finish(reason, usage, EngineTimings(0.0, 0.0, 0.0), None, error=error)
+        embedding = None
+        if reason == "embedded":  # 4 values from the prompt: its length, first, last, 1
+            p = r.request.prompt_ids
+            values = array.array("f", [len(p), p[0], p[-1], 1.0])
+            embedding = Embedding(values.tobytes(), 1, len(values))
+        return Finish(
+            reason, usage, EngineTimings(0.0, 0.0, 0.0), None, error=error, embedding=embedding
+        )
 
     def _poke(self) -> None:
         self._wake.set()

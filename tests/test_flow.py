@@ -257,6 +257,35 @@ async def test_a_disconnect_at_every_stage_frees_everything(
     assert f"route=/v1/generate status={status}{outcome} " in access
 
 
+async def test_an_embedding_request_whose_client_leaves_is_cancelled(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """40 inputs go to the engine 16 at a time; the client leaves while the first 16
+    are computed: those 16 are cancelled in the engine, no later input is submitted,
+    the record says cancelled in prefill, and everything is free for the next request,
+    which is served."""
+    engine = FakeEngine(step_s=0.01, prefill_steps=5)
+    body = orjson.dumps({"input": [f"text {i}" for i in range(40)]})
+    async with running(tmp_path, engine, max_concurrency=1) as app:
+        async with trio.open_nursery() as n:
+            c = _client(app, "leaver", "/v1/embeddings")
+            c.send_body(body)
+            n.start_soon(c.run)
+            await _wait_for(lambda: engine.active == 16)
+            c.disconnect()
+            await c.finished.wait()
+        _quiet(app, engine)
+        assert len(engine.submitted) == 16
+        assert len(engine.cancelled) == 16
+        r = await request(app, "POST", "/v1/embeddings", {"input": ["a", "b"]})
+        assert r.status == 200
+        assert [d["index"] for d in r.json()["data"]] == [0, 1]
+        _quiet(app, engine)
+    rec = terminal(tmp_path)["leaver"]
+    assert (rec["event"], rec["stage"]) == ("request_cancelled", "prefill")
+    assert rec["kind"] == "embedding"  # on the terminal record too, not only request_start
+
+
 async def test_the_queue_deadline_is_exact(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
