@@ -104,6 +104,34 @@ def test_every_native_path_passes_on_a_model_computed_right(
     assert served.batch_sizes == (1, 2, 3, 4)  # every row count computes a row alike
 
 
+def test_the_checked_layers_are_every_form_a_layer_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Of 6 layers whose fourth stores its ffn_down as Q8_0 (the only matrix of that
+    type), the check runs the first, the fourth and the last; a native matmul wrong only
+    on Q8_0 matrices (planted) is refused there, and the model goes to torch's kernels."""
+    path = write_tiny_gguf(tmp_path / "odd.gguf", n_layers=6, packed_layers=True, odd_layer=3)
+    m = load_model(str(path), dtype=torch.float32, device="cpu", max_positions=512)
+    assert m.source is not None
+    with torch.inference_mode():
+        check = SelfCheck(m.transformer, m.source, probe_tokens(m.tokenizer, m.identity.vocab_size))
+        assert check.checked_layers() == [0, 3, 5]
+    real = native.Packed.__call__
+
+    def wrong_on_q8(self: native.Packed, x: torch.Tensor) -> torch.Tensor:
+        out = real(self, x)
+        return out * 1.001 if "Q8_0" in self.kinds else out
+
+    served, _ = _checks(
+        path,
+        EngineConfig(max_batch=4),
+        lambda: monkeypatch.setattr(native.Packed, "__call__", wrong_on_q8),
+    )
+    checks = _by_path(served.self_check)
+    assert not checks["native_matmul"].ok
+    assert served.kernels == "torch (the self-check refused the native kernels)"
+
+
 def test_the_torch_int8_pool_is_checked_where_torch_serves(packed_gguf: Path) -> None:
     """On torch's kernels with an int8 KV pool, its write and read-back are checked
     (`kv_int8`); no native path is, top-p included."""

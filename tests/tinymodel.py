@@ -88,6 +88,7 @@ def write_tiny_gguf(
     chat_template: bool = True,
     packed_layers: bool = False,
     sampling: dict[str, float | int] | None = None,
+    odd_layer: int | None = None,
 ) -> Path:
     """A random-weight model of the llama family. `architecture` qwen2 adds QKV biases,
     qwen3 per-head query and key norms; `rope_freqs` adds Llama 3's rope-scaling
@@ -95,7 +96,9 @@ def write_tiny_gguf(
     feed-forward, QK-norms and a SentencePiece vocabulary; with 6 or more layers
     (`n_layers`) both its sliding-window (`sliding_window` keys) and global layers.
     `packed_layers`: every layer matrix in Q4_0 or Q4_1, as a Q4 model's are (all of
-    them run through the int4 kernel), instead of a mix of types. `sampling`: recommended
+    them run through the int4 kernel), instead of a mix of types. `odd_layer`: that
+    layer's ffn_down stored as Q8_0 (as a Q4_K_M file stores some layers' as Q6_K), the
+    only matrix of its type. `sampling`: recommended
     defaults as general.sampling.<key> (floats as float32, ints as int32, as llama.cpp
     writes them; anything else as a string)."""
     rng = np.random.default_rng(seed)
@@ -175,7 +178,7 @@ def write_tiny_gguf(
             T.Q4_0 if packed_layers else T.BF16)  # fmt: skip
         add(p + "ffn_gate.weight", (ffn, dim), T.Q4_1 if packed_layers else T.Q8_0)
         add(p + "ffn_up.weight", (ffn, dim), T.Q4_1 if packed_layers else T.F32)
-        add(p + "ffn_down.weight", (dim, ffn), T.Q4_1)
+        add(p + "ffn_down.weight", (dim, ffn), T.Q8_0 if i == odd_layer else T.Q4_1)
         if architecture == "qwen2":
             for name, rows in (("q", n_heads), ("k", n_kv_heads), ("v", n_kv_heads)):
                 bias = (rng.standard_normal(rows * head_dim) * 0.5).astype(np.float32)

@@ -13,10 +13,12 @@ tolerance:
   dequantizer (llama.cpp's reference), which the references below then rely on;
 - `embedding`: torch's decoding of the probe tokens' stored rows, exactly the
   `gguf` package's (the tied head's table is decoded the same way);
-- `int4_kernel`: every packed layer matrix through `_weight_int4pack_mm_for_cpu`,
-  within 2^-6 (it rounds inputs, scales and outputs to bfloat16: ~2^-9 a value);
-- `dense_float32`: every float32 matrix through oneDNN (or MKL), within 1e-5 (float32
-  rounding measures ~1e-7); `dense_bfloat16` / `narrowed_bfloat16` within 2^-6;
+- `int4_kernel`: every packed matrix of the checked layers (below) through
+  `_weight_int4pack_mm_for_cpu`, within 2^-6 (it rounds inputs, scales and outputs to
+  bfloat16: ~2^-9 a value);
+- `dense_float32`: the checked layers' float32 matrices through oneDNN (or MKL),
+  within 1e-5 (float32 rounding measures ~1e-7); `dense_bfloat16` /
+  `narrowed_bfloat16` within 2^-6;
 - `head`: the output head (16,384 rows of the vocabulary: the first and last 2,048
   and evenly spaced ones between), within 1e-5;
 - `attention`: `_model._attention` on layer 0's real queries, keys and values with a
@@ -31,10 +33,10 @@ On the native kernels (`_native`), before the rest:
 
 - `native_dequant`: each packed matrix's values (64 rows spread over one matrix of each
   stack of tensor types) exactly the `gguf` package's;
-- `native_matmul`: every layer matrix, within 1e-5 (they measure ~5e-7);
+- `native_matmul`: every matrix of the checked layers, within 1e-5 (they measure ~5e-7);
 - `native_head`: the head as `head` above, within 1e-5;
 - `native_attention`: layer 0's attention over the page pool, within 1e-5;
-- `native_layers`: each layer whole (norms, rotation, keys and values written and
+- `native_layers`: each checked layer whole (norms, rotation, keys and values written and
   attended to, activation, residual) on the probe prompt against a float64 layer from
   the same input, the change it makes to the residual stream (or 1% of the stream,
   where the change is smaller) within 1e-4;
@@ -60,6 +62,15 @@ decode batches -> every step padded to the largest batch; speculation -> none; n
 top-p -> the full sort) and checks that one too.
 Where nothing exact is left (the dequantizer, attention, a float32 matmul through
 both libraries), the model does not become ready.
+
+The checked layers (`checked_layers`) are the first, the last, and the first layer of
+every other form a layer takes: another stored type or shape of one of its matrices
+(a Q4_K_M file stores some layers' attn_v and ffn_down as Q6_K), sliding-window or
+global attention, a bias or an extra norm. A kernel's path is chosen by those, not by
+the values, so every path the model runs is checked on its own weights, and the
+check costs a few layers' float64 forward however deep the model is (a 24-layer
+1.7B model's check once took 110 s of its start-up, most of it every layer's
+matrices dequantized to float64 twice).
 """
 
 from __future__ import annotations
@@ -159,6 +170,7 @@ class SelfCheck:
     results: list[PathCheck] = attrs.field(factory=list)
     seconds: float = 0.0
     _inputs: dict[str, torch.Tensor] = attrs.field(factory=dict)
+    _checked: list[int] = attrs.field(factory=list)  # checked_layers(), once worked out
     # The whole-pass checks' pool a page size: the pool, the prompts' hidden states
     # alone, and the pool's pages as the prompts left them (`_prefilled`)
     _pools: dict[int, tuple[KVPages, list[torch.Tensor], list[torch.Tensor]]] = attrs.field(
@@ -407,9 +419,10 @@ class SelfCheck:
         return table, positions, table[0, positions // page_size], positions % page_size
 
     def _native_layers(self) -> float:
-        """Each native layer on the probe prompt (its keys and values written to a page
-        pool, then attended to) against a float64 layer from the same input: the worst
-        relative error of the change the layer makes to the residual stream."""
+        """Each checked native layer on the probe prompt (its keys and values written
+        to a page pool, then attended to) against a float64 layer from the same input:
+        the worst relative error of the change the layer makes to the residual stream.
+        The layers between run natively, so each checked one sees its real input."""
         model, native = self.model, self.model.native
         assert native is not None
         N = len(self.tokens)
@@ -419,11 +432,14 @@ class SelfCheck:
         rope = model.rope.pairs(N)
         rope_local = rope if model.rope_local is None else model.rope_local.pairs(N)
         worst = 0.0
-        for i in range(model.args.n_layers):
+        checked = self.checked_layers()
+        for i in range(checked[-1] + 1):
             before = x.double()
-            ref = self._reference_layer(i, before, positions)
+            ref = self._reference_layer(i, before, positions) if i in checked else None
             native.forward(x, rope, rope_local, positions, write_page, offsets,
                            torch.zeros(N, dtype=torch.long), table, kv, layers=(i, 1))  # fmt: skip
+            if ref is None:
+                continue
             # The change the layer makes, row by row, against its float64 value; where a
             # row's change is under 1% of the row (SmolLM2's first position changes by
             # 0.1% in half its layers), against 1% of the row: the float32 rounding of
@@ -575,10 +591,38 @@ class SelfCheck:
             "w_down": (act.float(), act.float().double() @ self._reference(layer, "w_down").T),
         }
 
+    def checked_layers(self) -> list[int]:
+        """The layers whose matrices and whole computation are checked: the first and
+        the last, and the first layer of each other form a layer takes (a slot's stored
+        types and shapes, e.g. the Q6_K attn_v and ffn_down a Q4_K_M file gives some
+        layers; sliding-window or global attention; biases and extra norms), so every
+        kernel path the model runs is checked on its real weights while the check's cost
+        stays a few layers' float64 forward, whatever the model's depth."""
+        if not self._checked:
+            n = self.model.args.n_layers
+            picked, seen = {0, n - 1}, set()
+            for i, lay in enumerate(self.model.layers):
+                forms: list[tuple[object, ...]] = [
+                    (lay.local, lay.qkv_bias is not None, lay.q_norm is not None,
+                     lay.post_attn_norm is not None)
+                ]  # fmt: skip
+                for names in LAYER_TENSORS.values():
+                    stored = (self.source.tensors[f"blk.{i}.{name}"] for name in names)
+                    forms.append(tuple((t.tensor_type.name, tuple(t.shape.tolist()))
+                                       for t in stored))  # fmt: skip
+                for j, form in enumerate(forms):
+                    if (j, form) not in seen:
+                        seen.add((j, form))
+                        picked.add(i)
+            self._checked = sorted(picked)
+        return self._checked
+
     def _layers(self) -> dict[str, list[tuple[int, str, float]]]:
-        """Every layer matrix against its reference: (layer, slot, error) by path."""
+        """Each checked layer's matrices against their reference: (layer, slot, error)
+        by path."""
         errors: dict[str, list[tuple[int, str, float]]] = {}
-        for i, lay in enumerate(self.model.layers):
+        for i in self.checked_layers():
+            lay = self.model.layers[i]
             for slot, (x, ref) in self._layer_inputs(i).items():
                 m: Linear = getattr(lay, slot)
                 fast = m(x.to(m.input_dtype)).float()
