@@ -737,20 +737,24 @@ class Transformer:
         self.packed = weights == "int4" and self.device == "cpu"
 
     def layer_maps(self) -> list[Linear]:
-        """One of each kind of matrix the layers multiply by (kind, shape and dtype)."""
+        """One of each kind of matrix the layers multiply by (kind, shape and dtype; a
+        native matrix's packed format: a Q4_K_M file's layers mix U4F with I8FM16 and
+        I8F16, each its own kernel path)."""
         maps: dict[tuple[object, ...], Linear] = {}
         for layer in self.layers:
             for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
                 dtype = m.weight.dtype if isinstance(m, Dense) else None
-                maps.setdefault((type(m), m.in_features, _out(m), dtype), m)
+                fmt = m.format if isinstance(m, Packed) else None
+                maps.setdefault((type(m), m.in_features, _out(m), dtype, fmt), m)
         return list(maps.values())
 
     def row_maps(self, *, narrowed: bool = False) -> list[Linear | AttentionRows]:
-        """One of each weight shape and kind, and attention with the model's head shapes:
-        what batch invariance is measured on (`narrowed`: as `narrow_dense` would make
-        the layers' matrices)."""
+        """Layer 0's matrices, one of each other kind the layers hold (`layer_maps`), the
+        head, and attention with the model's head shapes: what batch invariance is
+        measured on (`narrowed`: as `narrow_dense` would make the layers' matrices)."""
         layer = self.layers[0]
-        maps = [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
+        maps: list[Linear] = [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
+        maps += [m for m in self.layer_maps() if all(m is not first for first in maps)]
         if narrowed:
             maps = [_narrowed(m) for m in maps]
         if self.native is not None:  # native attention sees no other row (the self-check
