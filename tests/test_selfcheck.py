@@ -28,6 +28,7 @@ from ninfer.engine import _native as native
 from ninfer.engine._engine import Engine
 from ninfer.engine._loader import load_model
 from ninfer.engine._selfcheck import SelfCheck, SelfCheckFailed, probe_tokens
+from ninfer.engine._startup import MEASURED_PANELS
 
 # The torch path's checks: an engine held to torch's kernels.
 TORCH = {"kernels": "torch"}
@@ -350,6 +351,34 @@ def test_prompts_that_change_each_other_are_not_prefilled_together(
     served, _ = _checks(packed_gguf, EngineConfig(max_batch=4))
     checks = _by_path(served.self_check)
     assert not checks["prefill_together"].ok
+    assert served.prefill_together_rows == 0
+
+
+def test_a_native_product_whose_rows_depend_on_their_count_is_not_prefilled_together(
+    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start-up measurement of products of up to 1,024 rows runs on the first
+    panels of each native matrix kind (the feed-forward's 256 outputs measured on 128,
+    never whole), and a native matmul that computes its rows differently in a product
+    of more than 64 rows (planted) is found there: prompts are prefilled one a pass."""
+    real = native.Packed.__call__
+    widths: list[int] = []
+    wrong = False
+
+    def by_count(self: native.Packed, x: torch.Tensor) -> torch.Tensor:
+        out = real(self, x)
+        if x.dim() == 2 and x.shape[0] > 64:
+            widths.append(self.out_features)
+            return out * 1.0001 if wrong else out
+        return out
+
+    monkeypatch.setattr(native.Packed, "__call__", by_count)
+    served, _ = _checks(packed_gguf, EngineConfig(max_batch=4))
+    assert served.prefill_together_rows > 0
+    # wo and ffn_down (64 outputs) and wqkv (128) whole; gate_up on its first 8 panels
+    assert sorted(set(widths)) == [64, 16 * MEASURED_PANELS]
+    wrong = True
+    served, _ = _checks(packed_gguf, EngineConfig(max_batch=4))
     assert served.prefill_together_rows == 0
 
 

@@ -78,6 +78,17 @@ class Packed:
     def nbytes(self) -> int:
         return int(self.data.numel())
 
+    def panels(self, count: int) -> Packed:
+        """The first `count` panels (16 outputs each) as a matrix of their own, a view:
+        the same kernel path on fewer outputs (how a product blocks its rows does not
+        depend on its outputs: each output's sum is its own)."""
+        total = -(-self.out_features // 16)
+        if count >= total:
+            return self
+        per = self.nbytes // total
+        return Packed(self.data[: count * per], self.format, count * 16, self.in_features,
+                      self.kinds)  # fmt: skip
+
 
 def pack_tensors(gguf: GGUFFile, names: Sequence[str]) -> Packed:
     """The file's tensors `names`, stacked along their outputs, packed as one matrix."""
