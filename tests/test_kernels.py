@@ -127,6 +127,24 @@ def test_a_matmul_is_float64_close_and_the_same_bits_everywhere(kind: str) -> No
                     assert torch.equal(part, whole[start : start + rows]), (isa, rows, start)
 
 
+def test_rows_beyond_one_tile_are_the_same_bits() -> None:
+    """A product of more rows than one tile of x (the kernels take 512 KiB of rows at a
+    time: 60-64 rows of 2,048 inputs): every row, on either side of a tile's edge, the
+    same bits as alone or among a few, in every build, and float64-close."""
+    raw, values = raw_tensor("Q4_K", 40, 2048, seed=7)
+    m = pack([("Q4_K", raw)], 2048)
+    x = torch.randn(150, 2048, generator=torch.Generator().manual_seed(4))
+    OPS.configure("default", 2, 100)
+    whole = m(x)
+    assert _rel(whole, x.double() @ torch.from_numpy(values).double().T) < 2e-6
+    for isa in _isas():
+        OPS.configure(isa, 2, 100)
+        assert torch.equal(m(x), whole), isa
+        for start in (0, 59, 60, 63, 64, 119, 120, 149):
+            assert torch.equal(m(x[start : start + 1]), whole[start : start + 1]), (isa, start)
+        assert torch.equal(m(x[50:130]), whole[50:130]), isa
+
+
 def test_a_stack_of_mixed_types_keeps_each_ones_values() -> None:
     """Q, K and V of three types stacked as one matrix (a Q4_K_M file's mix), or a
     quantized matrix beside a dense one: one format holds every value exactly."""
