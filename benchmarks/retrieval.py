@@ -33,13 +33,17 @@ import argparse
 import random
 import re
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-DEFAULT_TEXTS = sorted(str(p) for p in Path("/usr/share/common-licenses").glob("*") if p.is_file())
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from embeddings import DEFAULT_TEXTS
+from embeddings import sentences as split_sentences
 
 SYNONYMS = {
     "software": "programs",
@@ -120,17 +124,12 @@ def sentences(files: list[str]) -> list[tuple[str, str]]:
     seen: set[str] = set()
     out = []
     for f in files:
-        current: list[str] = []
-        for w in Path(f).read_text(errors="replace").split():
-            current.append(w)
-            if w.endswith((".", ";", "?")) or len(current) >= 40:
-                text = " ".join(current)
-                current = []
-                letters = sum(c.isalpha() for c in text)
-                fits = 8 <= text.count(" ") + 1 <= 40 and letters > 0.7 * len(text)
-                if fits and text.lower() not in seen:
-                    seen.add(text.lower())
-                    out.append((Path(f).name, text))
+        for text in split_sentences([f]):  # a file at a time: each sentence keeps its file
+            letters = sum(c.isalpha() for c in text)
+            fits = 8 <= text.count(" ") + 1 <= 40 and letters > 0.7 * len(text)
+            if fits and text.lower() not in seen:
+                seen.add(text.lower())
+                out.append((Path(f).name, text))
     return out
 
 
