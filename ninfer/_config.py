@@ -144,10 +144,12 @@ class ServerConfig:
     )
     kv_dtype: str = setting(
         "auto",
-        "KV-cache storage: auto (the --dtype of the activations), or int8 (keys and values "
-        "as 8-bit integers with a float32 scale per position and head: about a quarter of "
-        "float32's memory, so --kv-capacity holds ~3.8x the tokens; not bit-exact with the "
-        "float cache, still batch-invariant; docs/engine.md)",
+        "KV-cache storage: auto (float16 beside float32 activations where the self-check "
+        "passes it, else float32; beside bfloat16 activations, bfloat16), float16 (each key "
+        "and value the nearest half, every sum float32: half float32's memory), float32, or "
+        "int8 (8-bit integers with a float32 scale per position and head: about a quarter "
+        "of float32's memory); each stays batch-invariant, answers differ between them "
+        "(docs/engine.md)",
         choices=KV_DTYPES,
     )
     max_concurrency: int = setting(
@@ -458,6 +460,10 @@ def build_config(
             raise ConfigError(
                 f"{where}: {proxy.strip()!r} is not an address or a network (CIDR)"
             ) from None
+    if checked["kv_dtype"] in ("float16", "float32") and checked["dtype"] != "float32":
+        raise ConfigError(
+            f"--kv-dtype {checked['kv_dtype']} needs --dtype float32 (got {checked['dtype']})"
+        )
     if checked["api_key"] is not None and not checked["api_key"].strip():
         raise ConfigError("--api-key must not be empty (an empty key would let anyone in)")
     return ServerConfig(**checked)

@@ -57,6 +57,8 @@ def test_flags_build_the_config() -> None:
         (("--temperature", "nan"), "--temperature"),
         (("--pending-timeout-ms", "0"), "--pending-timeout-ms"),
         (("--max-request-mib", "-1"), "--max-request-mib"),
+        (("--kv-dtype", "float16", "--dtype", "bfloat16"), "--kv-dtype"),
+        (("--kv-dtype", "float32", "--dtype", "bfloat16"), "--kv-dtype"),
     ],
 )
 def test_bad_values_name_the_flag(argv: tuple[str, ...], flag: str) -> None:

@@ -257,7 +257,7 @@ def test_rmsnorm_is_float64_close_and_the_same_bits_everywhere() -> None:
         assert torch.equal(OPS.rmsnorm(x, w, 1e-6), out)
 
 
-def _pool(layers: int, pages: int, kv_heads: int, head_dim: int, int8: bool) -> KVPages:
+def _pool(layers: int, pages: int, kv_heads: int, head_dim: int, store: str) -> KVPages:
     from ninfer.engine._gguf import ModelArgs
 
     args = ModelArgs(
@@ -267,7 +267,7 @@ def _pool(layers: int, pages: int, kv_heads: int, head_dim: int, int8: bool) -> 
     )  # fmt: skip
     kv = KVPages.allocate(
         args, n_pages=pages, page_size=16, dtype=torch.float32, device="cpu",
-        kv_dtype="int8" if int8 else "auto", keys_transposed=True,
+        kv_dtype=store, keys_transposed=True,
     )  # fmt: skip
     kv.zero_pages(list(range(kv.scratch_page + 1)))
     return kv
@@ -291,22 +291,25 @@ def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "head_dim", "window", "softcap", "int8"),
-    [(9, 3, 64, 0, 0.0, False), (4, 1, 256, 0, 0.0, False), (4, 2, 32, 40, 0.0, False),
-     (8, 8, 16, 0, 30.0, False), (6, 2, 48, 0, 0.0, True), (12, 1, 32, 21, 0.0, True),
-     (80, 1, 16, 0, 0.0, False)],
+    ("heads", "kv_heads", "head_dim", "window", "softcap", "store"),
+    [(9, 3, 64, 0, 0.0, "float32"), (4, 1, 256, 0, 0.0, "float32"),
+     (4, 2, 32, 40, 0.0, "float32"), (8, 8, 16, 0, 30.0, "float32"),
+     (6, 2, 48, 0, 0.0, "int8"), (12, 1, 32, 21, 0.0, "int8"),
+     (80, 1, 16, 0, 0.0, "float32"), (9, 3, 64, 0, 0.0, "float16"),
+     (12, 1, 32, 21, 30.0, "float16"), (4, 1, 256, 0, 0.0, "float16")],
 )  # fmt: skip
 def test_attention_over_the_page_pool(heads: int, kv_heads: int, head_dim: int, window: int,
-                                      softcap: float, int8: bool) -> None:  # fmt: skip
-    """A row's queries over its keys and values on scattered pages: within 1e-5 of float64
-    (of the values the pool holds), and each query's numbers the same alone, among the
-    others, in blocks cut anywhere (a prompt's chunks), beside another row's queries (a
-    decode batch), in any build and at any thread count. The shapes give blocks of 16
-    queries, of 5 (12 heads a kv head) and of one query with more heads than a block
-    aims at (80)."""
+                                      softcap: float, store: str) -> None:  # fmt: skip
+    """A row's queries over its keys and values on scattered pages (float32, halves, or
+    int8 with scales): within 1e-5 of float64 (of the values the pool holds), and each
+    query's numbers the same alone, among the others, in blocks cut anywhere (a prompt's
+    chunks), beside another row's queries (a decode batch), in any build and at any
+    thread count. The shapes give blocks of 16 queries, of 5 (12 heads a kv head) and of
+    one query with more heads than a block aims at (80)."""
     torch.manual_seed(0)
     n_keys = 150
-    kv = _pool(2, 24, kv_heads, head_dim, int8)
+    int8 = store == "int8"
+    kv = _pool(2, 24, kv_heads, head_dim, store)
     pages = torch.tensor([[3, 17, 1, 9, 22, 4, 11, 14, 6, 20]])
     positions = torch.arange(n_keys)
     k = torch.randn(n_keys, kv_heads, head_dim)
@@ -324,9 +327,11 @@ def test_attention_over_the_page_pool(heads: int, kv_heads: int, head_dim: int, 
                 store[layer, page, :, :, slot] = q8.to(torch.int8)
             else:
                 store[layer, page, :, slot] = q8.to(torch.int8)
-    else:
-        kv.k[layer, page, :, :, slot] = k
-        kv.v[layer, page, :, slot] = v
+    else:  # halves: the reference sees the values they hold
+        if store == "float16":
+            k, v = k.half().float(), v.half().float()
+        kv.k[layer, page, :, :, slot] = k.to(kv.k.dtype)
+        kv.v[layer, page, :, slot] = v.to(kv.v.dtype)
     # a second row holding the same keys and values on other pages
     pages = torch.cat([pages, torch.tensor([[2, 5, 7, 8, 10, 12, 13, 15, 16, 18]])])
     for store in (kv.k, kv.v, kv.k_scale, kv.v_scale):

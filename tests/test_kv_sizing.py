@@ -21,8 +21,9 @@ from ninfer.engine._engine import Engine
 from ninfer.engine._loader import load_model
 from ninfer.engine._memory import _cgroup_room, available_memory
 
-# The tiny model: keys and values (2) x 2 layers x 2 kv heads x head dim 16, float32 (4).
-PER_TOKEN = 2 * 2 * 2 * 16 * 4  # 512 bytes
+# The tiny model: keys and values (2) x 2 layers x 2 kv heads x head dim 16, float16 (2:
+# --kv-dtype auto beside float32 activations).
+PER_TOKEN = 2 * 2 * 2 * 16 * 2  # 256 bytes
 PAGE = 16
 
 
@@ -101,8 +102,8 @@ def test_an_explicit_capacity_is_never_reduced(
     exc = _start_fails(tiny_gguf, EngineConfig(kv_capacity=200 * PAGE))
     assert isinstance(exc, ConfigError)
     assert str(exc) == (
-        f"--kv-capacity 3200 needs 1.6 MiB for its KV pool ({PER_TOKEN} bytes a token); "
-        "0.8 MiB are free after the weights (test): lower it, or give auto"
+        f"--kv-capacity 3200 needs 0.8 MiB for its KV pool ({PER_TOKEN} bytes a token); "
+        "0.4 MiB are free after the weights (test): lower it, or give auto"
     )
 
 
@@ -119,7 +120,7 @@ async def test_a_server_shows_the_ledger(
     assert start["config"]["kv_capacity"] == "auto"
     assert start["engine"]["kv_pages"] == 598
     assert start["engine"]["kv_sizing"] == {
-        "mode": "auto", "kv_dtype": "float32", "tokens": 598 * PAGE, "bytes_per_token": PER_TOKEN,
+        "mode": "auto", "kv_dtype": "float16", "tokens": 598 * PAGE, "bytes_per_token": PER_TOKEN,
         "pool_bytes": 600 * PAGE * PER_TOKEN, "available_bytes": KV_HEADROOM_BYTES + 600 * PAGE
         * PER_TOKEN, "memory_source": "test", "headroom_bytes": KV_HEADROOM_BYTES,
     }  # fmt: skip

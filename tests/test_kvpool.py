@@ -98,6 +98,51 @@ def test_an_int8_cache_keeps_each_row_to_half_a_step_of_its_scale() -> None:
     assert torch.equal(cleared.view(2, 2, S, 16)[:, 0, 1], got_k[:, 0, 1])
 
 
+def test_a_float16_cache_holds_each_key_and_value_as_its_nearest_half() -> None:
+    """--kv-dtype float16 (auto's choice beside float32 activations): half float32's bytes
+    a token; each key and value is stored as the nearest half (ties to even: numpy's own
+    conversion agrees on a tie, a subnormal and a value past the largest half) and read
+    back as float32 of exactly that value; copies carry them."""
+    import numpy as np
+    import torch
+
+    from ninfer.engine._gguf import ModelArgs
+    from ninfer.engine._kvpool import KVPages
+
+    args = ModelArgs(architecture="llama", n_layers=2, dim=32, n_heads=4, n_kv_heads=2,
+                     head_dim=16, ffn_dim=8, vocab_size=8, context_length=64, rope_base=1e4,
+                     norm_eps=1e-5)  # fmt: skip
+    kv = KVPages.allocate(args, n_pages=4, page_size=S, dtype=torch.float32, device="cpu",
+                          kv_dtype="float16")  # fmt: skip
+    assert kv.k.dtype == kv.v.dtype == torch.float16
+    assert not kv.quantized
+    assert KVPages.bytes_per_token(args, torch.float32, "float16") * 2 == (
+        KVPages.bytes_per_token(args, torch.float32, "float32")
+    )
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 3, 2, 16, generator=gen) * 3
+    v = torch.randn(1, 3, 2, 16, generator=gen)
+    # a tie (1 + 2^-11 lies halfway between two halves: to the even one, 1.0), a
+    # subnormal half, and past the largest half (65504): infinity
+    k[0, 0, 0, :3] = torch.tensor([1 + 2.0**-11, 3e-6, 70000.0])
+    kv.zero_pages([1, 2, 3])
+    slots = kv.slots(torch.tensor([[1, 1, 2]]), torch.tensor([[0, 1, 0]]))
+    kv.write(0, slots, k, v)
+    keys, values = kv.gather(0, kv.blocks(torch.tensor([[1, 2]])), 1)  # (G, P*S, D)
+    assert keys.dtype == values.dtype == torch.float32
+    for got, want in ((keys, k), (values, v)):
+        with np.errstate(over="ignore"):  # 70000: infinity, as meant
+            halves = torch.from_numpy(want.numpy().astype(np.float16)).float()
+        pages = got.view(2, 2, S, 16)  # (head, page, offset, D)
+        for t, (page, off) in enumerate(((0, 0), (0, 1), (1, 0))):
+            assert torch.equal(pages[:, page, off], halves[0, t])
+    assert keys.view(2, 2, S, 16)[0, 0, 0, :3].tolist() == [1.0, 2.98023223876953125e-06,
+                                                            float("inf")]  # fmt: skip
+    kv.copy_rows(1, 3, 2)
+    copied, _ = kv.gather(0, kv.blocks(torch.tensor([[3]])), 1)
+    assert torch.equal(copied.view(2, S, 16)[:, :2], keys.view(2, 2, S, 16)[:, 0, :2])
+
+
 def test_a_cached_prefix_never_lends_the_page_of_the_prompts_last_token() -> None:
     """The prefix cache's policy, in the pool: whole cached pages of the prompt, never
     the one holding its last token (its logits are the first output), then the cached

@@ -5,14 +5,17 @@ kernels' paths first, then torch's (`TORCH`: the engine held to them)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import torch
 from conftest import HANG_GUARD_S, CollectingSink, start_engine, stop_engine
+from hangguard import wait_until
 from tinymodel import write_tiny_gguf
 
 from ninfer.engine import (
@@ -25,8 +28,8 @@ from ninfer.engine import (
     _sampling,
 )
 from ninfer.engine import _native as native
-from ninfer.engine._engine import Engine
 from ninfer.engine._loader import load_model
+from ninfer.engine._runtime import create_engine
 from ninfer.engine._selfcheck import SelfCheck, SelfCheckFailed, probe_tokens
 from ninfer.engine._startup import MEASURED_PANELS
 
@@ -73,28 +76,33 @@ def test_every_path_passes_on_a_model_computed_right(
     served, _ = _checks(packed_gguf if packed else tiny_gguf, EngineConfig(max_batch=4, **TORCH))
     checks = _by_path(served.self_check)
     expected = {"dequantizer", "embedding", "int4_kernel", "head", "attention"}
-    expected |= {"prefill_together", "decode_batch"} | (set() if packed else {"dense_float32"})
+    expected |= {"prefill_together", "decode_batch", "kv_float16"}
+    expected |= set() if packed else {"dense_float32"}
     assert set(checks) == expected
     assert all(c.ok and c.error <= c.tolerance for c in checks.values())
     assert checks["int4_kernel"].error > 0  # bfloat16 rounding: measured, not assumed
     assert checks["head"].tolerance == 1e-5
 
 
-@pytest.mark.parametrize(("packed", "kv_dtype"), [(True, "auto"), (False, "auto"), (True, "int8")])
+@pytest.mark.parametrize(
+    ("packed", "kv_dtype"), [(True, "auto"), (False, "auto"), (True, "int8"), (True, "float32")]
+)
 def test_every_native_path_passes_on_a_model_computed_right(
     packed: bool, kv_dtype: str, packed_gguf: Path, tiny_gguf: Path
 ) -> None:
     """On the native kernels (the default where they are built) every native path passes,
     each within its stated tolerance and each error measured (float32 rounds: not 0),
     then the whole passes; the engine says it runs on them. With an int8 KV pool, its
-    native writer and attention are checked too; the sampler's native top-p always."""
+    native writer and attention are checked too, and so with the float16 pool auto
+    chooses (none with a float32 pool); the sampler's native top-p always."""
     config = EngineConfig(max_batch=4, kv_dtype=kv_dtype)
     served, _ = _checks(packed_gguf if packed else tiny_gguf, config)
     assert served.kernels.startswith("native ")
     checks = _by_path(served.self_check)
+    pool_check = {"int8": {"native_kv_int8"}, "auto": {"native_kv_float16"}}.get(kv_dtype, set())
     assert set(checks) == NATIVE_PATHS | {
         "dequantizer", "embedding", "native_top_p", "prefill_together", "decode_batch",
-    } | ({"native_kv_int8"} if kv_dtype == "int8" else set())  # fmt: skip
+    } | pool_check  # fmt: skip
     assert all(c.ok and c.error <= c.tolerance for c in checks.values())
     assert checks["native_dequant"].error == 0.0
     assert 0 < checks["native_matmul"].error < 1e-5
@@ -102,6 +110,10 @@ def test_every_native_path_passes_on_a_model_computed_right(
     assert 0 < checks["native_final_norm"].error < 1e-5
     if kv_dtype == "int8":
         assert 0 < checks["native_kv_int8"].error < 1e-5  # the codes exact, the sums rounded
+    if kv_dtype == "auto":
+        assert 0 < checks["native_kv_float16"].error < 1e-5  # the halves exact, sums rounded
+    assert served.kv_sizing is not None
+    assert served.kv_sizing.kv_dtype == {"auto": "float16"}.get(kv_dtype, kv_dtype)
     assert served.batch_sizes == (1, 2, 3, 4)  # every row count computes a row alike
 
 
@@ -251,6 +263,74 @@ def test_a_wrong_torch_int8_pool_leaves_no_exact_path(
     monkeypatch.setattr(_kvpool, "_quantize", off)
     exc = _failed_start(packed_gguf, EngineConfig(max_batch=2, kv_dtype="int8", **TORCH))
     assert "int8 KV pool" in str(exc)
+
+
+def _halves_one_step_up(mp: pytest.MonkeyPatch) -> None:
+    """The native layers writing a float16 pool's keys each one half's step off."""
+    real = native.NativeLayers.forward
+
+    def off(self: native.NativeLayers, *a: Any, **k: Any) -> torch.Tensor:
+        out = real(self, *a, **k)
+        kv = a[8] if len(a) > 8 else k["kv"]
+        if kv.k.dtype == torch.float16:
+            kv.k.view(torch.int16).add_(1)
+        return out
+
+    mp.setattr(native.NativeLayers, "forward", off)
+
+
+def _torch_halves_off(mp: pytest.MonkeyPatch) -> None:
+    """torch's float16 pool read back 0.1% off."""
+    real = _kvpool.KVPages.gather
+
+    def off(self: _kvpool.KVPages, *a: Any) -> tuple[torch.Tensor, ...]:
+        k, v = real(self, *a)
+        return (k * 1.001, v) if self.k.dtype == torch.float16 else (k, v)
+
+    mp.setattr(_kvpool.KVPages, "gather", off)
+
+
+@pytest.mark.parametrize(
+    ("kernels", "plant"),
+    [("auto", _halves_one_step_up), ("auto", lambda mp: _scale_half_attention(mp, 1.001)),
+     ("torch", _torch_halves_off)],
+)  # fmt: skip
+def test_a_wrong_float16_pool_leaves_auto_on_a_float32_pool(
+    kernels: str, plant: Callable[[pytest.MonkeyPatch], None], packed_gguf: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A float16 pool written one half's step off, or read by an attention 0.1% off, on
+    the native kernels or torch's (planted), is refused: under --kv-dtype auto the pool
+    stores float32 instead (sized again, the kernels kept), the engine says so, and the
+    answers are those of --kv-dtype float32; asked for by name (--kv-dtype float16), the
+    engine does not become ready."""
+    served, tokens = _checks(
+        packed_gguf, EngineConfig(max_batch=4, kernels=kernels), lambda: plant(monkeypatch)
+    )
+    checks = _by_path(served.self_check)
+    path = "kv_float16" if kernels == "torch" else "native_kv_float16"
+    assert not checks[path].ok
+    assert checks[path].instead == "float32 KV cache"
+    assert served.kernels.startswith("native " if kernels == "auto" else "torch")
+    assert all(c.ok for c in checks.values() if c.path != path)
+    assert served.kv_sizing is not None
+    assert served.kv_sizing.kv_dtype == "float32"
+    exc = _failed_start(packed_gguf, EngineConfig(max_batch=2, kernels=kernels, kv_dtype="float16"))
+    assert "float16 KV pool" in str(exc)
+    monkeypatch.undo()
+    _, plain = _checks(packed_gguf, EngineConfig(max_batch=4, kernels=kernels, kv_dtype="float32"))
+    assert tokens == plain
+
+
+def _scale_half_attention(mp: pytest.MonkeyPatch, factor: float) -> None:
+    """The native attention `factor` off over a float16 pool only."""
+    real = native.attention
+
+    def off(q: torch.Tensor, kv: Any, *a: Any, **k: Any) -> torch.Tensor:
+        out = real(q, kv, *a, **k)
+        return out * factor if kv.k.dtype == torch.float16 else out
+
+    mp.setattr(native, "attention", off)
 
 
 def _scale_method(mp: pytest.MonkeyPatch, cls: Any, name: str, factor: float) -> None:
@@ -418,22 +498,21 @@ def test_decode_rows_that_depend_on_the_batch_are_padded_to_the_largest(
 def test_a_model_with_no_exact_attention_does_not_become_ready(
     tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Attention off by 0.1% has no exact path to fall back to: the engine refuses to
-    serve, naming the path."""
+    """On torch's kernels, attention off by 0.1% has no exact path to fall back to: the
+    engine refuses to serve, naming the path."""
     real = _model._grouped_attention
     monkeypatch.setattr(_model, "_grouped_attention", lambda *a, **k: real(*a, **k) * 1.001)
-    exc = _failed_start(tiny_gguf, EngineConfig(max_batch=2))
+    exc = _failed_start(tiny_gguf, EngineConfig(max_batch=2, **TORCH))
     assert "attention" in str(exc)
 
 
 def _failed_start(path: Path, config: EngineConfig) -> SelfCheckFailed:
-    """An engine's start on `path` that must fail its self-check: the error it raised
-    (it never became ready)."""
-    engine = Engine(
-        lambda: load_model(str(path), dtype=torch.float32, device="cpu", max_positions=512),
-        config,
-        CollectingSink(),
-    )
+    """An engine's start on `path` (as the server starts one: the kernels `config.kernels`
+    chooses) that must fail its self-check: the error it raised (it never became ready)."""
+    engine = create_engine(
+        lambda: str(path), config, CollectingSink(),
+        log=structlog.wrap_logger(structlog.PrintLogger(sys.stderr)), progress=lambda _m: None,
+    )  # fmt: skip
     failed: list[BaseException] = []
     ready = threading.Event()
 
@@ -445,8 +524,15 @@ def _failed_start(path: Path, config: EngineConfig) -> SelfCheckFailed:
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    thread.join(HANG_GUARD_S)
-    assert not thread.is_alive()
+
+    def ended(seconds: float) -> bool:
+        thread.join(seconds)
+        return ready.is_set() or not thread.is_alive()
+
+    assert wait_until(ended)
+    if ready.is_set():  # it must not have: stop it, and fail
+        engine.shutdown()
+        thread.join(HANG_GUARD_S)
     assert not ready.is_set()
     (exc,) = failed
     assert isinstance(exc, SelfCheckFailed)

@@ -60,8 +60,10 @@ __all__ = [
 
 # Activation dtypes and weight layouts by name; the engine maps them to torch types.
 DTYPE_NAMES = ("float32", "bfloat16")
-# The KV cache's storage (--kv-dtype): the activations' dtype, or int8 with scales.
-KV_DTYPES = ("auto", "int8")
+# The KV cache's storage (--kv-dtype): auto (float16 beside float32 activations where the
+# self-check passes it, else float32; the activations' dtype beside bfloat16), float16,
+# float32, or int8 with scales.
+KV_DTYPES = ("auto", "float16", "float32", "int8")
 WEIGHT_MODES = ("int4", "dense")
 # Which kernels run the model (--kernels): ninfer's own native CPU kernels, torch's, or
 # the native ones where they are built and pass the start-up self-check, else torch's.

@@ -264,6 +264,10 @@ class KVPages:
     Page 0 is an always-zero padding page; real pages are 1..n_pages; page
     n_pages + 1 is scratch, written by the padding rows of a decode batch.
 
+    As float16 (`--kv-dtype float16` beside float32 activations), each key and value is
+    stored as the nearest half (ties to even) and read back as the float of that value:
+    half the memory, every sum still float32, a row's numbers its own.
+
     Quantized (int8), each position's head row is stored as int8 with its scale
     (max |x| / 127, a (layers, pages, kv_heads, page_size, 1) float32 tensor each for
     keys and values), and gathered back to float32: row by row, so a row's keys do not
@@ -320,7 +324,7 @@ class KVPages:
     ) -> KVPages:
         shape = (args.n_layers, n_pages + 2, args.n_kv_heads, page_size, args.head_dim)
         quantized = kv_dtype == "int8"
-        store = torch.int8 if quantized else dtype
+        store = _store_dtype(dtype, kv_dtype)
         # empty, not zeros: pages are zeroed when handed out (`zero_pages`), so memory
         # for pages never used is never touched and does not count in RSS.
         k_shape = (*shape[:3], args.head_dim, page_size) if keys_transposed else shape
@@ -344,7 +348,7 @@ class KVPages:
         rows = 2 * args.n_layers * args.n_kv_heads
         if kv_dtype == "int8":
             return rows * (args.head_dim + 4)
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = torch.empty((), dtype=_store_dtype(dtype, kv_dtype)).element_size()
         return rows * args.head_dim * itemsize
 
     @property
@@ -366,9 +370,9 @@ class KVPages:
         """A layer's new keys and values (B, T, G, D) at `slots`."""
         assert not self.keys_transposed, "the native layers write their own keys"
         keys, values, _, _ = self._layers[layer]
-        if not self._scales:
-            keys.index_put_(slots, k)
-            values.index_put_(slots, v)
+        if not self._scales:  # float16: each rounded to the nearest half
+            keys.index_put_(slots, k.to(keys.dtype))
+            values.index_put_(slots, v.to(values.dtype))
             return
         k_scales, v_scales, _, _ = self._scales[layer]
         for rows, store, scales in ((k, keys, k_scales), (v, values, v_scales)):
@@ -385,8 +389,8 @@ class KVPages:
 
     def gather(self, layer: int, blocks: torch.Tensor, rows: int) -> tuple[torch.Tensor, ...]:
         """A layer's keys and values at `blocks` (from `blocks`, for `rows` rows): each
-        (rows * kv heads, pages * page size, head dim), attention's layout (int8: as
-        float32)."""
+        (rows * kv heads, pages * page size, head dim), attention's layout (float16 and
+        int8: as float32)."""
         assert not self.keys_transposed, "the native layers read their own keys"
         _, _, k_blocks, v_blocks = self._layers[layer]
         dim = k_blocks.shape[-1]
@@ -394,6 +398,8 @@ class KVPages:
         k = k_blocks.index_select(0, blocks).view(groups, -1, dim)
         v = v_blocks.index_select(0, blocks).view(groups, -1, dim)
         if not self._scales:
+            if k.dtype == torch.float16:  # every half is exactly a float
+                return k.float(), v.float()
             return k, v
         _, _, k_scales, v_scales = self._scales[layer]
         k_scale = k_scales.index_select(0, blocks).view(groups, -1, 1)
@@ -441,6 +447,18 @@ class KVPages:
         idx = torch.tensor(pages, dtype=torch.long, device=self.k.device)
         for t in self._tensors():
             t.index_fill_(1, idx, 0)
+
+
+def _store_dtype(dtype: torch.dtype, kv_dtype: str) -> torch.dtype:
+    """What a pool of `kv_dtype` (a resolved --kv-dtype, or auto: the activations'
+    `dtype`) stores each number as."""
+    if kv_dtype == "int8":
+        return torch.int8
+    if kv_dtype == "float16":
+        return torch.float16
+    if kv_dtype == "float32":
+        return torch.float32
+    return dtype
 
 
 def _quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,6 +41,12 @@ On the native kernels (`_native`), before the rest:
   the same input, the change it makes to the residual stream (or 1% of the stream,
   where the change is smaller) within 1e-4;
 - `native_final_norm`: the norm before the head on the probe rows, within 1e-5;
+- `native_kv_float16` (with a float16 pool, the default beside float32 activations):
+  layer 0 writing the probe prompt's keys and values to a float16 pool stores exactly
+  numpy's nearest half of each key and value it writes to a float32 pool, and native
+  attention over the float16 pool is within 1e-5 of float64 attention over those
+  values (`kv_float16` checks torch's pool the same way where torch's kernels serve);
+  refused, the pool stores float32;
 - `native_kv_int8` (with --kv-dtype int8): layer 0 writing the probe prompt's keys and
   values to an int8 pool gives exactly the codes and scales a float64 quantizer gives
   for the keys and values it writes to a float32 pool, and attention over the int8
@@ -79,6 +85,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import attrs
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -283,10 +290,29 @@ class SelfCheck:
         """torch's int8 pool (`KVPages.write` and `gather`) on layer 0's probe keys and
         values: what it reads back must be exactly the float64 quantizer's values
         (else 1.0); then attention over them against float64 (the relative error)."""
-        a = self.model.args
         q, k, v = self._probe_qkv()
-        N, G, D = len(self.tokens), a.n_kv_heads, a.head_dim
         kv = self._scratch(16, kv_dtype="int8", keys_transposed=False)
+
+        def dequantized(rows: torch.Tensor) -> torch.Tensor:
+            codes, scales = _reference_int8(rows.float())
+            return (codes.double() * scales.double()).float()
+
+        return self._torch_pool(kv, q, k, v, dequantized)
+
+    def _torch_pool(
+        self,
+        kv: KVPages,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        stored: Callable[[torch.Tensor], torch.Tensor],
+    ) -> float:
+        """Layer 0's probe keys and values written to torch's pool `kv` and gathered back:
+        each must read back exactly as `stored` (their float32 values as the pool's
+        definition stores them, (N, G, D)) gives (else 1.0); then torch's attention over
+        them against float64 attention over those values (the relative error)."""
+        a = self.model.args
+        N, G, D = len(self.tokens), a.n_kv_heads, a.head_dim
         table, positions, write_page, offsets = self._prompt_plan(N, kv.page_size)
         dev = self.model.device
         slots = kv.slots(write_page.view(N, 1).to(dev), offsets.view(N, 1).to(dev))
@@ -294,8 +320,7 @@ class SelfCheck:
         read = kv.gather(0, kv.blocks(table.to(dev)), 1)  # each (G, pages * S, D)
         values = []
         for rows, back in zip((k, v), read, strict=True):
-            codes, scales = _reference_int8(rows.float())
-            want = (codes.double() * scales.double()).float()  # (N, G, D), as gathered
+            want = stored(rows)  # (N, G, D), as gathered
             if not torch.equal(back[:, :N].transpose(0, 1).cpu(), want):
                 return 1.0
             values.append(want.double())
@@ -313,6 +338,64 @@ class SelfCheck:
         k64, v64 = values
         ref = _reference_attention(q, k64, v64, positions, 0, scale, a.attn_softcap)
         return _rel(fast.reshape(-1, D).cpu(), ref.reshape(-1, D))
+
+    def kv_float16(self) -> bool:
+        """A float16 pool on the path that serves (native: `native_kv_float16`; torch's:
+        `kv_float16`), layer 0's probe keys and values written: the pool must hold exactly
+        numpy's nearest half of each (round to nearest, ties to even), and attention over
+        it be within 1e-5 of float64 attention over those values. Refused, the pool
+        stores float32 (`instead` says so), as under --kv-dtype float32."""
+        started = time.perf_counter()
+        try:
+            native = self.model.native is not None
+            error = self._native_kv_float16() if native else self._kv_float16()
+            path = "native_kv_float16" if native else "kv_float16"
+            return self._record(path, error, FLOAT32_TOLERANCE, "float32 KV cache")
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _native_kv_float16(self) -> float:
+        """Layer 0 on the native kernels writing the probe prompt's keys and values to a
+        float16 pool and to a float32 one: the float16 pool must hold exactly the nearest
+        halves of what the float32 one holds (else 1.0); then native attention over the
+        float16 pool against float64 attention over those values."""
+        model, native = self.model, self.model.native
+        assert native is not None
+        a = model.args
+        N = len(self.tokens)
+        table, positions, write_page, offsets = self._prompt_plan(N, 16)
+        rope = model.rope.pairs(N)
+        rope_local = rope if model.rope_local is None else model.rope_local.pairs(N)
+        pools = [self._scratch(16), self._scratch(16, kv_dtype="float16")]
+        for kv in pools:
+            native.forward(self._x().clone().contiguous(), rope, rope_local, positions,
+                           write_page, offsets, torch.zeros(N, dtype=torch.long), table, kv,
+                           layers=(0, 1))  # fmt: skip
+        plain, half = pools
+        values = []
+        for stored, halves in ((plain.k, half.k), (plain.v, half.v)):
+            want = _reference_half(_slots(plain, stored, write_page, offsets))
+            got = _slots(half, halves, write_page, offsets)
+            if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
+                return 1.0
+            values.append(got.double())
+        q, _, _ = self._probe_qkv()
+        scale = _attn_scale(a)
+        fast = _native.attention(
+            q, half, 0, table, torch.zeros(N, dtype=torch.long), positions,
+            window=0, scale=scale, softcap=a.attn_softcap,
+        )  # fmt: skip
+        k64, v64 = values
+        ref = _reference_attention(q, k64, v64, positions, 0, scale, a.attn_softcap)
+        return _rel(fast.reshape(-1, a.head_dim), ref.reshape(-1, a.head_dim))
+
+    def _kv_float16(self) -> float:
+        """torch's float16 pool (`KVPages.write` and `gather`) on layer 0's probe keys and
+        values: what it reads back must be exactly the nearest halves' values (else 1.0);
+        then attention over them against float64."""
+        q, k, v = self._probe_qkv()
+        kv = self._scratch(16, kv_dtype="float16", keys_transposed=False)
+        return self._torch_pool(kv, q, k, v, lambda rows: _reference_half(rows).float())
 
     # ---- sampling ------------------------------------------------------------------
 
@@ -863,6 +946,14 @@ def _reference_int8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     div = torch.where(scale > 0, scale, torch.ones_like(scale)).double()
     codes = torch.round((x / div).float().double()).clamp(-127.0, 127.0)
     return codes.to(torch.int8), scale
+
+
+def _reference_half(rows: torch.Tensor) -> torch.Tensor:
+    """float32 rows as the float16 pool's definition stores them: each the nearest half,
+    ties to even, by numpy's own conversion (not torch's, which the pool's write uses):
+    float16, the rows' shape."""
+    with np.errstate(over="ignore"):  # past the largest half: infinity, as the pool stores it
+        return torch.from_numpy(rows.detach().float().cpu().numpy().astype(np.float16))
 
 
 def _slots(kv: KVPages, t: torch.Tensor, page: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ from ninfer.engine._kvpool import KVPages, PagePool, pages_for
 from ninfer.engine._loader import LoadedModel, trim_heap
 from ninfer.engine._memory import available_memory
 from ninfer.engine._native import Packed
-from ninfer.engine._selfcheck import SelfCheck, probe_tokens
+from ninfer.engine._selfcheck import SelfCheck, SelfCheckFailed, probe_tokens
 from ninfer.engine._speculative import step_logits
 
 __all__ = ["Started", "StartupPlan", "keys_per_token", "served_model", "start_up"]
@@ -137,6 +137,21 @@ def served_model(
     )
 
 
+def kv_store(config: EngineConfig) -> str:
+    """What the KV pool stores (--kv-dtype resolved): auto is float16 beside float32
+    activations (the self-check may still refuse it: then float32) and the activations'
+    own dtype beside bfloat16; float16 and float32 pools hold float32 activations' keys.
+    Raises ConfigError for a float pool beside bfloat16 activations."""
+    if config.kv_dtype == "auto":
+        return "float16" if config.dtype == "float32" else "auto"
+    if config.kv_dtype in ("float16", "float32") and config.dtype != "float32":
+        raise ConfigError(
+            f"--kv-dtype {config.kv_dtype} needs --dtype float32 (got {config.dtype}): "
+            "give --kv-dtype auto or int8"
+        )
+    return config.kv_dtype
+
+
 def start_up(loaded: LoadedModel, config: EngineConfig, log: FilteringBoundLogger) -> Started:
     """Every start-up decision for `loaded` under `config`, then a warm-up pass. Raises
     ConfigError (a pool that cannot fit) or the self-check's SelfCheckFailed."""
@@ -156,6 +171,7 @@ class _Startup:
         self.speculative = "none"
         self.native_top_p = False
         self.self_check: tuple[PathCheck, ...] = ()
+        self.kv_dtype = kv_store(config)
 
     def padded(self, rows: int) -> int:
         """As StartupPlan.padded, over the batch sizes decided so far (the self-check
@@ -177,18 +193,30 @@ class _Startup:
         if self.loaded.source is not None:  # a model loaded from its file: check what runs it
             tokens = probe_tokens(self.loaded.tokenizer, self.loaded.identity.vocab_size)
             check = SelfCheck(model, self.loaded.source, tokens, weights=cfg.weights,
-                              kv_dtype=cfg.kv_dtype)  # fmt: skip
+                              kv_dtype=self.kv_dtype)  # fmt: skip
             check.kernels()  # falls back where a kernel is wrong; raises where none is right
             if model.native is None and self.loaded.kernels.startswith("native"):
                 refused = "torch (the self-check refused the native kernels)"
                 self.loaded = attrs.evolve(self.loaded, kernels=refused)
+            if self.kv_dtype == "float16" and not check.kv_float16():
+                if cfg.kv_dtype == "float16":
+                    raise SelfCheckFailed("the float16 KV pool computes wrong")
+                self.kv_dtype = "float32"  # auto: the float32 pool, sized again
+                sizing = self.size_pool()
+                n_pages = sizing.tokens // cfg.page_size
+                pool = PagePool(
+                    n_pages=n_pages,
+                    page_size=cfg.page_size,
+                    room=self.memory_room(sizing),
+                    room_every_s=MEMORY_READ_EVERY_S,
+                )
         # The native kernels' top-p where they serve: checked against the full sort when
         # the model came from its file (else taken as their tests found it).
         self.native_top_p = model.native is not None and (check is None or check.top_p())
         # After the kernel check: the native layers keep their keys transposed, torch's not.
         kv = KVPages.allocate(
             model.args, n_pages=n_pages, page_size=cfg.page_size, dtype=model.dtype,
-            device=cfg.device, kv_dtype=cfg.kv_dtype, keys_transposed=model.native is not None,
+            device=cfg.device, kv_dtype=self.kv_dtype, keys_transposed=model.native is not None,
         )  # fmt: skip
         self.batches(check)
         if cfg.spec != "none":
@@ -226,7 +254,7 @@ class _Startup:
         where it cannot fit at all)."""
         cfg = self.config
         args, dtype = self.loaded.transformer.args, self.loaded.transformer.dtype
-        kv_dtype = cfg.kv_dtype
+        kv_dtype = self.kv_dtype
         per_token = KVPages.bytes_per_token(args, dtype, kv_dtype)
         page_bytes = per_token * cfg.page_size
         available, source = available_memory(cfg.device)
@@ -252,7 +280,7 @@ class _Startup:
             )
         return KVSizing(
             mode="auto" if cfg.kv_capacity == "auto" else "explicit",
-            kv_dtype="int8" if kv_dtype == "int8" else str(dtype).removeprefix("torch."),
+            kv_dtype=kv_dtype if kv_dtype != "auto" else str(dtype).removeprefix("torch."),
             tokens=pages * cfg.page_size,
             bytes_per_token=per_token,
             pool_bytes=pool_bytes,

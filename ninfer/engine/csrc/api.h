@@ -75,8 +75,9 @@ struct Matrix {
 
 // One attention call: for each query q (N of them, H heads of D), the keys and values of
 // its row's pages. One layer's keys are [pages][G][D][S] (each head's page transposed: a
-// vector of 16 keys' element d is contiguous), its values [pages][G][S][D]; float32, or
-// int8 with a float scale per position and head ([pages][G][S]). S: a multiple of 16.
+// vector of 16 keys' element d is contiguous), its values [pages][G][S][D]; float32, IEEE
+// half (each read as the float of the same value), or int8 with a float scale per position
+// and head ([pages][G][S]). S: a multiple of 16.
 struct Attention {
   const float* q;        // (N, H, D)
   float* out;            // (N, H, D)
@@ -84,6 +85,7 @@ struct Attention {
   const void* v;
   const float* k_scale;  // int8 only, else null
   const float* v_scale;
+  int32_t half;          // 1: the keys and values are IEEE halves (no scales)
   const int64_t* page_table;  // (R, P)
   const int64_t* row;         // (N,): the query's row of page_table
   const int64_t* position;    // (N,): the query's position; it sees keys 0..position

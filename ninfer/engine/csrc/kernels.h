@@ -388,7 +388,13 @@ static void score_vector(const Block& b, int64_t key0, QueryHead* const* xs) {
   const size_t head = head_offset(b, key0);
   V16 acc[M];
   for (int i = 0; i < M; i++) acc[i] = vzero();
-  if (a.k_scale == nullptr) {
+  if (a.half) {
+    const uint16_t* k = static_cast<const uint16_t*>(a.k) + head + slot0;
+    for (int dd = 0; dd < d; dd++) {
+      const V16 kv = vload_half(k + static_cast<size_t>(dd) * S);
+      for (int i = 0; i < M; i++) acc[i] = vfma(vset1(xs[i]->q[dd]), kv, acc[i]);
+    }
+  } else if (a.k_scale == nullptr) {
     const float* k = static_cast<const float*>(a.k) + head + slot0;
     for (int dd = 0; dd < d; dd++) {
       const V16 kv = vload(k + static_cast<size_t>(dd) * S);
@@ -425,7 +431,14 @@ NINFER_INLINE void value_rows(const Block& b, int64_t j0, int64_t j1, int c0, Ro
   for (int64_t j = j0; j <= j1;) {
     const int64_t end = std::min(j1, (j / S + 1) * S - 1);  // the last key of j's page
     const size_t at = head_offset(b, j) + static_cast<size_t>(j % S) * a.d;
-    if (a.v_scale == nullptr) {
+    if (a.half) {
+      const uint16_t* vp = static_cast<const uint16_t*>(a.v) + at + c0 * 16;
+      for (; j <= end; j++, vp += a.d) {
+        V16 v[C];
+        for (int c = 0; c < C; c++) v[c] = vload_half(vp + c * 16);
+        row(j, v);
+      }
+    } else if (a.v_scale == nullptr) {
       const float* vp = static_cast<const float*>(a.v) + at + c0 * 16;
       for (; j <= end; j++, vp += a.d) {
         V16 v[C];

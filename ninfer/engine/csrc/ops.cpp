@@ -268,6 +268,9 @@ at::Tensor top_p(at::Tensor probs, double p, double floor) {
 
 // ---- attention over the page pool ---------------------------------------------------------
 
+// What a KV pool stores a number as.
+enum class Store { Float, Half, Int8 };
+
 struct Pool5 {  // one layer's keys or values: (pages, G, S, D), and int8's scales
   const void* data;
   const float* scale;
@@ -284,14 +287,17 @@ void check_pools(const at::Tensor& k, const at::Tensor& v, const std::optional<a
               "pools: values (layers, pages, kv heads, page size, head dim), keys with the last "
               "two transposed");
   TORCH_CHECK(v.size(3) % 16 == 0, "page size: a multiple of 16");
+  TORCH_CHECK(k.dtype() == v.dtype(), "keys and values of one dtype");
   check_pool(k, k_scale);
   check_pool(v, v_scale);
 }
 
 void check_pool(const at::Tensor& t, const std::optional<at::Tensor>& scale) {
   TORCH_CHECK(t.dim() == 5 && t.is_contiguous() && t.device().is_cpu(), "a pool: contiguous, 5 dims");
-  TORCH_CHECK(t.dtype() == at::kFloat || (t.dtype() == at::kChar && scale.has_value()),
-              "a float32 pool, or int8 with its scales");
+  TORCH_CHECK(t.dtype() == at::kFloat || t.dtype() == at::kHalf ||
+                  (t.dtype() == at::kChar && scale.has_value()),
+              "a float32 or float16 pool, or int8 with its scales");
+  TORCH_CHECK(t.dtype() == at::kChar || !scale.has_value(), "scales belong to an int8 pool");
   if (scale.has_value()) {
     TORCH_CHECK(scale->dtype() == at::kFloat && scale->is_contiguous() &&
                     scale->numel() * t.size(3) * t.size(4) == t.numel() * std::min(t.size(3), t.size(4)),
@@ -319,6 +325,7 @@ void attend(const float* q, float* out, int64_t n, int64_t heads, const at::Tens
   a.v = v.data;
   a.k_scale = k.scale;
   a.v_scale = v.scale;
+  a.half = k_pool.dtype() == at::kHalf ? 1 : 0;
   a.page_table = table;
   a.row = row;
   a.position = position;
@@ -530,7 +537,7 @@ class Layers : public torch::CustomClassHolder {
         for (int64_t r = r0; r < r1; r++) fn(r);
       });
     };
-    const bool quantized = k_scale.has_value();
+    const Store store = k_scale.has_value() ? Store::Int8 : k_pool.dtype() == at::kHalf ? Store::Half : Store::Float;
     const int64_t page_size = v_pool.size(3);
     const int64_t page_elems = kv_heads_ * page_size * head_dim_;  // one page, one layer
     for (int64_t li = first; li < last; li++) {
@@ -558,7 +565,7 @@ class Layers : public torch::CustomClassHolder {
             kr->rmsnorm(head, nw.data_ptr<float>(), static_cast<int>(head_dim_), eps_, head);
           rotate(head, rot, static_cast<int>(head_dim_), neox_);
         }
-        write_kv(kl, vl, quantized, page_elems, page_size, wp[r], wo[r], kr_, kr_ + kv_dim);
+        write_kv(kl, vl, store, page_elems, page_size, wp[r], wo[r], kr_, kr_ + kv_dim);
       });
       attend(qp, ap, n, heads_, k_pool, v_pool, kl, vl, page_table.data_ptr<int64_t>(),
              page_table.size(1), row.data_ptr<int64_t>(), pos, l.local ? window_ : 0, scale_, softcap_);
@@ -595,11 +602,13 @@ class Layers : public torch::CustomClassHolder {
   }
 
   // A position's keys and values (each kv heads x head dim) into slot (page, offset): as
-  // they are, or as int8 with a scale a head (max |x| / 127; x / scale rounded to nearest,
-  // ties to even: what `_model._quantize` computes).
+  // they are, as halves (each rounded to the nearest half, ties to even: what torch's
+  // float32 -> float16 conversion gives), or as int8 with a scale a head (max |x| / 127;
+  // x / scale rounded to nearest, ties to even: what `_kvpool._quantize` computes).
   // Keys go transposed: element d of slot `offset` at [d][offset] of the head's page.
-  void write_kv(Pool5 k, Pool5 v, bool quantized, int64_t page_elems, int64_t page_size,
+  void write_kv(Pool5 k, Pool5 v, Store store, int64_t page_elems, int64_t page_size,
                 int64_t page, int64_t offset, const float* keys, const float* values) const {
+    const bool quantized = store == Store::Int8;
     for (int64_t g = 0; g < kv_heads_; g++) {
       const int64_t head = page * page_elems + g * page_size * head_dim_;  // the head's page
       for (int which = 0; which < 2; which++) {
@@ -621,6 +630,9 @@ class Layers : public torch::CustomClassHolder {
             int8_t* q = const_cast<int8_t*>(static_cast<const int8_t*>(dst.data));
             q[start + i * step] =
                 static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(src[i] / div))));
+          } else if (store == Store::Half) {
+            const_cast<uint16_t*>(static_cast<const uint16_t*>(dst.data))[start + i * step] =
+                c10::Half(src[i]).x;
           } else {
             const_cast<float*>(static_cast<const float*>(dst.data))[start + i * step] = src[i];
           }
