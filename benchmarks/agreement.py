@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/agreement.py [--model NAME|PATH] [--tokens 2048]
         [--text FILE] [--modes native,int4,dense,dense-bfloat16]
-        [--capabilities native,avx2,default]
+        [--capabilities native,avx2,default] [--kv-dtypes float16,float32]
         [--llama-server PATH] [--json out.json]
 
 Teacher-forced over a fixed text (by default the GPL-3 text Debian ships in
@@ -11,7 +11,11 @@ position, ninfer's argmax next token against the argmax of the float64 forward o
 file's dequantized values (`tests/reference_forward.py`: numpy and the `gguf` package,
 none of ninfer's code). Each mode runs in a subprocess per CPU capability (ATen, oneDNN
 and MKL held to it, as `tests/test_cpu_capabilities.py` does), computing the text in
-prefill chunks of 256 as the engine does. With --llama-server (or $LLAMA_SERVER),
+prefill chunks of 256 as the engine does, with its KV cache stored as each of
+--kv-dtypes (float16: the server's default beside float32 activations; a bfloat16 mode
+stores its own dtype whatever is asked). A float16 cache is also held to the float64
+forward whose keys and values are rounded to float16 as the cache stores them (the
+values it computes on: a second reference row). With --llama-server (or $LLAMA_SERVER),
 llama.cpp's server on the same file gives its greedy next token at every position
 (`/completion`, the prompt as token ids, `n_predict` 1, temperature 0, its prompt cache
 on). Positions are also split by the reference's margin between its two best tokens:
@@ -65,12 +69,13 @@ def text_tokens(model: str, text_file: str, n: int) -> tuple[str, list[int]]:
     return path, ids[: n + 1]
 
 
-def reference(path: str, tokens: list[int]) -> tuple[list[int], list[float]]:
-    """The float64 reference's argmax at each position and its margin over the second."""
+def reference(path: str, tokens: list[int], kv_half: bool = False) -> tuple[list[int], list[float]]:
+    """The float64 reference's argmax at each position and its margin over the second
+    (`kv_half`: its keys and values rounded to float16, as a float16 cache holds them)."""
     import numpy as np
     from reference_forward import reference_hidden
 
-    hidden, head = reference_hidden(Path(path), tokens)
+    hidden, head = reference_hidden(Path(path), tokens, kv_half=kv_half)
     best, margin = [], []
     for start in range(0, len(tokens), 128):
         logits = hidden[start : start + 128] @ head.T
@@ -165,9 +170,9 @@ def _agreement(pred: list[int], best: list[int], margin: list[float]) -> dict[st
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":  # one mode under one capability
-        path, dtype, weights, tokens_file = sys.argv[2:6]
+        path, dtype, weights, tokens_file, kv_dtype = sys.argv[2:7]
         tokens = json.loads(Path(tokens_file).read_text())
-        print(json.dumps(ninfer_argmax(path, tokens, dtype, weights)))
+        print(json.dumps(ninfer_argmax(path, tokens, dtype, weights, kv_dtype)))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -175,6 +180,7 @@ def main() -> None:
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     ap.add_argument("--modes", default="native,int4,dense,dense-bfloat16")
     ap.add_argument("--capabilities", default="native,avx2,default")
+    ap.add_argument("--kv-dtypes", default="float16,float32")
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -186,37 +192,50 @@ def main() -> None:
     took = time.perf_counter() - t0
     print(f"float64 reference: {len(tokens)} positions in {took:.0f} s, {ties} near ties",
           file=sys.stderr)  # fmt: skip
+    halves = reference(path, tokens, kv_half=True) if "float16" in args.kv_dtypes else None
     tokens_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"agreement-{os.getpid()}.json"
     tokens_file.write_text(json.dumps(tokens))
     rows: list[dict[str, Any]] = []
     for cap in args.capabilities.split(","):
         for mode in args.modes.split(","):
             dtype, weights = MODES[mode]
-            t0 = time.perf_counter()
-            done = subprocess.run(
-                [sys.executable, __file__, "--child", path, dtype, weights, str(tokens_file)],
-                env={**os.environ, **CAPABILITIES[cap]}, capture_output=True, text=True,
-                check=True,
-            )  # fmt: skip
-            pred = json.loads(done.stdout.strip().splitlines()[-1])
-            rows.append({"who": "ninfer", "mode": mode, "capability": cap,
-                         "seconds": round(time.perf_counter() - t0, 1),
-                         **_agreement(pred, best, margin)})  # fmt: skip
-            print(f"  {mode} / {cap}: {rows[-1]['agree']:.4f}", file=sys.stderr)
+            kv_dtypes = args.kv_dtypes.split(",") if dtype == "float32" else ["auto"]
+            for kv_dtype in kv_dtypes:
+                t0 = time.perf_counter()
+                done = subprocess.run(
+                    [sys.executable, __file__, "--child", path, dtype, weights,
+                     str(tokens_file), kv_dtype],
+                    env={**os.environ, **CAPABILITIES[cap]}, capture_output=True, text=True,
+                    check=True,
+                )  # fmt: skip
+                pred = json.loads(done.stdout.strip().splitlines()[-1])
+                kv = dtype if kv_dtype == "auto" else kv_dtype
+                rows.append({"who": "ninfer", "mode": mode, "kv": kv, "capability": cap,
+                             "reference": "float64",
+                             "seconds": round(time.perf_counter() - t0, 1),
+                             **_agreement(pred, best, margin)})  # fmt: skip
+                print(f"  {mode} / {kv} / {cap}: {rows[-1]['agree']:.4f}", file=sys.stderr)
+                if kv == "float16" and halves is not None:
+                    rows.append({**rows[-1], "reference": "float64, keys and values as halves",
+                                 **_agreement(pred, *halves)})  # fmt: skip
     binary = args.llama_server or shutil.which("llama-server")
     if binary:
         pred = llama_argmax(binary, path, tokens)
-        rows.append({"who": "llama-server", "mode": "its own (Q4_1, q8 activations)",
-                     "capability": "native", **_agreement(pred, best, margin)})  # fmt: skip
+        rows.append({"who": "llama-server", "mode": "its own (q8 activations)", "kv": "float16",
+                     "capability": "native", "reference": "float64",
+                     **_agreement(pred, best, margin)})  # fmt: skip
     tokens_file.unlink()
     print(
         f"\nTop-1 agreement with the float64 reference, {len(tokens)} positions of "
         f"{Path(args.text).name} ({sum(m < NEAR_TIE for m in margin)} near ties):"
     )
-    print("| server | mode | CPU | all | clear (margin >= 0.1) | near ties |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| server | mode | KV cache | CPU | reference | all | clear (margin >= 0.1) | near ties |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['who']} | {r['mode']} | {r['capability']} | {r['agree']:.2%} | "
+        print(f"| {r['who']} | {r['mode']} | {r['kv']} | {r['capability']} | {r['reference']} | "
+              f"{r['agree']:.2%} | "
               f"{r['agree_clear']:.2%} | {r['agree_near_tie']:.2%} |")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -65,7 +65,7 @@ def speed(clients: list[int], duration_s: float, max_tokens: int) -> list[dict[s
     from ninfer.tools._bench import BenchConfig, run_bench
 
     ports = {"float32": _free_port(), "int8": _free_port()}
-    procs = {kind: _serve("auto" if kind == "float32" else kind, port)
+    procs = {kind: _serve(kind, port)
              for kind, port in ports.items()}  # fmt: skip
     rows = []
     try:

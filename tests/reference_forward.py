@@ -34,9 +34,13 @@ def reference_logits(path: Path, tokens: list[int]) -> np.ndarray:
     return hidden @ head.T
 
 
-def reference_hidden(path: Path, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def reference_hidden(
+    path: Path, tokens: list[int], *, kv_half: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """float64 final hidden states (T, dim), normed, and the head (vocab, dim) they are
-    multiplied by: the logits, for a caller that takes them a slice at a time."""
+    multiplied by: the logits, for a caller that takes them a slice at a time.
+    `kv_half`: each layer's keys (rotated) and values rounded to the nearest float16, as
+    a float16 KV cache stores them, everything else float64."""
     reader = gguf.GGUFReader(str(path))
     arch = _field(reader, "general.architecture")
     tensors = {t.name: t for t in reader.tensors}
@@ -107,6 +111,8 @@ def reference_hidden(path: Path, tokens: list[int]) -> tuple[np.ndarray, np.ndar
             q = rms(q, weight(p + "attn_q_norm.weight"))
             k = rms(k, weight(p + "attn_k_norm.weight"))
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if kv_half:
+            k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
         out = np.empty((n, heads, head_dim))
         for hd in range(heads):
             g = hd // (heads // kv_heads)
