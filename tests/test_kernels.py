@@ -303,9 +303,10 @@ def test_attention_over_the_page_pool(heads: int, kv_heads: int, head_dim: int, 
     """A row's queries over its keys and values on scattered pages (float32, halves, or
     int8 with scales): within 1e-5 of float64 (of the values the pool holds), and each
     query's numbers the same alone, among the others, in blocks cut anywhere (a prompt's
-    chunks), beside another row's queries (a decode batch), in any build and at any
-    thread count. The shapes give blocks of 16 queries, of 5 (12 heads a kv head) and of
-    one query with more heads than a block aims at (80)."""
+    chunks), beside another row's queries (a decode batch, where a kv head's query heads
+    may be cut in parts), in any build and at any thread count. The shapes give blocks of
+    16 queries, of 5 (12 heads a kv head) and of one query with more heads than a block
+    aims at (80)."""
     torch.manual_seed(0)
     n_keys = 150
     int8 = store == "int8"
@@ -363,6 +364,11 @@ def test_attention_over_the_page_pool(heads: int, kv_heads: int, head_dim: int, 
             batch = torch.tensor([148, 148, 60, 61, 0, 90])
             rows = torch.tensor([0, 1, 1, 0, 1, 1])
             assert torch.equal(run(batch, rows), out[batch]), (isa, threads)
+            # a decode step: one query a row, a kv head's query heads cut in parts where
+            # the threads outnumber the kv heads
+            for step, step_rows in (([149], [0]), ([149, 77, 3], [0, 1, 0])):
+                idx = torch.tensor(step)
+                assert torch.equal(run(idx, torch.tensor(step_rows)), out[idx]), (isa, threads)
 
 
 def test_the_engine_runs_on_the_native_kernels_by_default(tiny_gguf: Any) -> None:

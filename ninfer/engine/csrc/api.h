@@ -98,6 +98,10 @@ struct Attention {
   // have up to kMaxBlockHeads). Blocks share loads, never numbers (kernels.h, attention).
   const int32_t* block;       // (blocks + 1,)
   int32_t blocks;
+  // Each block's query heads of a kv head in `parts` parts (1: whole), a task each: where
+  // every block is one query (a decode step) and its kv heads are fewer than the threads.
+  // Parts share no numbers either: a query head's are its own.
+  int32_t parts;
 };
 
 // A block aims at kBlockHeads query heads of a kv head (its queries' scores stay in a
@@ -119,8 +123,9 @@ struct Kernels {
   void (*rmsnorm)(const float* x, const float* weight, int dim, float eps, float* out);
   // one row of a gate/up output (2 * ffn): out = act(gate) * up (act: SiLU, or GELU-tanh)
   void (*gated)(const float* gate_up, int ffn, int gelu, float* out);
-  // blocks [i0, i1) x kv heads (item i: block i / g, kv head i % g); scratch: the most
-  // query heads a block has x (head dim + the most keys a query sees + 32) floats
+  // blocks [i0, i1) x kv heads x parts (item i: block i / (g * parts), kv head
+  // (i / parts) % g, part i % parts); scratch: the most query heads a block has x (head
+  // dim + the most keys a query sees + 32) floats
   void (*attention)(const Attention& a, int i0, int i1, float* scratch);
   // the vector functions on n floats (what the tests compare with float64): 0 exp,
   // 1 tanh, 2 silu, 3 gelu-tanh

@@ -540,11 +540,12 @@ NINFER_INLINE int64_t first_key(const Attention& a, int n) {
   return a.window > 0 ? std::max<int64_t>(0, a.position[n] - a.window + 1) : 0;
 }
 
-// Queries [n0, n1) (one row's) against kv head g. scratch: the block's query heads x
-// (head dim + its widest span of scored keys) floats (api.h, Kernels::attention).
-static void attend_block(const Attention& a, int n0, int n1, int g, float* scratch) {
-  const int per_group = a.h / a.g, d = a.d;
-  const int heads = (n1 - n0) * per_group;
+// Queries [n0, n1) (one row's) against kv head g, each query's heads [i0, i1) of those
+// the kv head serves. scratch: the block's query heads x (head dim + its widest span of
+// scored keys) floats (api.h, Kernels::attention).
+static void attend_block(const Attention& a, int n0, int n1, int g, int i0, int i1, float* scratch) {
+  const int per_group = a.h / a.g, d = a.d, width = i1 - i0;
+  const int heads = (n1 - n0) * width;
   Block b{&a, a.page_table + a.row[n0] * a.p, g, 0, static_cast<size_t>(a.s) * d};
   int64_t origin = INT64_MAX, last = 0;
   for (int n = n0; n < n1; n++) {
@@ -558,8 +559,8 @@ static void attend_block(const Attention& a, int n0, int n1, int g, float* scrat
   float* o = scratch;  // heads x d, then heads x stride of scores
   for (int n = n0; n < n1; n++) {
     const int64_t first = first_key(a, n);
-    for (int i = 0; i < per_group; i++) {
-      const int x = (n - n0) * per_group + i;
+    for (int i = i0; i < i1; i++) {
+      const int x = (n - n0) * width + (i - i0);
       xs[x].q = a.q + (static_cast<size_t>(n) * a.h + g * per_group + i) * d;
       xs[x].o = o + static_cast<size_t>(x) * d;
       xs[x].sc = scratch + static_cast<size_t>(heads) * d + static_cast<size_t>(x) * stride;
@@ -608,18 +609,22 @@ static void attend_block(const Attention& a, int n0, int n1, int g, float* scrat
                               [&](auto M) { weigh_tile_lanes<decltype(M)::value>(b, all + x, t0, t1); });
   }
   for (int x = 0; x < heads; x++) {
-    const int n = n0 + x / per_group, i = x % per_group;
+    const int n = n0 + x / width, i = i0 + x % width;
     float* out = a.out + (static_cast<size_t>(n) * a.h + g * per_group + i) * d;
     const V16 tv = vset1(total[x]);
     for (int c = 0; c < d; c += 16) vstore(out + c, vdiv(vload(xs[x].o + c), tv));
   }
 }
 
-// items [i0, i1): item i is block i / g against kv head i % g
+// items [i0, i1): item i is block i / (g * parts) against kv head (i / parts) % g, its
+// query heads' part i % parts
 static void attention(const Attention& a, int i0, int i1, float* scratch) {
+  const int per_group = a.h / a.g;
   for (int item = i0; item < i1; item++) {
-    const int blk = item / a.g, g = item % a.g;
-    attend_block(a, a.block[blk], a.block[blk + 1], g, scratch);
+    const int part = item % a.parts, pair = item / a.parts;
+    const int blk = pair / a.g, g = pair % a.g;
+    attend_block(a, a.block[blk], a.block[blk + 1], g, per_group * part / a.parts,
+                 per_group * (part + 1) / a.parts, scratch);
   }
 }
 
