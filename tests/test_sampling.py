@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import attrs
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -117,3 +118,43 @@ def test_the_repetition_penalty_divides_and_multiplies_the_recent_tokens() -> No
     assert negative.pick(torch.tensor([-0.3, -0.5, -1.0, -0.4, -0.9, -0.6])) == 1
     off = RowSampler.create(SamplingParams(temperature=0.0, repeat_penalty=1.0), 6)
     assert off.plain_greedy  # 1.0: no penalty, the batched argmax
+
+
+def test_top_k_keeps_the_k_highest_and_every_tie_with_the_kth() -> None:
+    from ninfer.engine._sampling import top_k_ids
+
+    row = torch.tensor([0.5, 3.0, -1.0, 3.0, 2.0, 2.0, 2.0, float("-inf"), 1.0])
+    assert top_k_ids(row, 1).tolist() == [1, 3]  # the best is tied: both
+    assert top_k_ids(row, 2).tolist() == [1, 3]
+    assert top_k_ids(row, 3).tolist() == [1, 3, 4, 5, 6]  # the 3rd ties the 4th and 5th
+    assert top_k_ids(row, 6).tolist() == [1, 3, 4, 5, 6, 8]
+    assert top_k_ids(row, 7).tolist() == [0, 1, 3, 4, 5, 6, 8]
+    masked = torch.tensor([float("-inf")] * 5 + [1.0])
+    assert top_k_ids(masked, 2).tolist() == [0, 1, 2, 3, 4, 5]  # -inf ties: all kept
+
+
+def _whole_row_pick(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
+    """The default chain over the whole row (the reference for the sampler, which works
+    on the top-k tokens only): tempered, everything under the k-th highest masked,
+    softmax, min-p, top-p by a full sort, one draw over the row in id order."""
+    x = (logits - logits.max()) / p.temperature
+    x = x.masked_fill(x < torch.topk(x, p.top_k).values[-1], float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+    kept = _kept_by_full_sort(probs, p.top_p)
+    return int(kept[_draw(probs[kept], gen)])
+
+
+def test_the_top_k_tokens_alone_draw_what_the_whole_row_draws() -> None:
+    """With top-k on, the sampler's later stages see only the k tokens top-k keeps:
+    over many rows and seeds it draws the token the same chain over the whole row draws
+    with the same generator (a dropped token has no mass, so the running sum over the
+    row is the sum over those tokens, in the same order)."""
+    p = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+    rows = torch.Generator().manual_seed(5)
+    for seed in range(200):
+        logits = torch.randn(5000, generator=rows) * (1 + seed % 7)
+        sampler = RowSampler.create(attrs.evolve(p, seed=seed), 5000)
+        got = [sampler.pick(logits) for _ in range(3)]
+        gen = torch.Generator().manual_seed(seed)
+        assert got == [_whole_row_pick(logits, p, gen) for _ in range(3)], seed
