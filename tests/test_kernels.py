@@ -22,7 +22,7 @@ from ninfer.engine import _native
 from ninfer.engine._kernels import ISAS, build_kernels, load_kernels
 from ninfer.engine._kvpool import KVPages
 from ninfer.engine._native import Packed
-from ninfer.engine._sampling import native_top_p_kept, top_p_kept
+from ninfer.engine._sampling import native_top_k_ids, native_top_p_kept, top_k_ids, top_p_kept
 
 OPS: Any = None
 
@@ -515,3 +515,23 @@ def test_native_top_p_keeps_what_the_torch_definition_keeps(
         logits = torch.round(logits)
     probs = torch.softmax(logits, dim=-1)
     assert torch.equal(native_top_p_kept(probs, top_p), top_p_kept(probs, top_p))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    k=st.integers(1, 300),
+    ties=st.booleans(),
+    banned=st.booleans(),
+)
+def test_native_top_k_keeps_what_torchs_keeps(seed: int, k: int, ties: bool, banned: bool) -> None:
+    """The native top-k (a heap over one pass, runs of 64 below the bound passed over)
+    keeps exactly the ids of `top_k_ids` (torch.topk and the ties with the k-th, held
+    to the whole row's chain in tests/test_sampling.py): rows with many ties, and with
+    banned (-inf) tokens, up to all but a few."""
+    logits = torch.randn(5000, generator=torch.Generator().manual_seed(seed)) * 3
+    if ties:
+        logits = torch.round(logits)
+    if banned:
+        logits[torch.arange(5000) % 7 != 0] = float("-inf")
+    assert torch.equal(native_top_k_ids(logits, k), top_k_ids(logits, k))

@@ -29,7 +29,7 @@ def test_chatml_prompt_tokenizes_and_greedy_reply_is_paris(real_gguf: Path) -> N
         checks = {c.path: c for c in served.self_check}
         assert all(c.ok for c in checks.values()), served.self_check
         native = {"native_dequant", "native_matmul", "native_head", "native_attention",
-                  "native_layers", "native_final_norm", "native_top_p"}  # fmt: skip
+                  "native_layers", "native_final_norm", "native_top_p", "native_top_k"}  # fmt: skip
         if served.kernels.startswith("native"):
             assert native <= set(checks)
         tok = running.model.tokenizer

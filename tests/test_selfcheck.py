@@ -101,7 +101,8 @@ def test_every_native_path_passes_on_a_model_computed_right(
     checks = _by_path(served.self_check)
     pool_check = {"int8": {"native_kv_int8"}, "auto": {"native_kv_float16"}}.get(kv_dtype, set())
     assert set(checks) == NATIVE_PATHS | {
-        "dequantizer", "embedding", "native_top_p", "prefill_together", "decode_batch",
+        "dequantizer", "embedding", "native_top_p", "native_top_k", "prefill_together",
+        "decode_batch",
     } | pool_check  # fmt: skip
     assert all(c.ok and c.error <= c.tolerance for c in checks.values())
     assert checks["native_dequant"].error == 0.0
@@ -152,7 +153,7 @@ def test_the_torch_int8_pool_is_checked_where_torch_serves(packed_gguf: Path) ->
     checks = _by_path(served.self_check)
     assert checks["kv_int8"].ok
     assert 0 < checks["kv_int8"].error < 1e-5
-    assert not set(checks) & (NATIVE_PATHS | {"native_top_p", "native_kv_int8"})
+    assert not set(checks) & (NATIVE_PATHS | {"native_top_p", "native_top_k", "native_kv_int8"})
 
 
 @pytest.mark.parametrize(
@@ -246,6 +247,39 @@ def test_a_wrong_native_top_p_is_refused_for_the_full_sort(
     assert not checks["native_top_p"].ok
     assert checks["native_top_p"].instead == "the full sort"
     assert all(checks[p].ok for p in NATIVE_PATHS)  # the kernels themselves still serve
+    assert tokens == right
+
+
+def test_a_wrong_native_top_k_is_refused_for_torchs(
+    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A native top-k that leaves out the tokens tied with the k-th (planted) is refused:
+    the sampler takes torch's top-k, so a seeded top-k request gets the tokens it gets
+    where the native one is right."""
+    sampling = SamplingParams(temperature=1.5, top_k=5, seed=3)
+    req = GenerationRequest("k", tuple(range(4, 24)), 16, sampling=sampling)
+
+    def sampled() -> tuple[dict[str, PathCheck], list[int]]:
+        running = start_engine(packed_gguf, EngineConfig(max_batch=4))
+        try:
+            handle = running.engine.submit(req)
+            running.sink.wait_done(handle)
+            return _by_path(running.engine.served().self_check), running.sink.tokens[handle.id]
+        finally:
+            stop_engine(running)
+
+    right_checks, right = sampled()
+    assert right_checks["native_top_k"].ok
+    real = _sampling.native_top_k_ids
+
+    def without_ties(logits: torch.Tensor, k: int) -> torch.Tensor:
+        return torch.sort(torch.topk(logits, k).indices).values if k > 1 else real(logits, k)
+
+    monkeypatch.setattr(_sampling, "native_top_k_ids", without_ties)
+    checks, tokens = sampled()
+    assert not checks["native_top_k"].ok
+    assert checks["native_top_k"].instead == "torch's top-k"
+    assert checks["native_top_p"].ok
     assert tokens == right
 
 

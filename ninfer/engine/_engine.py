@@ -440,6 +440,7 @@ class Engine:
             submitted,
             self.model,
             native_top_p=self._p.native_top_p,
+            native_top_k=self._p.native_top_k,
             draft_tokens=self.config.draft_tokens if self._p.speculative != "none" else 0,
         )
         self._by_id[handle.id] = row

@@ -56,6 +56,11 @@ A native path that fails sends the whole model to torch's kernels (--weights), w
 are then checked as above; with --kv-dtype int8, `kv_int8` checks torch's way of
 writing and reading the pool the same way (no exact path left: not ready).
 
+`native_top_k` (where the native kernels serve): the tokens the sampler's top-k keeps,
+found on the native kernels (a heap over one pass), exactly torch.topk's and the ties
+with the k-th, on the probe rows' logits, rows of ties and rows with banned tokens;
+refused, torch's top-k serves.
+
 `native_top_p` (where the native kernels serve): the sampler's top-p on the native
 kernels keeps exactly the ids the full sort keeps (`top_p_kept`), and draws the same
 tokens from them, on the probe rows' real distributions at several temperatures and
@@ -111,6 +116,9 @@ from ninfer.engine._tokenizer import TextTokenizer
 __all__ = ["BFLOAT16_TOLERANCE", "FLOAT32_TOLERANCE", "SelfCheck", "SelfCheckFailed"]
 
 FLOAT32_TOLERANCE = 1e-5
+# The k values the native top-k is checked at (a request's top_k: llama-server's 40, and
+# others a client sends).
+TOP_K_VALUES = (1, 2, 40, 64, 1000)
 BFLOAT16_TOLERANCE = 2.0**-6
 # A native layer's change to the residual stream against float64 (judged against at least
 # 1% of the stream): a few dozen float32 roundings deep (norms, matmuls, attention,
@@ -425,6 +433,26 @@ class SelfCheck:
                     same = same and drawn[0] == drawn[1]
         self.seconds += time.perf_counter() - started
         return self._record("native_top_p", 0.0 if same else 1.0, 0.0, "the full sort")
+
+    def top_k(self) -> bool:
+        """The native top-k's tokens (`_sampling.native_top_k_ids`) against torch's
+        (`top_k_ids`: torch.topk, then the ties) on the probe rows' logits and on rows of
+        ties and of banned (-inf) tokens, at each of TOP_K_VALUES: the same ids."""
+        started = time.perf_counter()
+        logits = self.model.logits(self._x()).float().cpu()  # (N, V)
+        V = logits.shape[-1]
+        steps = torch.arange(V, dtype=torch.float32).remainder(8)  # 8 tied levels
+        banned = logits[0].clone()
+        banned[::3] = float("-inf")  # a grammar's or a logit bias's bans
+        rows = [*logits.unbind(0), steps, torch.zeros(V), banned]
+        same = all(
+            torch.equal(_sampling.native_top_k_ids(row, k), _sampling.top_k_ids(row, k))
+            for row in rows
+            for k in TOP_K_VALUES
+            if k < V
+        )
+        self.seconds += time.perf_counter() - started
+        return self._record("native_top_k", 0.0 if same else 1.0, 0.0, "torch's top-k")
 
     def _native_dequant(self) -> float:
         """The worst difference between a packed matrix's values and the `gguf` package's

@@ -114,6 +114,7 @@ class Row:
         model: LoadedModel,
         *,
         native_top_p: bool,
+        native_top_k: bool = False,
         draft_tokens: int,
     ) -> Row:
         """A new row of `request` on `model`: its sampler, its text stream, and its
@@ -123,7 +124,10 @@ class Row:
             handle=handle,
             request=request,
             sampler=RowSampler.create(
-                request.sampling, model.identity.vocab_size, native_top_p=native_top_p
+                request.sampling,
+                model.identity.vocab_size,
+                native_top_p=native_top_p,
+                native_top_k=native_top_k,
             ),
             text=TextStream(decode=model.tokenizer.decode, stops=request.stop),
             submitted=submitted,

@@ -86,6 +86,8 @@ class StartupPlan:
     # The sampler's top-p on the native kernels (they serve, and the self-check found it
     # keeps what the full sort keeps); else the full sort.
     native_top_p: bool = False
+    # top-k's tokens on the native kernels likewise (the self-check found them torch's)
+    native_top_k: bool = False
     # What a pass costs per row against its fixed cost, c1 / c0 inverted (measured
     # once the engine is warm, when it speculates; else the default).
     row_cost: float = DEFAULT_ROW_COST
@@ -170,6 +172,7 @@ class _Startup:
         self.batch_invariant = False
         self.speculative = "none"
         self.native_top_p = False
+        self.native_top_k = False
         self.self_check: tuple[PathCheck, ...] = ()
         self.kv_dtype = kv_store(config)
 
@@ -213,6 +216,7 @@ class _Startup:
         # The native kernels' top-p where they serve: checked against the full sort when
         # the model came from its file (else taken as their tests found it).
         self.native_top_p = model.native is not None and (check is None or check.top_p())
+        self.native_top_k = model.native is not None and (check is None or check.top_k())
         # After the kernel check: the native layers keep their keys transposed, torch's not.
         kv = KVPages.allocate(
             model.args, n_pages=n_pages, page_size=cfg.page_size, dtype=model.dtype,
@@ -242,6 +246,7 @@ class _Startup:
             self_check=self.self_check,
             speculative=self.speculative,
             native_top_p=self.native_top_p,
+            native_top_k=self.native_top_k,
         )
         if self.speculative != "none":
             plan = attrs.evolve(plan, row_cost=self.measure_row_cost(pool, kv))

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -264,6 +265,56 @@ at::Tensor top_p(at::Tensor probs, double p, double floor) {
     const double lower = threshold * floor;
     threshold = lower > 1e-38 ? lower : 0.0;
   }
+}
+
+// The ids of a (V,) row's k highest values and of every one tied with the k-th, in id order
+// (0 < k < V): the k-th found with a heap of k in one pass, then every id at or above it
+// in another. What `_sampling.top_k_ids` gives (torch.topk, then the ties).
+at::Tensor top_k(at::Tensor logits, int64_t k) {
+  TORCH_CHECK(logits.dtype() == at::kFloat && logits.dim() == 1, "logits: float32 (V,)");
+  at::Tensor row = logits.contiguous();
+  const float* v = row.data_ptr<float>();
+  const int64_t n = row.numel();
+  TORCH_CHECK(k > 0 && k < n, "k: 0 < k < V");
+  // Runs of 64 with no value above the bound (at or above, for the ids) are passed over
+  // whole: most of a row, once the heap holds a few large values. (A test without a
+  // chain from one value to the next, so that it runs as vector compares.)
+  constexpr int64_t kRun = 64;
+  auto any_above = [&](int64_t i0, int64_t i1, float bound) {
+    int hit = 0;
+    for (int64_t i = i0; i < i1; i++) hit |= v[i] > bound;
+    return hit != 0;
+  };
+  auto any_at_least = [&](int64_t i0, int64_t i1, float bound) {
+    int hit = 0;
+    for (int64_t i = i0; i < i1; i++) hit |= v[i] >= bound;
+    return hit != 0;
+  };
+  std::vector<float> heap(v, v + k);  // the k largest so far, smallest on top
+  std::make_heap(heap.begin(), heap.end(), std::greater<float>());
+  for (int64_t i0 = k; i0 < n; i0 += kRun) {
+    const int64_t i1 = std::min(n, i0 + kRun);
+    if (!any_above(i0, i1, heap.front())) continue;
+    for (int64_t i = i0; i < i1; i++) {
+      if (v[i] > heap.front()) {
+        std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+        heap.back() = v[i];
+        std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+      }
+    }
+  }
+  const float kth = heap.front();
+  std::vector<int64_t> kept;
+  kept.reserve(static_cast<size_t>(k));
+  for (int64_t i0 = 0; i0 < n; i0 += kRun) {
+    const int64_t i1 = std::min(n, i0 + kRun);
+    if (!any_at_least(i0, i1, kth)) continue;
+    for (int64_t i = i0; i < i1; i++)
+      if (v[i] >= kth) kept.push_back(i);
+  }
+  at::Tensor out = at::empty({static_cast<int64_t>(kept.size())}, at::kLong);
+  std::copy(kept.begin(), kept.end(), out.data_ptr<int64_t>());
+  return out;
 }
 
 // ---- attention over the page pool ---------------------------------------------------------
@@ -671,6 +722,7 @@ TORCH_LIBRARY(ninfer, m) {
   m.def("supports(str isa) -> bool", &ninfer::supports);
   m.def("pool_stats() -> int[]", &ninfer::pool_stats);
   m.def("top_p(Tensor probs, float p, float floor) -> Tensor", &ninfer::top_p);
+  m.def("top_k(Tensor logits, int k) -> Tensor", &ninfer::top_k);
   m.def("pack_format(str[] types) -> int", &ninfer::pack_format);
   m.def("pack(Tensor[] raws, str[] types, int k, int format) -> Tensor", &ninfer::pack);
   m.def("linear(Tensor x, Tensor packed, int format, int n) -> Tensor", &ninfer::linear);
