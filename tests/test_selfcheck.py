@@ -216,6 +216,17 @@ def _scale_int8_attention(mp: pytest.MonkeyPatch, factor: float) -> None:
     mp.setattr(native, "attention", off)
 
 
+def _sampled(path: Path, req: GenerationRequest) -> tuple[dict[str, PathCheck], list[int]]:
+    """An engine's self-check results and its tokens for `req`, alone."""
+    running = start_engine(path, EngineConfig(max_batch=4))
+    try:
+        handle = running.engine.submit(req)
+        running.sink.wait_done(handle)
+        return _by_path(running.engine.served().self_check), running.sink.tokens[handle.id]
+    finally:
+        stop_engine(running)
+
+
 def test_a_wrong_native_top_p_is_refused_for_the_full_sort(
     packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -224,17 +235,7 @@ def test_a_wrong_native_top_p_is_refused_for_the_full_sort(
     the native top-p is right."""
     sampling = SamplingParams(temperature=1.5, top_p=0.9, seed=11)
     req = GenerationRequest("p", tuple(range(4, 24)), 16, sampling=sampling)
-
-    def sampled() -> tuple[dict[str, PathCheck], list[int]]:
-        running = start_engine(packed_gguf, EngineConfig(max_batch=4))
-        try:
-            handle = running.engine.submit(req)
-            running.sink.wait_done(handle)
-            return _by_path(running.engine.served().self_check), running.sink.tokens[handle.id]
-        finally:
-            stop_engine(running)
-
-    right_checks, right = sampled()
+    right_checks, right = _sampled(packed_gguf, req)
     assert right_checks["native_top_p"].ok
     real = _sampling.native_top_p_kept
 
@@ -243,7 +244,7 @@ def test_a_wrong_native_top_p_is_refused_for_the_full_sort(
         return kept[:-1] if len(kept) > 1 else kept
 
     monkeypatch.setattr(_sampling, "native_top_p_kept", short)
-    checks, tokens = sampled()
+    checks, tokens = _sampled(packed_gguf, req)
     assert not checks["native_top_p"].ok
     assert checks["native_top_p"].instead == "the full sort"
     assert all(checks[p].ok for p in NATIVE_PATHS)  # the kernels themselves still serve
@@ -258,17 +259,7 @@ def test_a_wrong_native_top_k_is_refused_for_torchs(
     where the native one is right."""
     sampling = SamplingParams(temperature=1.5, top_k=5, seed=3)
     req = GenerationRequest("k", tuple(range(4, 24)), 16, sampling=sampling)
-
-    def sampled() -> tuple[dict[str, PathCheck], list[int]]:
-        running = start_engine(packed_gguf, EngineConfig(max_batch=4))
-        try:
-            handle = running.engine.submit(req)
-            running.sink.wait_done(handle)
-            return _by_path(running.engine.served().self_check), running.sink.tokens[handle.id]
-        finally:
-            stop_engine(running)
-
-    right_checks, right = sampled()
+    right_checks, right = _sampled(packed_gguf, req)
     assert right_checks["native_top_k"].ok
     real = _sampling.native_top_k_ids
 
@@ -276,7 +267,7 @@ def test_a_wrong_native_top_k_is_refused_for_torchs(
         return torch.sort(torch.topk(logits, k).indices).values if k > 1 else real(logits, k)
 
     monkeypatch.setattr(_sampling, "native_top_k_ids", without_ties)
-    checks, tokens = sampled()
+    checks, tokens = _sampled(packed_gguf, req)
     assert not checks["native_top_k"].ok
     assert checks["native_top_k"].instead == "torch's top-k"
     assert checks["native_top_p"].ok

@@ -259,19 +259,8 @@ class SelfCheck:
         quantizer's codes and scales of what the float32 one holds (else 1.0); then
         native attention over the int8 pool against float64 attention over those
         values (the relative error)."""
-        model, native = self.model, self.model.native
-        assert native is not None
-        a = model.args
-        N = len(self.tokens)
-        table, positions, write_page, offsets = self._prompt_plan(N, 16)
-        rope = model.rope.pairs(N)
-        rope_local = rope if model.rope_local is None else model.rope_local.pairs(N)
-        pools = [self._scratch(16), self._scratch(16, kv_dtype="int8")]
-        for kv in pools:
-            native.forward(self._x().clone().contiguous(), rope, rope_local, positions,
-                           write_page, offsets, torch.zeros(N, dtype=torch.long), table, kv,
-                           layers=(0, 1))  # fmt: skip
-        plain, int8 = pools
+        plain, int8, plan = self._layer0_written("int8")
+        _, _, write_page, offsets = plan
         assert int8.k_scale is not None
         assert int8.v_scale is not None
         values = []
@@ -284,13 +273,40 @@ class SelfCheck:
             if not (torch.equal(got_codes, want_codes) and torch.equal(got_scales, want_scales)):
                 return 1.0
             values.append(got_codes.double() * got_scales.double())
+        return self._native_pool_attention(int8, plan, values[0], values[1])
+
+    def _layer0_written(self, kv_dtype: str) -> tuple[KVPages, KVPages, tuple[torch.Tensor, ...]]:
+        """Layer 0 on the native kernels, from the probe rows, writing its keys and values
+        to a float32 pool and to a `kv_dtype` one: (the float32 pool, the other, the
+        prompt's plan: page table, positions, each position's page and offset)."""
+        model, native = self.model, self.model.native
+        assert native is not None
+        N = len(self.tokens)
+        plan = self._prompt_plan(N, 16)
+        table, positions, write_page, offsets = plan
+        rope = model.rope.pairs(N)
+        rope_local = rope if model.rope_local is None else model.rope_local.pairs(N)
+        pools = [self._scratch(16), self._scratch(16, kv_dtype=kv_dtype)]
+        for kv in pools:
+            native.forward(self._x().clone().contiguous(), rope, rope_local, positions,
+                           write_page, offsets, torch.zeros(N, dtype=torch.long), table, kv,
+                           layers=(0, 1))  # fmt: skip
+        return pools[0], pools[1], plan
+
+    def _native_pool_attention(
+        self, kv: KVPages, plan: tuple[torch.Tensor, ...], k64: torch.Tensor, v64: torch.Tensor
+    ) -> float:
+        """Native attention of layer 0's probe queries over the pool `kv` (written by
+        `_layer0_written`, `plan` its prompt's) against float64 attention over the keys
+        and values it holds (k64, v64: (N, G, D) float64): the relative error."""
+        a = self.model.args
+        table, positions, _, _ = plan
         q, _, _ = self._probe_qkv()
         scale = _attn_scale(a)
         fast = _native.attention(
-            q, int8, 0, table, torch.zeros(N, dtype=torch.long), positions,
+            q, kv, 0, table, torch.zeros(len(self.tokens), dtype=torch.long), positions,
             window=0, scale=scale, softcap=a.attn_softcap,
         )  # fmt: skip
-        k64, v64 = values
         ref = _reference_attention(q, k64, v64, positions, 0, scale, a.attn_softcap)
         return _rel(fast.reshape(-1, a.head_dim), ref.reshape(-1, a.head_dim))
 
@@ -367,19 +383,8 @@ class SelfCheck:
         float16 pool and to a float32 one: the float16 pool must hold exactly the nearest
         halves of what the float32 one holds (else 1.0); then native attention over the
         float16 pool against float64 attention over those values."""
-        model, native = self.model, self.model.native
-        assert native is not None
-        a = model.args
-        N = len(self.tokens)
-        table, positions, write_page, offsets = self._prompt_plan(N, 16)
-        rope = model.rope.pairs(N)
-        rope_local = rope if model.rope_local is None else model.rope_local.pairs(N)
-        pools = [self._scratch(16), self._scratch(16, kv_dtype="float16")]
-        for kv in pools:
-            native.forward(self._x().clone().contiguous(), rope, rope_local, positions,
-                           write_page, offsets, torch.zeros(N, dtype=torch.long), table, kv,
-                           layers=(0, 1))  # fmt: skip
-        plain, half = pools
+        plain, half, plan = self._layer0_written("float16")
+        _, _, write_page, offsets = plan
         values = []
         for stored, halves in ((plain.k, half.k), (plain.v, half.v)):
             want = _reference_half(_slots(plain, stored, write_page, offsets))
@@ -387,15 +392,7 @@ class SelfCheck:
             if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
                 return 1.0
             values.append(got.double())
-        q, _, _ = self._probe_qkv()
-        scale = _attn_scale(a)
-        fast = _native.attention(
-            q, half, 0, table, torch.zeros(N, dtype=torch.long), positions,
-            window=0, scale=scale, softcap=a.attn_softcap,
-        )  # fmt: skip
-        k64, v64 = values
-        ref = _reference_attention(q, k64, v64, positions, 0, scale, a.attn_softcap)
-        return _rel(fast.reshape(-1, a.head_dim), ref.reshape(-1, a.head_dim))
+        return self._native_pool_attention(half, plan, values[0], values[1])
 
     def _kv_float16(self) -> float:
         """torch's float16 pool (`KVPages.write` and `gather`) on layer 0's probe keys and

@@ -183,14 +183,7 @@ class _Startup:
 
     def run(self) -> Started:
         cfg = self.config
-        sizing = self.size_pool()
-        n_pages = sizing.tokens // cfg.page_size
-        pool = PagePool(
-            n_pages=n_pages,
-            page_size=cfg.page_size,
-            room=self.memory_room(sizing),
-            room_every_s=MEMORY_READ_EVERY_S,
-        )
+        sizing, pool = self.page_pool()
         model = self.loaded.transformer
         check = None
         if self.loaded.source is not None:  # a model loaded from its file: check what runs it
@@ -205,21 +198,14 @@ class _Startup:
                 if cfg.kv_dtype == "float16":
                     raise SelfCheckFailed("the float16 KV pool computes wrong")
                 self.kv_dtype = "float32"  # auto: the float32 pool, sized again
-                sizing = self.size_pool()
-                n_pages = sizing.tokens // cfg.page_size
-                pool = PagePool(
-                    n_pages=n_pages,
-                    page_size=cfg.page_size,
-                    room=self.memory_room(sizing),
-                    room_every_s=MEMORY_READ_EVERY_S,
-                )
+                sizing, pool = self.page_pool()
         # The native kernels' top-p where they serve: checked against the full sort when
         # the model came from its file (else taken as their tests found it).
         self.native_top_p = model.native is not None and (check is None or check.top_p())
         self.native_top_k = model.native is not None and (check is None or check.top_k())
         # After the kernel check: the native layers keep their keys transposed, torch's not.
         kv = KVPages.allocate(
-            model.args, n_pages=n_pages, page_size=cfg.page_size, dtype=model.dtype,
+            model.args, n_pages=pool.n_pages, page_size=cfg.page_size, dtype=model.dtype,
             device=cfg.device, kv_dtype=self.kv_dtype, keys_transposed=model.native is not None,
         )  # fmt: skip
         self.batches(check)
@@ -251,6 +237,18 @@ class _Startup:
         if self.speculative != "none":
             plan = attrs.evolve(plan, row_cost=self.measure_row_cost(pool, kv))
         return Started(model=self.loaded, plan=plan, pool=pool, kv=kv)
+
+    def page_pool(self) -> tuple[KVSizing, PagePool]:
+        """The pool's sizing (`size_pool`, for the KV dtype decided so far) and its pages'
+        accounting."""
+        sizing = self.size_pool()
+        pool = PagePool(
+            n_pages=sizing.tokens // self.config.page_size,
+            page_size=self.config.page_size,
+            room=self.memory_room(sizing),
+            room_every_s=MEMORY_READ_EVERY_S,
+        )
+        return sizing, pool
 
     def size_pool(self) -> KVSizing:
         """The pool's size in tokens, against the memory left after the weights: as many
