@@ -181,7 +181,9 @@ class SelfCheck:
     source: GGUFFile
     tokens: list[int]
     weights: str = "int4"  # the torch path's matrices, where the native ones are refused
-    kv_dtype: str = "auto"  # the KV pool's (--kv-dtype): "int8" checks its paths too
+    # What the served KV pool stores (--kv-dtype resolved; auto: the activations' dtype):
+    # "int8" and "float16" check their paths too, and the whole passes run on such a pool
+    kv_dtype: str = "auto"
     results: list[PathCheck] = attrs.field(factory=list)
     seconds: float = 0.0
     _inputs: dict[str, torch.Tensor] = attrs.field(factory=dict)
@@ -875,7 +877,7 @@ class SelfCheck:
         whatever a check wrote since, instead of prefilling them again."""
         if page_size not in self._pools:
             tables = self._tables(page_size)
-            kv = self._scratch(page_size, tables[-1][-1])
+            kv = self._scratch(page_size, tables[-1][-1], kv_dtype=self.kv_dtype)
             alone = [self.model.hidden_many([g], kv)[0] for g in self._prompts(page_size)]
             for source, target in zip(tables[1], tables[2], strict=True):
                 kv.copy_rows(source, target, page_size)

@@ -198,6 +198,7 @@ class _Startup:
                 if cfg.kv_dtype == "float16":
                     raise SelfCheckFailed("the float16 KV pool computes wrong")
                 self.kv_dtype = "float32"  # auto: the float32 pool, sized again
+                check.kv_dtype = self.kv_dtype  # and the whole passes checked on one
                 sizing, pool = self.page_pool()
         # The native kernels' top-p where they serve: checked against the full sort when
         # the model came from its file (else taken as their tests found it).
