@@ -412,7 +412,7 @@ class SelfCheck:
         TOP_P_TEMPERATURES) and on rows of ties, at each of TOP_P_VALUES: the same ids,
         and the same TOP_P_DRAWS tokens drawn from them with a fixed generator."""
         started = time.perf_counter()
-        logits = self.model.logits(self._x()).float().cpu()  # (N, V)
+        logits = self._probe_logits()
         V = logits.shape[-1]
         rows = [torch.softmax(logits / t, dim=-1) for t in TOP_P_TEMPERATURES]
         ties = torch.zeros(V)
@@ -438,7 +438,7 @@ class SelfCheck:
         (`top_k_ids`: torch.topk, then the ties) on the probe rows' logits and on rows of
         ties and of banned (-inf) tokens, at each of TOP_K_VALUES: the same ids."""
         started = time.perf_counter()
-        logits = self.model.logits(self._x()).float().cpu()  # (N, V)
+        logits = self._probe_logits()
         V = logits.shape[-1]
         steps = torch.arange(V, dtype=torch.float32).remainder(8)  # 8 tied levels
         banned = logits[0].clone()
@@ -657,6 +657,14 @@ class SelfCheck:
             worst = max(worst, _rel(ours, reference_rows(kind, rows, dim).double()))
         if not self._record("dequantizer", worst, 0.0):
             raise SelfCheckFailed(f"the weights' dequantization is wrong on this CPU ({worst:.3g})")
+
+    def _probe_logits(self) -> torch.Tensor:
+        """The head's logits of the probe rows on the path that serves, (N, V) float32 on
+        the CPU: computed once for the samplers' checks (a head pass over Gemma 3's
+        262,144 rows is not free)."""
+        if "logits" not in self._inputs:
+            self._inputs["logits"] = self.model.logits(self._x()).float().cpu()
+        return self._inputs["logits"]
 
     def _x(self) -> torch.Tensor:
         """The probe tokens' embeddings, as the first layer sees them: (N, dim)."""
