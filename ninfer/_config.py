@@ -27,6 +27,7 @@ from ninfer.engine import (
     POOLINGS,
     SPEC_BACKENDS,
     WEIGHT_MODES,
+    kv_dtype_conflict,
 )
 
 __all__ = [
@@ -460,10 +461,9 @@ def build_config(
             raise ConfigError(
                 f"{where}: {proxy.strip()!r} is not an address or a network (CIDR)"
             ) from None
-    if checked["kv_dtype"] in ("float16", "float32") and checked["dtype"] != "float32":
-        raise ConfigError(
-            f"--kv-dtype {checked['kv_dtype']} needs --dtype float32 (got {checked['dtype']})"
-        )
+    conflict = kv_dtype_conflict(checked["kv_dtype"], checked["dtype"])
+    if conflict is not None:
+        raise ConfigError(conflict)
     if checked["api_key"] is not None and not checked["api_key"].strip():
         raise ConfigError("--api-key must not be empty (an empty key would let anyone in)")
     return ServerConfig(**checked)

@@ -52,6 +52,7 @@ __all__ = [
     "TokenLogprob",
     "Tokenizer",
     "Usage",
+    "kv_dtype_conflict",
     "misfit",
     "opens_thinking",
     "pages_for",
@@ -251,6 +252,14 @@ class KVSizing:
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
+
+
+def kv_dtype_conflict(kv_dtype: str, dtype: str) -> str | None:
+    """Why --kv-dtype `kv_dtype` cannot go with --dtype `dtype` (a float pool holds float32
+    activations' keys), or None."""
+    if kv_dtype in ("float16", "float32") and dtype != "float32":
+        return f"--kv-dtype {kv_dtype} needs --dtype float32 (got {dtype}): give auto or int8"
+    return None
 
 
 def pages_for(tokens: int, page_size: int) -> int:

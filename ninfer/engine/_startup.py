@@ -28,6 +28,7 @@ from ninfer.engine._contract import (
     KVSizing,
     PathCheck,
     ServedModel,
+    kv_dtype_conflict,
 )
 from ninfer.engine._errors import ConfigError
 from ninfer.engine._gguf import ModelArgs
@@ -146,11 +147,9 @@ def kv_store(config: EngineConfig) -> str:
     Raises ConfigError for a float pool beside bfloat16 activations."""
     if config.kv_dtype == "auto":
         return "float16" if config.dtype == "float32" else "auto"
-    if config.kv_dtype in ("float16", "float32") and config.dtype != "float32":
-        raise ConfigError(
-            f"--kv-dtype {config.kv_dtype} needs --dtype float32 (got {config.dtype}): "
-            "give --kv-dtype auto or int8"
-        )
+    conflict = kv_dtype_conflict(config.kv_dtype, config.dtype)
+    if conflict is not None:
+        raise ConfigError(conflict)
     return config.kv_dtype
 
 
