@@ -227,50 +227,57 @@ def _sampled(path: Path, req: GenerationRequest) -> tuple[dict[str, PathCheck], 
         stop_engine(running)
 
 
-def test_a_wrong_native_top_p_is_refused_for_the_full_sort(
-    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A native top-p that drops the last token the full sort keeps (planted) is refused:
-    the sampler sorts instead, so a seeded top-p request gets the tokens it gets where
-    the native top-p is right."""
-    sampling = SamplingParams(temperature=1.5, top_p=0.9, seed=11)
-    req = GenerationRequest("p", tuple(range(4, 24)), 16, sampling=sampling)
-    right_checks, right = _sampled(packed_gguf, req)
-    assert right_checks["native_top_p"].ok
-    real = _sampling.native_top_p_kept
+# A native sampler selection, or a wrong copy of it made from the real one.
+Selection = Callable[..., torch.Tensor]
+
+
+def _short_top_p(real: Selection) -> Selection:
+    """A native top-p that drops the last token the full sort keeps."""
 
     def short(probs: torch.Tensor, p: float) -> torch.Tensor:
         kept = real(probs, p)
         return kept[:-1] if len(kept) > 1 else kept
 
-    monkeypatch.setattr(_sampling, "native_top_p_kept", short)
-    checks, tokens = _sampled(packed_gguf, req)
-    assert not checks["native_top_p"].ok
-    assert checks["native_top_p"].instead == "the full sort"
-    assert all(checks[p].ok for p in NATIVE_PATHS)  # the kernels themselves still serve
-    assert tokens == right
+    return short
 
 
-def test_a_wrong_native_top_k_is_refused_for_torchs(
-    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A native top-k that leaves out the tokens tied with the k-th (planted) is refused:
-    the sampler takes torch's top-k, so a seeded top-k request gets the tokens it gets
-    where the native one is right."""
-    sampling = SamplingParams(temperature=1.5, top_k=5, seed=3)
-    req = GenerationRequest("k", tuple(range(4, 24)), 16, sampling=sampling)
-    right_checks, right = _sampled(packed_gguf, req)
-    assert right_checks["native_top_k"].ok
-    real = _sampling.native_top_k_ids
+def _top_k_without_ties(real: Selection) -> Selection:
+    """A native top-k that leaves out the tokens tied with the k-th."""
 
     def without_ties(logits: torch.Tensor, k: int) -> torch.Tensor:
         return torch.sort(torch.topk(logits, k).indices).values if k > 1 else real(logits, k)
 
-    monkeypatch.setattr(_sampling, "native_top_k_ids", without_ties)
+    return without_ties
+
+
+@pytest.mark.parametrize(
+    ("path", "native", "wrong", "instead", "sampling"),
+    [
+        ("native_top_p", "native_top_p_kept", _short_top_p, "the full sort",
+         SamplingParams(temperature=1.5, top_p=0.9, seed=11)),
+        ("native_top_k", "native_top_k_ids", _top_k_without_ties, "torch's top-k",
+         SamplingParams(temperature=1.5, top_k=5, seed=3)),
+    ],
+)  # fmt: skip
+def test_a_wrong_native_sampler_selection_is_refused_for_torchs(
+    path: str, native: str, wrong: Callable[[Selection], Selection],
+    instead: str, sampling: SamplingParams, packed_gguf: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A native top-p that drops the last token the full sort keeps, or a native top-k
+    that leaves out the tokens tied with the k-th (planted), is refused: the sampler
+    takes torch's way instead (the full sort; torch.topk and the ties), so a seeded
+    request gets the tokens it gets where the native one is right; the kernels and the
+    other selection still serve."""
+    req = GenerationRequest(path, tuple(range(4, 24)), 16, sampling=sampling)
+    right_checks, right = _sampled(packed_gguf, req)
+    assert right_checks[path].ok
+    monkeypatch.setattr(_sampling, native, wrong(getattr(_sampling, native)))
     checks, tokens = _sampled(packed_gguf, req)
-    assert not checks["native_top_k"].ok
-    assert checks["native_top_k"].instead == "torch's top-k"
-    assert checks["native_top_p"].ok
+    assert not checks[path].ok
+    assert checks[path].instead == instead
+    assert all(checks[p].ok for p in NATIVE_PATHS)  # the kernels themselves still serve
+    other = {"native_top_p": "native_top_k", "native_top_k": "native_top_p"}[path]
+    assert checks[other].ok
     assert tokens == right
 
 
