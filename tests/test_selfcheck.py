@@ -26,6 +26,7 @@ from ninfer.engine import (
     _kvpool,
     _model,
     _sampling,
+    _selfcheck,
 )
 from ninfer.engine import _native as native
 from ninfer.engine._loader import load_model
@@ -143,6 +144,42 @@ def test_the_checked_layers_are_every_form_a_layer_takes(
     )
     checks = _by_path(served.self_check)
     assert not checks["native_matmul"].ok
+    assert served.kernels == "torch (the self-check refused the native kernels)"
+
+
+def test_a_wrong_row_between_the_sampled_ones_is_refused_by_the_whole_layer_check(
+    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The matrix check compares sampled output rows with float64 (here 4 of each of
+    gate and up's 128: 0, 1, 126, 127); a feed-forward matrix packed wrong on rows
+    32-47 alone (one panel's bytes changed, planted) passes it, and the whole-layer
+    check, which computes every output, refuses the native kernels."""
+    monkeypatch.setattr(_selfcheck, "MATRIX_SAMPLE", 4)
+    monkeypatch.setattr(_selfcheck, "MATRIX_EDGE", 1)
+    assert _selfcheck._spread(128, 4, 1).tolist() == [0, 1, 126, 127]
+    real = _model.pack_tensors
+    changed: list[list[int]] = []
+
+    def one_panel_wrong(gguf: Any, names: Any) -> native.Packed:
+        m = real(gguf, names)
+        if names[0] == "blk.1.ffn_gate.weight":
+            ids = torch.arange(m.out_features)
+            before = m.rows(ids)
+            panel = m.data.numel() // (m.out_features // 16)
+            m.data[2 * panel + panel // 2 : 3 * panel] ^= 0x11
+            changed.append(ids[(m.rows(ids) != before).any(dim=-1)].tolist())
+        return m
+
+    served, _ = _checks(
+        packed_gguf,
+        EngineConfig(max_batch=4),
+        lambda: monkeypatch.setattr(_model, "pack_tensors", one_panel_wrong),
+    )
+    assert changed
+    assert all(rows and set(rows) <= set(range(32, 48)) for rows in changed)
+    checks = _by_path(served.self_check)
+    assert checks["native_matmul"].ok  # the planted rows are not among the sampled ones
+    assert not checks["native_layers"].ok
     assert served.kernels == "torch (the self-check refused the native kernels)"
 
 

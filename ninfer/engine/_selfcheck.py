@@ -14,7 +14,9 @@ tolerance:
 - `embedding`: torch's decoding of the probe tokens' stored rows, exactly the
   `gguf` package's (the tied head's table is decoded the same way);
 - `int4_kernel`: every packed matrix of the checked layers (below) through
-  `_weight_int4pack_mm_for_cpu`, within 2^-6 (it rounds inputs, scales and outputs to
+  `_weight_int4pack_mm_for_cpu` (on 1,024 output rows of each stored part: the first
+  and last 128 and evenly spaced ones between, each matrix fed the inputs the layer's
+  own matrices make), within 2^-6 (it rounds inputs, scales and outputs to
   bfloat16: ~2^-9 a value);
 - `dense_float32`: the checked layers' float32 matrices through oneDNN (or MKL),
   within 1e-5 (float32 rounding measures ~1e-7); `dense_bfloat16` /
@@ -33,13 +35,15 @@ On the native kernels (`_native`), before the rest:
 
 - `native_dequant`: each packed matrix's values (64 rows spread over one matrix of each
   stack of tensor types) exactly the `gguf` package's;
-- `native_matmul`: every matrix of the checked layers, within 1e-5 (they measure ~5e-7);
+- `native_matmul`: every matrix of the checked layers, on output rows sampled as for
+  `int4_kernel`, within 1e-5 (they measure ~5e-7);
 - `native_head`: the head as `head` above, within 1e-5;
 - `native_attention`: layer 0's attention over the page pool, within 1e-5;
 - `native_layers`: each checked layer whole (norms, rotation, keys and values written and
   attended to, activation, residual) on the probe prompt against a float64 layer from
   the same input, the change it makes to the residual stream (or 1% of the stream,
-  where the change is smaller) within 1e-4;
+  where the change is smaller) within 1e-4: every output of each matrix of those
+  layers, not a sample;
 - `native_final_norm`: the norm before the head on the probe rows, within 1e-5;
 - `native_kv_float16` (with a float16 pool, the default beside float32 activations):
   layer 0 writing the probe prompt's keys and values to a float16 pool stores exactly
@@ -63,8 +67,8 @@ refused, torch's top-k serves.
 
 `native_top_p` (where the native kernels serve): the sampler's top-p on the native
 kernels keeps exactly the ids the full sort keeps (`top_p_kept`), and draws the same
-tokens from them, on the probe rows' real distributions at several temperatures and
-top_p values and on rows of ties; refused, the sampler uses the full sort.
+tokens from them, on four of the probe rows' real distributions at several
+temperatures and top_p values and on rows of ties; refused, the sampler uses the full sort.
 
 A path that fails is not used: the engine falls back to the next exact path (int4
 kernel -> its matrices dequantized to float32; oneDNN -> MKL; torch embedding
@@ -81,7 +85,8 @@ global attention, a bias or an extra norm. A kernel's path is chosen by those, n
 the values, so every path the model runs is checked on its own weights, and the
 check costs a few layers' float64 forward however deep the model is (a 24-layer
 1.7B model's check once took 110 s of its start-up, most of it every layer's
-matrices dequantized to float64 twice).
+matrices dequantized to float64 twice; now each checked layer's matrices are
+decoded to float64 whole once, for `native_layers`).
 """
 
 from __future__ import annotations
@@ -133,6 +138,14 @@ PROBE_ROWS = 16
 # HEAD_EDGE of them among them.
 HEAD_SAMPLE = 16384
 HEAD_EDGE = 2048
+# A layer matrix's own check (`_layers`) compares this many output rows of each of its
+# stored parts (q, k and v; gate and up) with float64, the first and last MATRIX_EDGE
+# among them (where the kernels' panels and a stack's parts have their edges) and
+# evenly spaced rows between, so no whole matrix is decoded to float64 for it; the
+# whole-layer check (`_native_layers`) still computes every output of the checked
+# layers against float64.
+MATRIX_SAMPLE = 1024
+MATRIX_EDGE = 128
 # Rows of one tensor of each type whose dequantization is checked.
 DEQUANT_ROWS = 64
 # The draft a verifying pass is checked with (`speculative`): this many tokens.
@@ -142,6 +155,9 @@ DRAFT_CHECK = 4
 TOP_P_TEMPERATURES = (0.5, 1.0, 2.0)
 TOP_P_VALUES = (0.1, 0.5, 0.9, 0.95, 0.999)
 TOP_P_DRAWS = 4
+# ... on this many of the probe rows a temperature, spread over the prompt (each row is a
+# full sort of the vocabulary and more: 16 rows made a third of a 1B model's start-up).
+TOP_P_ROWS = 4
 
 
 class SelfCheckFailed(EngineError):
@@ -163,6 +179,16 @@ def _rel(fast: torch.Tensor, ref: torch.Tensor) -> float:
     scale = ref.norm(dim=-1).clamp_min(1e-30)
     out = (diff / scale).max().item()
     return float("inf") if out != out else float(out)  # NaN: as wrong as it gets
+
+
+def _spread(n: int, sample: int, edge: int) -> torch.Tensor:
+    """Rows 0..n-1 where n <= sample; else the first and last `edge` of them and evenly
+    spaced rows between, `sample` in all."""
+    rows = torch.arange(n)
+    if n <= sample:
+        return rows
+    between = torch.linspace(edge, n - edge - 1, sample - 2 * edge).long()
+    return torch.cat([rows[:edge], between, rows[-edge:]])
 
 
 def _path_of(m: Linear) -> str:
@@ -413,8 +439,9 @@ class SelfCheck:
         and the same TOP_P_DRAWS tokens drawn from them with a fixed generator."""
         started = time.perf_counter()
         logits = self._probe_logits()
-        V = logits.shape[-1]
-        rows = [torch.softmax(logits / t, dim=-1) for t in TOP_P_TEMPERATURES]
+        N, V = logits.shape
+        spread = torch.linspace(0, N - 1, min(N, TOP_P_ROWS)).long()
+        rows = [torch.softmax(logits[spread] / t, dim=-1) for t in TOP_P_TEMPERATURES]
         ties = torch.zeros(V)
         ties[: min(V, 64)] = 1.0  # 64 equal tokens, the rest impossible
         steps = torch.arange(V, dtype=torch.float32).remainder(8).div(8)  # 8 tied levels
@@ -490,7 +517,11 @@ class SelfCheck:
         """Layer 0's queries, keys and values of the probe rows: (N, heads, head dim)."""
         a = self.model.args
         if "qkv" not in self._inputs:
-            self._layer_inputs(0)
+            lay = self.model.layers[0]
+            qkv = self._normed(0)[0].double() @ self._reference(0, "wqkv").T
+            if lay.qkv_bias is not None:
+                qkv = qkv + lay.qkv_bias.double()
+            self._inputs["qkv"] = qkv
         return _split_qkv(self._inputs["qkv"], a)
 
     def _native_attention(self) -> float:
@@ -682,32 +713,53 @@ class SelfCheck:
             self.model.device
         )
 
-    def _layer_inputs(self, layer: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Each matrix of layer `layer`: (its input rows, the float64 reference output),
-        the inputs made from the probe tokens as the layer would see them at its start
-        (normed embeddings; the values and the activation the reference computes)."""
+    def _reference_rows(self, layer: int, slot: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The float64 values of sampled output rows of layer `layer`'s matrix `slot`
+        (`_spread` over each stored part), decoded from the file's blocks of those rows
+        alone: (their indices in the matrix's output, (rows, inputs) float64)."""
+        index, values, start = [], [], 0
+        for n in LAYER_TENSORS[slot]:
+            name = f"blk.{layer}.{n}"
+            dim, out = (int(d) for d in self.source.tensors[name].shape.tolist())
+            rows = _spread(out, MATRIX_SAMPLE, MATRIX_EDGE)
+            kind, raw = self.source.rows_at(name, rows)
+            values.append(decode_blocks(kind, raw.reshape(-1)).view(-1, dim).double())
+            index.append(rows + start)
+            start += out
+        return torch.cat(index), torch.cat(values).to(self.model.device)
+
+    def _normed(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The probe rows normed for layer `layer`'s attention and feed-forward."""
         a = self.model.args
         lay = self.model.layers[layer]
         x = self._x()
         h = F.rms_norm(x, (a.dim,), lay.attn_norm.float(), a.norm_eps)
-        qkv = h.double() @ self._reference(layer, "wqkv").T
-        if lay.qkv_bias is not None:
-            qkv = qkv + lay.qkv_bias.double()
-        q_end = a.n_heads * a.head_dim
-        v = qkv[:, q_end + a.kv_dim :].view(-1, a.n_kv_heads, 1, a.head_dim)
-        heads = v.expand(-1, -1, a.n_heads // a.n_kv_heads, -1).reshape(-1, q_end).float()
         g = F.rms_norm(x, (a.dim,), lay.ffn_norm.float(), a.norm_eps)
-        gate_up = g.double() @ self._reference(layer, "w_gate_up").T
-        gate, up = gate_up.chunk(2, dim=-1)
+        return h, g
+
+    def _layer_inputs(
+        self, layer: int
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Each matrix of layer `layer`: (its input rows, the output rows checked, their
+        float64 reference values), the inputs made from the probe tokens as the layer
+        would see them at its start (normed embeddings; the values and the activation
+        made by the layer's own matrices: each matrix is judged on its own input)."""
+        a = self.model.args
+        lay = self.model.layers[layer]
+        h, g = self._normed(layer)
+        qkv = lay.wqkv(h.to(lay.wqkv.input_dtype)).float()
+        if lay.qkv_bias is not None:
+            qkv = qkv + lay.qkv_bias.float()
+        q_end = a.n_heads * a.head_dim
+        v = qkv[:, q_end + a.kv_dim :].reshape(-1, a.n_kv_heads, 1, a.head_dim)
+        heads = v.expand(-1, -1, a.n_heads // a.n_kv_heads, -1).reshape(-1, q_end)
+        gate, up = lay.w_gate_up(g.to(lay.w_gate_up.input_dtype)).float().chunk(2, dim=-1)
         act = (F.gelu(gate, approximate="tanh") if a.gelu else F.silu(gate)) * up
-        if layer == 0:
-            self._inputs["qkv"] = qkv
-        return {
-            "wqkv": (h, qkv - (lay.qkv_bias.double() if lay.qkv_bias is not None else 0.0)),
-            "wo": (heads, heads.double() @ self._reference(layer, "wo").T),
-            "w_gate_up": (g, gate_up),
-            "w_down": (act.float(), act.float().double() @ self._reference(layer, "w_down").T),
-        }
+        out: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        for slot, x in (("wqkv", h), ("wo", heads), ("w_gate_up", g), ("w_down", act)):
+            rows, ref = self._reference_rows(layer, slot)
+            out[slot] = (x, rows, x.double() @ ref.T)
+        return out
 
     def checked_layers(self) -> list[int]:
         """The layers whose matrices and whole computation are checked: the first and
@@ -741,9 +793,9 @@ class SelfCheck:
         errors: dict[str, list[tuple[int, str, float]]] = {}
         for i in self.checked_layers():
             lay = self.model.layers[i]
-            for slot, (x, ref) in self._layer_inputs(i).items():
+            for slot, (x, rows, ref) in self._layer_inputs(i).items():
                 m: Linear = getattr(lay, slot)
-                fast = m(x.to(m.input_dtype)).float()
+                fast = m(x.to(m.input_dtype)).float()[:, rows.to(x.device)]
                 errors.setdefault(_path_of(m), []).append((i, slot, _rel(fast, ref)))
         return errors
 
@@ -754,9 +806,9 @@ class SelfCheck:
         inputs = self._layer_inputs(0)
         worst = 0.0
         lay = self.model.layers[0]
-        for slot, (x, ref) in inputs.items():
+        for slot, (x, rows, ref) in inputs.items():
             m = _narrowed(getattr(lay, slot))
-            worst = max(worst, _rel(m(x.to(m.input_dtype)).float(), ref))
+            worst = max(worst, _rel(m(x.to(m.input_dtype)).float()[:, rows.to(x.device)], ref))
         self.seconds += time.perf_counter() - started
         return self._record("narrowed_bfloat16", worst, BFLOAT16_TOLERANCE, "dense_float32")
 
@@ -770,10 +822,7 @@ class SelfCheck:
         fast = self.model.lm_head(x.to(self.model.lm_head.input_dtype)).float().cpu()
         name = "output.weight" if self.source.has_tensor("output.weight") else "token_embd.weight"
         V = int(self.source.tensors[name].shape[1])
-        rows = torch.arange(V)
-        if V > HEAD_SAMPLE:
-            between = torch.linspace(HEAD_EDGE, V - HEAD_EDGE - 1, HEAD_SAMPLE - 2 * HEAD_EDGE)
-            rows = torch.cat([rows[:HEAD_EDGE], between.long(), rows[-HEAD_EDGE:]])
+        rows = _spread(V, HEAD_SAMPLE, HEAD_EDGE)
         kind, raw = self.source.rows_at(name, rows)
         table = reference_rows(kind, raw, a.dim).double()
         return _rel(fast[:, rows], x.cpu().double() @ table.T)
