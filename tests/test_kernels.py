@@ -187,6 +187,31 @@ def test_builds_of_other_versions_stay_the_most_recently_used(tmp_path: Any) -> 
     assert kept == ["v0", *(f"v{i}" for i in range(3, _kernels.KEEP_BUILDS + 2))]
 
 
+def test_the_build_runs_every_command_and_names_the_first_that_failed(tmp_path: Any) -> None:
+    """The build's commands (compiles, as many at once as there are CPUs): every one runs
+    whatever fails beside it; the answer names the first failed command in the order
+    given, with its exit status and its last lines; '' when all succeed."""
+    import sys
+
+    from ninfer.engine import _kernels
+
+    def job(name: str, code: str) -> tuple[str, list[str]]:
+        return name, [sys.executable, "-c", code]
+
+    def touch(name: str) -> tuple[str, list[str]]:
+        return job(name, f"open({str(tmp_path / name)!r}, 'w').close()")
+
+    assert _kernels._run_all([touch("a"), touch("b"), touch("c")]) == ""
+    failed = _kernels._run_all([
+        touch("d"),
+        job("ops", "import sys; print('line 1'); print('ops.cpp:7: error: no'); sys.exit(3)"),
+        job("isa_avx2", "import sys; sys.exit(1)"),
+        touch("e"),
+    ])  # fmt: skip
+    assert failed == "compiling ops failed (exit 3):\nline 1\nops.cpp:7: error: no"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c", "d", "e"]
+
+
 def test_two_threads_calling_at_once_each_get_their_own_answer() -> None:
     """Calls from two threads at once (the pool runs one call at a time: the other runs
     on its caller's thread) give each caller exactly its answer."""

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import attrs
@@ -157,18 +158,19 @@ def build_kernels(cache: Path | None, *, progress: Callable[[str], None] = print
     progress(f"building ninfer's native kernels with {compiler} (once; about a minute)")
     isas = ISAS if _x86() else ("default",)
     with tempfile.TemporaryDirectory(prefix="ninfer-kernels-", dir=target_dir) as tmp:
-        jobs: list[tuple[str, list[str]]] = []
-        objects = []
-        for isa in isas:
+        # The operators first: with torch's headers theirs is the longest compile (26 s
+        # on the 2-core machine, against 19 / 11 / 9 s for the plain, AVX-512 and AVX2
+        # builds), and the kernel builds share the other CPU beside it.
+        obj = str(Path(tmp) / "ops.o")
+        ops = [compiler, *_COMMON_FLAGS, *_torch_flags(), "-c", str(SOURCE_DIR / "ops.cpp")]
+        jobs: list[tuple[str, list[str]]] = [("ops", [*ops, "-o", obj])]
+        objects = [obj]
+        for isa in sorted(isas, key=("default", "avx512", "avx2").index):  # longest first
             obj = str(Path(tmp) / f"isa_{isa}.o")
             src = str(SOURCE_DIR / f"isa_{isa}.cpp")
             jobs.append((f"isa_{isa}", [compiler, *_COMMON_FLAGS, *_ISA_FLAGS[isa], "-c", src,
                                         "-o", obj]))  # fmt: skip
             objects.append(obj)
-        obj = str(Path(tmp) / "ops.o")
-        jobs.append(("ops", [compiler, *_COMMON_FLAGS, *_torch_flags(), "-c",
-                             str(SOURCE_DIR / "ops.cpp"), "-o", obj]))  # fmt: skip
-        objects.append(obj)
         failure = _run_all(jobs)
         if failure:
             return KernelBuild(None, failure, time.perf_counter() - started)
@@ -200,25 +202,21 @@ def _prune(builds: Path) -> None:
 
 
 def _run_all(jobs: list[tuple[str, list[str]]]) -> str:
-    """Run the commands, as many at a time as there are CPUs (at most one each); the
+    """Run the commands, as many at a time as there are CPUs (at most one each), each
+    free CPU taking the next command as soon as one ends (give the longest first); the
     first failure's name and last lines, or ''."""
-    running: list[tuple[str, subprocess.Popen[str]]] = []
-    failure = ""
-    pending = list(jobs)
+
+    def run(job: tuple[str, list[str]]) -> str:
+        name, cmd = job
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if done.returncode == 0:
+            return ""
+        tail = "\n".join(done.stdout.strip().splitlines()[-12:])
+        return f"compiling {name} failed (exit {done.returncode}):\n{tail}"
+
     width = max(1, min(len(jobs), os.cpu_count() or 1))
-    while pending or running:
-        while pending and len(running) < width:
-            name, cmd = pending.pop(0)
-            proc = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-            running.append((name, proc))
-        name, proc = running.pop(0)
-        out, _ = proc.communicate()
-        if proc.returncode != 0 and not failure:
-            tail = "\n".join(out.strip().splitlines()[-12:])
-            failure = f"compiling {name} failed (exit {proc.returncode}):\n{tail}"
-    return failure
+    with ThreadPoolExecutor(max_workers=width) as pool:
+        return next((f for f in pool.map(run, jobs) if f), "")
 
 
 _loaded: dict[str, Path] = {}
