@@ -531,6 +531,38 @@ def test_a_native_product_whose_rows_depend_on_their_count_is_not_prefilled_toge
     assert served.prefill_together_rows == 0
 
 
+def test_a_native_product_whose_rows_depend_on_the_batch_size_is_padded_past_it(
+    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start-up measurement of which decode batch sizes compute a row as the
+    largest batch does runs on the first panels of each native matrix, the head too
+    (never whole: the tiny model's head has more than 8 panels of outputs), and a native
+    matmul that computes its rows differently in a product of 3 rows (planted) is found
+    there: a step of 3 rows is padded to 4, and prompts are prefilled one a pass."""
+    real = native.Packed.__call__
+    widths: set[int] = set()
+    wrong = False
+
+    def by_count(self: native.Packed, x: torch.Tensor) -> torch.Tensor:
+        out = real(self, x)
+        if x.dim() == 2 and x.shape[0] == 3:
+            widths.add(self.out_features)
+            return out * 1.0001 if wrong else out
+        return out
+
+    monkeypatch.setattr(native.Packed, "__call__", by_count)
+    running = start_engine(packed_gguf, EngineConfig(max_batch=4))  # start-up alone
+    try:
+        assert running.engine.served().batch_sizes == (1, 2, 3, 4)
+    finally:
+        stop_engine(running)
+    assert widths == {64, 128}  # wo and ffn_down, wqkv whole; gate_up and the head: 8 panels
+    wrong = True
+    served, _ = _checks(packed_gguf, EngineConfig(max_batch=4))
+    assert served.batch_sizes == (1, 2, 4)
+    assert served.prefill_together_rows == 0
+
+
 def test_decode_rows_that_depend_on_the_batch_are_padded_to_the_largest(
     packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar, cast
 
 import attrs
 import torch
@@ -45,9 +46,22 @@ __all__ = ["Started", "StartupPlan", "keys_per_token", "served_model", "start_up
 # The least seconds between two readings of the memory left for never-used KV pages on
 # the CPU (a reading takes ~0.3 ms; the pool reads only when it takes such pages).
 MEMORY_READ_EVERY_S = 0.1
-# Panels (16 outputs each) of every native matrix kind on which prefilling together is
-# measured (`batches`): several, so that the product is split among the threads.
+# Panels (16 outputs each) of every native matrix kind on which batching is measured
+# (`_measured`): several, so that the product is split among the threads.
 MEASURED_PANELS = 8
+_Map = TypeVar("_Map")
+
+
+def _measured(m: _Map) -> _Map:
+    """What a batching property of `m` is measured on: a native matrix's first
+    MEASURED_PANELS panels (how the kernels block a product's rows does not depend on its
+    outputs, each output's sum being its own: `Packed.panels`), another map whole.
+    Products over whole matrices took 4 s of a 1.7B model's start-up (prefilling
+    together, up to 1,024 rows) and 1-2 s of a 1B's (batch sizes, its 128,256-row head
+    at each size up to --max-batch) and measure nothing more."""
+    return cast(_Map, m.panels(MEASURED_PANELS)) if isinstance(m, Packed) else m
+
+
 # Rows of the pass whose cost is measured against one row's (measure_row_cost).
 ROW_COST_ROWS = 17
 # What a pass costs per row against its fixed cost, where it was not measured.
@@ -307,7 +321,9 @@ class _Startup:
         """The batch sizes, prefilling together, and whether batches are invariant."""
         cfg = self.config
         model = self.loaded.transformer
-        sizes = invariant_batch_sizes(model.row_maps(), max_rows=cfg.max_batch, device=cfg.device)
+        sizes = invariant_batch_sizes(
+            [_measured(m) for m in model.row_maps()], max_rows=cfg.max_batch, device=cfg.device
+        )
         # Narrowing rounds those matrices' inputs and weights to bfloat16, and oneDNN's
         # bfloat16 matmuls give a row a result that depends on how many rows a prefill
         # chunk has: only worth it when float32 would pad most decode steps.
@@ -325,12 +341,8 @@ class _Startup:
         # measured on each kind of matrix of the layers (up to 1,024 rows a pass), then
         # on the model whole with real prompts.
         together = min(cfg.prefill_chunk, 1024)
-        # Natively, on a few panels of each matrix: products of up to 1,024 rows over
-        # whole matrices took 4 s of a 1.7B model's start-up and measure nothing more.
-        maps = [m.panels(MEASURED_PANELS) if isinstance(m, Packed) else m
-                for m in model.layer_maps()]  # fmt: skip
         independent = sizes is not None and rows_independent_of_count(
-            maps, max_rows=together, device=cfg.device
+            [_measured(m) for m in model.layer_maps()], max_rows=together, device=cfg.device
         )
         if independent and (check is None or check.together(cfg.page_size)):
             self.together_rows = together
@@ -360,7 +372,7 @@ class _Startup:
         measured = self.together_rows >= most
         maps = [*([] if measured else model.layer_maps()), model.lm_head]
         if not self.batch_invariant or not rows_independent_of_count(
-            maps, max_rows=most, device=cfg.device
+            [_measured(m) for m in maps], max_rows=most, device=cfg.device
         ):
             self.log.warning(
                 "fast_path_refused",
