@@ -43,10 +43,14 @@ static inline V16 vload_half(const uint16_t* p) {
 }
 // 8 bytes: the low nibble of byte i is lane i, the high nibble lane i + 8 (as floats).
 static inline V16 vnibbles(const uint8_t* p) {
-  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  __m128i lo = _mm_and_si128(b, _mm_set1_epi8(15));
-  __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(15));
-  return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)))};
+  uint64_t bytes;
+  std::memcpy(&bytes, p, 8);
+  // the 8 bytes in lanes 0..7 and again in 8..15 (one widening), then lanes 8..15
+  // shifted down a nibble, and every lane's low nibble kept
+  __m512i b = _mm512_cvtepu8_epi32(_mm_set1_epi64x(static_cast<long long>(bytes)));
+  const __m512i shift = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
+  b = _mm512_and_si512(_mm512_srlv_epi32(b, shift), _mm512_set1_epi32(15));
+  return {_mm512_cvtepi32_ps(b)};
 }
 // 16 signed bytes -> 16 floats.
 static inline V16 vbytes(const int8_t* p) {
