@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from typing import Any
 
 import attrs
@@ -107,6 +108,17 @@ class GGUFFile:
         rows = int(np.prod([int(d) for d in t.shape.tolist()[1:]]))
         data = np.ascontiguousarray(t.data).view(np.uint8).reshape(rows, -1).copy()
         return t.tensor_type.name, torch.from_numpy(data)
+
+    def stored(self, name: str) -> tuple[str, torch.Tensor]:
+        """`rows` without the copy: a read-only view of the mapped file, for a reader that
+        is done with it before the file is closed (packing: copying each matrix first
+        was a quarter of its time). Never written to."""
+        t = self.tensors[name]
+        rows = int(np.prod([int(d) for d in t.shape.tolist()[1:]]))
+        data = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
+        with warnings.catch_warnings():  # torch warns of a view it could write to
+            warnings.simplefilter("ignore", UserWarning)
+            return t.tensor_type.name, torch.from_numpy(data)
 
     def rows_at(self, name: str, ids: torch.Tensor) -> tuple[str, torch.Tensor]:
         """Rows `ids` of a matrix as `rows` gives them, read without copying the rest."""

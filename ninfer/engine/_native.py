@@ -92,7 +92,7 @@ class Packed:
 
 def pack_tensors(gguf: GGUFFile, names: Sequence[str]) -> Packed:
     """The file's tensors `names`, stacked along their outputs, packed as one matrix."""
-    kinds, raws = zip(*(gguf.rows(n) for n in names), strict=True)
+    kinds, raws = zip(*(gguf.stored(n) for n in names), strict=True)
     shapes = [gguf.tensors[n].shape for n in names]
     k = int(shapes[0][0])  # GGUF lists a matrix's inputs first
     fmt = int(_ops().pack_format(list(kinds)))

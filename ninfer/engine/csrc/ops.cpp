@@ -113,14 +113,25 @@ at::Tensor pack(std::vector<at::Tensor> raws, std::vector<std::string> types, in
     const int64_t panels = end_panel - first_panel;
     const int tasks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(panels, g_pool.threads() * 4)));
     std::vector<std::string> errors(tasks);
+    const bool dense = format_dense(static_cast<int>(format));
     g_pool.run(tasks, [&](int task) {
-      Row row;
+      Row panel[16];
       const int64_t p0 = first_panel + panels * task / tasks, p1 = first_panel + panels * (task + 1) / tasks;
-      const int64_t r0 = std::max<int64_t>(p0 * 16, base) - base, r1 = std::min<int64_t>(p1 * 16, base + rows) - base;
       try {
-        for (int64_t r = r0; r < r1; r++) {
-          unpack_row(t, src + r * stride, static_cast<int>(k), &row);
-          pack_row(row, static_cast<int>(format), static_cast<int>(base + r), static_cast<int>(k), dst);
+        for (int64_t p = p0; p < p1; p++) {
+          // a panel of this tensor's rows alone, in a quantized format: written whole;
+          // else (a dense format, or a panel shared with the stack's previous or next
+          // tensor, or the last one, part empty) a row at a time
+          const int64_t r0 = std::max<int64_t>(p * 16, base) - base;
+          const int64_t r1 = std::min<int64_t>((p + 1) * 16, base + rows) - base;
+          const bool whole = !dense && r1 - r0 == 16;
+          for (int64_t r = r0; r < r1; r++) {
+            Row& row = panel[whole ? r - r0 : 0];
+            unpack_row(t, src + r * stride, static_cast<int>(k), &row);
+            if (!whole)
+              pack_row(row, static_cast<int>(format), static_cast<int>(base + r), static_cast<int>(k), dst);
+          }
+          if (whole) pack_panel(panel, static_cast<int>(format), static_cast<int>(p), static_cast<int>(k), dst);
         }
       } catch (const std::exception& e) {
         errors[task] = e.what();

@@ -247,12 +247,20 @@ inline void unpack_row(const std::string& t, const uint8_t* src, int k, Row* row
         bsc[j] = d * static_cast<float>(scales[j]);
         bof[j] = 0.0f;
       }
-      // index i of the super-block: half h = i / 128, then ql's nibble (i % 128) / 64
-      for (int i = 0; i < 256; i++) {
-        const int h = i / 128, r = i % 128, l = r % 32, quarter = r / 32;
-        const int lo = (ql[h * 64 + (quarter % 2) * 32 + l] >> ((quarter / 2) * 4)) & 15;
-        const int hi = (qh[h * 32 + l] >> (quarter * 2)) & 3;
-        out[i] = static_cast<int8_t>((lo | (hi << 4)) - 32);
+      // value h * 128 + q * 32 + l of the super-block (half h, quarter q): the low
+      // nibble of ql[h * 64 + l] (q 0) or ql[h * 64 + 32 + l] (q 1), their high nibbles
+      // (q 2, 3), and bits 2q, 2q + 1 of qh[h * 32 + l] above them
+      for (int h = 0; h < 2; h++) {
+        const uint8_t* lo = ql + h * 64;
+        const uint8_t* hi = qh + h * 32;
+        int8_t* o = out + h * 128;
+        for (int l = 0; l < 32; l++) {
+          const int a = lo[l], c = lo[l + 32], bits = hi[l];
+          o[l] = static_cast<int8_t>(((a & 15) | ((bits & 3) << 4)) - 32);
+          o[l + 32] = static_cast<int8_t>(((c & 15) | (((bits >> 2) & 3) << 4)) - 32);
+          o[l + 64] = static_cast<int8_t>(((a >> 4) | (((bits >> 4) & 3) << 4)) - 32);
+          o[l + 96] = static_cast<int8_t>(((c >> 4) | (((bits >> 6) & 3) << 4)) - 32);
+        }
       }
     } else if (g == GType::Q3_K) {
       const uint8_t* hmask = p;
@@ -322,10 +330,73 @@ inline int stack_format(const std::vector<std::string>& types) {
   return dense ? FMT_F32 : FMT_I8FM16;
 }
 
+// Block b's scale and offset of a quantized row into lane `lane` of its packed block.
+// (`fl`: the format's layout, looked up once by the caller: a lookup a lane and block
+// was a third of packing a Q6_K matrix.)
+inline void put_scale(const Row& row, const FormatLayout& fl, int b, int lane, uint8_t* blk) {
+  if (row.dense) throw std::invalid_argument("a dense tensor in a quantized format");
+  const int qb = fl.block;
+  const int scale_bytes = 16 * (fl.half_scales ? 2 : 4);
+  const int g = b * qb / 16;
+  if (qb == 32 && (row.scale[g] != row.scale[g + 1] || row.offset[g] != row.offset[g + 1]))
+    throw std::invalid_argument("a 32-input block with two scales");
+  const float d = row.scale[g], m = row.offset[g];
+  if (fl.half_scales) {
+    uint16_t hd, hm;
+    if (!float_to_half_exact(d, &hd) || (fl.offsets && !float_to_half_exact(m, &hm)))
+      throw std::invalid_argument("a scale that is not a half float");
+    std::memcpy(blk + lane * 2, &hd, 2);
+    if (fl.offsets) std::memcpy(blk + scale_bytes + lane * 2, &hm, 2);
+  } else {
+    std::memcpy(blk + lane * 4, &d, 4);
+    if (fl.offsets) std::memcpy(blk + scale_bytes + lane * 4, &m, 4);
+  }
+  if (!fl.offsets && m != 0.0f) throw std::invalid_argument("an offset in a format without");
+}
+
+// The 16 rows of panel `p` (rows[l]: lane l) of a quantized format written whole, block
+// by block, each code byte once (pack_row, a row at a time, reads and writes each byte of
+// 4-bit codes for each of its two rows and strides across every block for each row: most
+// of a model's packing time). The same bytes as pack_row's for each row.
+inline void pack_panel(const Row* rows, int f, int p, int k, uint8_t* out) {
+  const FormatLayout& fl = layout_of(f);
+  const int qb = format_block(f), nb = k / qb;
+  const size_t bb = format_block_bytes(f);
+  const int scale_bytes = 16 * (format_half(f) ? 2 : 4);
+  const int min_bytes = format_min(f) ? scale_bytes : 0;
+  const int cb = format_code_bytes(f);
+  for (int l = 0; l < 16; l++) {
+    if (rows[l].dense) throw std::invalid_argument("a dense tensor in a quantized format");
+    if (rows[l].codes.size() != static_cast<size_t>(k))
+      throw std::invalid_argument("a row of another length");
+  }
+  for (int b = 0; b < nb; b++) {
+    uint8_t* blk = out + (static_cast<size_t>(p) * nb + b) * bb;
+    uint8_t* codes = blk + scale_bytes + min_bytes;
+    for (int l = 0; l < 16; l++) put_scale(rows[l], fl, b, l, blk);
+    const int k0 = b * qb;
+    if (cb == 8) {  // U4: lane l < 8 in the low nibble of byte l, lane l + 8 in its high
+      for (int i = 0; i < qb; i++) {
+        uint8_t* at = codes + i * 8;
+        for (int l = 0; l < 8; l++) {
+          const int8_t lo = rows[l].codes[k0 + i], hi = rows[l + 8].codes[k0 + i];
+          if (lo < 0 || lo > 15 || hi < 0 || hi > 15)
+            throw std::invalid_argument("a 4-bit code out of range");
+          at[l] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+      }
+    } else {
+      for (int i = 0; i < qb; i++)
+        for (int l = 0; l < 16; l++) codes[i * cb + l] = static_cast<uint8_t>(rows[l].codes[k0 + i]);
+    }
+  }
+}
+
 // Write row `n` (of the whole matrix) into the packed buffer of format f.
 inline void pack_row(const Row& row, int f, int n, int k, uint8_t* out) {
   if ((row.dense ? row.values.size() : row.codes.size()) != static_cast<size_t>(k))
     throw std::invalid_argument("a row of another length");
+  const FormatLayout& fl = layout_of(f);
   const int qb = format_block(f), nb = k / qb;
   const size_t bb = format_block_bytes(f);
   const int p = n / 16, lane = n % 16;
@@ -353,22 +424,7 @@ inline void pack_row(const Row& row, int f, int n, int k, uint8_t* out) {
       }
       continue;
     }
-    if (row.dense) throw std::invalid_argument("a dense tensor in a quantized format");
-    const int g = b * qb / 16;
-    if (qb == 32 && (row.scale[g] != row.scale[g + 1] || row.offset[g] != row.offset[g + 1]))
-      throw std::invalid_argument("a 32-input block with two scales");
-    const float d = row.scale[g], m = row.offset[g];
-    if (format_half(f)) {
-      uint16_t hd, hm;
-      if (!float_to_half_exact(d, &hd) || (format_min(f) && !float_to_half_exact(m, &hm)))
-        throw std::invalid_argument("a scale that is not a half float");
-      std::memcpy(blk + lane * 2, &hd, 2);
-      if (format_min(f)) std::memcpy(blk + scale_bytes + lane * 2, &hm, 2);
-    } else {
-      std::memcpy(blk + lane * 4, &d, 4);
-      if (format_min(f)) std::memcpy(blk + scale_bytes + lane * 4, &m, 4);
-    }
-    if (!format_min(f) && m != 0.0f) throw std::invalid_argument("an offset in a format without");
+    put_scale(row, fl, b, lane, blk);
     for (int i = 0; i < qb; i++) {
       const int8_t q = row.codes[b * qb + i];
       if (cb == 8) {  // U4: lane l < 8 in the low nibble of byte l, else the high of l - 8
