@@ -145,6 +145,9 @@ HEAD_EDGE = 2048
 # whole-layer check (`_native_layers`) still computes every output of the checked
 # layers against float64.
 MATRIX_SAMPLE = 1024
+# Rows of a matrix widened to float64 at a time for the whole-layer reference (16 MiB of
+# float64 at 2,048 inputs, 64 MiB at 8,192).
+REFERENCE_ROWS = 1024
 MATRIX_EDGE = 128
 # Rows of one tensor of each type whose dequantization is checked.
 DEQUANT_ROWS = 64
@@ -518,7 +521,7 @@ class SelfCheck:
         a = self.model.args
         if "qkv" not in self._inputs:
             lay = self.model.layers[0]
-            qkv = self._normed(0)[0].double() @ self._reference(0, "wqkv").T
+            qkv = self._reference(0, "wqkv", self._normed(0)[0].double())
             if lay.qkv_bias is not None:
                 qkv = qkv + lay.qkv_bias.double()
             self._inputs["qkv"] = qkv
@@ -599,7 +602,7 @@ class SelfCheck:
         def rms(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             return v / torch.sqrt((v * v).mean(dim=-1, keepdim=True) + a.norm_eps) * w.double()
 
-        qkv = rms(x, lay.attn_norm) @ self._reference(i, "wqkv").T
+        qkv = self._reference(i, "wqkv", rms(x, lay.attn_norm))
         if lay.qkv_bias is not None:
             qkv = qkv + lay.qkv_bias.double()
         q, k, v = _split_qkv(qkv, a)
@@ -613,13 +616,13 @@ class SelfCheck:
         scale = _attn_scale(a)
         window = a.sliding_window if lay.local else 0
         attn = _reference_attention(q, k, v, positions, window, scale, a.attn_softcap)
-        out = attn.reshape(N, H * D) @ self._reference(i, "wo").T
+        out = self._reference(i, "wo", attn.reshape(N, H * D))
         if lay.post_attn_norm is not None:
             out = rms(out, lay.post_attn_norm)
         x = x + out
-        gate, up = (rms(x, lay.ffn_norm) @ self._reference(i, "w_gate_up").T).chunk(2, dim=-1)
+        gate, up = self._reference(i, "w_gate_up", rms(x, lay.ffn_norm)).chunk(2, dim=-1)
         act = F.gelu(gate, approximate="tanh") if a.gelu else F.silu(gate)
-        out = (act * up) @ self._reference(i, "w_down").T
+        out = self._reference(i, "w_down", act * up)
         if lay.post_ffn_norm is not None:
             out = rms(out, lay.post_ffn_norm)
         return x + out
@@ -706,12 +709,19 @@ class SelfCheck:
             self._inputs["x"] = x * a.embed_scale if a.embed_scale != 1.0 else x
         return self._inputs["x"]
 
-    def _reference(self, layer: int, slot: str) -> torch.Tensor:
-        """The float64 values of layer `layer`'s matrix `slot`, from the file."""
-        names = LAYER_TENSORS[slot]
-        return torch.cat([self.source.tensor(f"blk.{layer}.{n}", torch.float64) for n in names]).to(
-            self.model.device
-        )
+    def _reference(self, layer: int, slot: str, x: torch.Tensor) -> torch.Tensor:
+        """x (N, inputs) float64 times layer `layer`'s matrix `slot` as the file stores it,
+        in float64: (N, outputs). Each stored part decoded to its values once (float32
+        holds them exactly: the reference decoder computes them in float32) and widened
+        to float64 REFERENCE_ROWS rows at a time, rather than the whole stack widened and
+        concatenated (a 1B model's feed-forward is 268 MB of float64 a copy)."""
+        out = []
+        for n in LAYER_TENSORS[slot]:
+            w = self.source.tensor(f"blk.{layer}.{n}", torch.float32)
+            for start in range(0, w.shape[0], REFERENCE_ROWS):
+                rows = w[start : start + REFERENCE_ROWS].to(self.model.device)
+                out.append(x @ rows.double().T)
+        return torch.cat(out, dim=-1)
 
     def _reference_rows(self, layer: int, slot: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The float64 values of sampled output rows of layer `layer`'s matrix `slot`
