@@ -447,6 +447,33 @@ def test_a_wrong_int4_kernel_is_refused_and_the_file_values_run_instead(
     assert tokens == dense
 
 
+def test_torchs_int4_kernel_is_checked_on_every_output(
+    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Torch's kernels have no whole-layer check behind them, so their matrices are
+    compared on every output, not on the native check's sample: an int4 kernel 30% off
+    on outputs 32-47 of the gate alone (planted; the sampled rows would be 0, 1, 126 and
+    127 of gate and of up here) is refused."""
+    monkeypatch.setattr(_selfcheck, "MATRIX_SAMPLE", 4)
+    monkeypatch.setattr(_selfcheck, "MATRIX_EDGE", 1)
+    real = _model.Int4.native
+
+    def one_panel_off(self: _model.Int4, x: torch.Tensor) -> torch.Tensor:
+        out = real(self, x)
+        if self.out_features == 256:  # gate and up, 128 outputs each
+            out[..., 32:48] *= 1.3
+        return out
+
+    served, _ = _checks(
+        packed_gguf,
+        EngineConfig(max_batch=4, **TORCH),
+        lambda: monkeypatch.setattr(_model.Int4, "native", one_panel_off),
+    )
+    checks = _by_path(served.self_check)
+    assert not checks["int4_kernel"].ok
+    assert checks["int4_kernel"].instead == "dense_float32"
+
+
 def test_a_wrong_embedding_decoder_is_refused_for_the_reference_one(
     tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

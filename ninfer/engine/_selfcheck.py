@@ -14,10 +14,9 @@ tolerance:
 - `embedding`: torch's decoding of the probe tokens' stored rows, exactly the
   `gguf` package's (the tied head's table is decoded the same way);
 - `int4_kernel`: every packed matrix of the checked layers (below) through
-  `_weight_int4pack_mm_for_cpu` (on 1,024 output rows of each stored part: the first
-  and last 128 and evenly spaced ones between, each matrix fed the inputs the layer's
-  own matrices make), within 2^-6 (it rounds inputs, scales and outputs to
-  bfloat16: ~2^-9 a value);
+  `_weight_int4pack_mm_for_cpu` (every output, each matrix fed the inputs the layer's
+  own matrices make: no whole-layer check stands behind torch's kernels), within 2^-6
+  (it rounds inputs, scales and outputs to bfloat16: ~2^-9 a value);
 - `dense_float32`: the checked layers' float32 matrices through oneDNN (or MKL),
   within 1e-5 (float32 rounding measures ~1e-7); `dense_bfloat16` /
   `narrowed_bfloat16` within 2^-6;
@@ -35,8 +34,10 @@ On the native kernels (`_native`), before the rest:
 
 - `native_dequant`: each packed matrix's values (64 rows spread over one matrix of each
   stack of tensor types) exactly the `gguf` package's;
-- `native_matmul`: every matrix of the checked layers, on output rows sampled as for
-  `int4_kernel`, within 1e-5 (they measure ~5e-7);
+- `native_matmul`: every matrix of the checked layers, each fed the inputs the layer's
+  own matrices make, on 1,024 output rows of each stored part (the first and last 128
+  and evenly spaced ones between: `native_layers` below computes every output), within
+  1e-5 (they measure ~5e-7);
 - `native_head`: the head as `head` above, within 1e-5;
 - `native_attention`: layer 0's attention over the page pool, within 1e-5;
 - `native_layers`: each checked layer whole (norms, rotation, keys and values written and
@@ -767,8 +768,12 @@ class SelfCheck:
         act = (F.gelu(gate, approximate="tanh") if a.gelu else F.silu(gate)) * up
         out: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         for slot, x in (("wqkv", h), ("wo", heads), ("w_gate_up", g), ("w_down", act)):
-            rows, ref = self._reference_rows(layer, slot)
-            out[slot] = (x, rows, x.double() @ ref.T)
+            if isinstance(getattr(lay, slot), Packed):  # `native_layers` checks every output
+                rows, ref = self._reference_rows(layer, slot)
+                out[slot] = (x, rows, x.double() @ ref.T)
+            else:  # torch's kernels have no whole-layer check behind them: every output
+                whole = self._reference(layer, slot, x.double())
+                out[slot] = (x, torch.arange(whole.shape[-1]), whole)
         return out
 
     def checked_layers(self) -> list[int]:
