@@ -87,7 +87,8 @@ the values, so every path the model runs is checked on its own weights, and the
 check costs a few layers' float64 forward however deep the model is (a 24-layer
 1.7B model's check once took 110 s of its start-up, most of it every layer's
 matrices dequantized to float64 twice; now each checked layer's matrices are
-decoded to float64 whole once, for `native_layers`).
+decoded whole once, for `native_layers` on the native kernels or for each matrix's
+own check on torch's, and widened to float64 a block of rows at a time).
 """
 
 from __future__ import annotations
