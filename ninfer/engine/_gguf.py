@@ -101,31 +101,32 @@ class GGUFFile:
             raise ArtifactError(f"GGUF file has no tensor {name!r}")
         return dequantize(self.tensors[name], dtype)
 
+    def _bytes(self, name: str) -> tuple[str, np.ndarray]:
+        """A matrix's type name and its stored bytes, (rows, bytes per row) uint8: a view
+        of the mapped file (no copy where the tensor is contiguous, as a file's are)."""
+        t = self.tensors[name]
+        rows = int(np.prod([int(d) for d in t.shape.tolist()[1:]]))
+        return t.tensor_type.name, np.ascontiguousarray(t.data).view(np.uint8).reshape(rows, -1)
+
     def rows(self, name: str) -> tuple[str, torch.Tensor]:
         """A matrix as it is stored: its type name and its bytes, (rows, bytes per row)
         uint8; a row is whole blocks, so `decode_blocks` reads any gathered rows."""
-        t = self.tensors[name]
-        rows = int(np.prod([int(d) for d in t.shape.tolist()[1:]]))
-        data = np.ascontiguousarray(t.data).view(np.uint8).reshape(rows, -1).copy()
-        return t.tensor_type.name, torch.from_numpy(data)
+        kind, data = self._bytes(name)
+        return kind, torch.from_numpy(data.copy())
 
     def stored(self, name: str) -> tuple[str, torch.Tensor]:
         """`rows` without the copy: a read-only view of the mapped file, for a reader that
         is done with it before the file is closed (packing: copying each matrix first
         was a quarter of its time). Never written to."""
-        t = self.tensors[name]
-        rows = int(np.prod([int(d) for d in t.shape.tolist()[1:]]))
-        data = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
+        kind, data = self._bytes(name)
         with warnings.catch_warnings():  # torch warns of a view it could write to
             warnings.simplefilter("ignore", UserWarning)
-            return t.tensor_type.name, torch.from_numpy(data)
+            return kind, torch.from_numpy(data)
 
     def rows_at(self, name: str, ids: torch.Tensor) -> tuple[str, torch.Tensor]:
         """Rows `ids` of a matrix as `rows` gives them, read without copying the rest."""
-        t = self.tensors[name]
-        rows = int(np.prod([int(d) for d in t.shape.tolist()[1:]]))
-        data = np.asarray(t.data).view(np.uint8).reshape(rows, -1)
-        return t.tensor_type.name, torch.from_numpy(data[ids.numpy()].copy())
+        kind, data = self._bytes(name)
+        return kind, torch.from_numpy(data[ids.numpy()])  # fancy indexing copies
 
     def has_tensor(self, name: str) -> bool:
         return name in self.tensors

@@ -147,10 +147,10 @@ HEAD_EDGE = 2048
 # whole-layer check (`_native_layers`) still computes every output of the checked
 # layers against float64.
 MATRIX_SAMPLE = 1024
+MATRIX_EDGE = 128
 # Rows of a matrix widened to float64 at a time for the whole-layer reference (16 MiB of
 # float64 at 2,048 inputs, 64 MiB at 8,192).
 REFERENCE_ROWS = 1024
-MATRIX_EDGE = 128
 # Rows of one tensor of each type whose dequantization is checked.
 DEQUANT_ROWS = 64
 # The draft a verifying pass is checked with (`speculative`): this many tokens.
