@@ -134,12 +134,17 @@ def test_rows_beyond_one_tile_are_the_same_bits() -> None:
     raw, values = raw_tensor("Q4_K", 40, 2048, seed=7)
     m = pack([("Q4_K", raw)], 2048)
     x = torch.randn(150, 2048, generator=torch.Generator().manual_seed(4))
+    # the same rows read from a wider tensor (rows further apart than their inputs: the
+    # tile is packed from whatever row stride x has)
+    wide = torch.randn(150, 2048 + 24, generator=torch.Generator().manual_seed(5))
+    wide[:, 8 : 8 + 2048] = x
     OPS.configure("default", 2, 100)
     whole = m(x)
     assert _rel(whole, x.double() @ torch.from_numpy(values).double().T) < 2e-6
     for isa in _isas():
         OPS.configure(isa, 2, 100)
         assert torch.equal(m(x), whole), isa
+        assert torch.equal(m(wide[:, 8 : 8 + 2048]), whole), isa
         for start in (0, 59, 60, 63, 64, 119, 120, 149):
             assert torch.equal(m(x[start : start + 1]), whole[start : start + 1]), (isa, start)
         assert torch.equal(m(x[50:130]), whole[50:130]), isa

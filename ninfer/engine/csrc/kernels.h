@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "api.h"
 #include "simd.h"
@@ -143,17 +144,33 @@ static inline void gemv(const float* x, int ldx, const float* sums, const uint8_
 
 // The GEMM micro-kernel: MR rows' partial sums over one block (QB inputs x 16 outputs of
 // codes, decoded in w), folded into their accumulators acc (MR x 16, kept between blocks).
+// xp: the MR rows' inputs of the block packed input by input (xp[k * MR + i] is row i's
+// input k0 + k, `pack_rows`), so the loads run consecutively: read from x itself, rows a
+// power of two of bytes apart (2,048 or 8,192 inputs) all fall in one set of the L1 cache
+// and evict each other, which cost a third of the GEMM's speed.
 template <class F, int MR>
-static inline void micro(const float* x, int ldx, const float* sums, int nb, const float* w,
+static inline void micro(const float* xp, const float* sums, int nb, const float* w,
                          const typename F::Block& blk, int b, float* acc) {
   V16 part[MR];
   for (int i = 0; i < MR; i++) part[i] = vzero();
   for (int k = 0; k < F::QB; k++) {
     const V16 wk = vload(w + k * 16);
-    for (int i = 0; i < MR; i++) part[i] = vfma(vset1(x[i * ldx + k]), wk, part[i]);
+    for (int i = 0; i < MR; i++) part[i] = vfma(vset1(xp[k * MR + i]), wk, part[i]);
   }
   for (int i = 0; i < MR; i++)
     vstore(acc + i * 16, F::fold(vload(acc + i * 16), part[i], blk, sums[i * nb + b]));
+}
+
+// Rows [r0, r0 + mr) of x (k inputs, ldx apart) into dst input by input: dst[kk * mr + i].
+// 16 inputs of every row at a time, so the stores stay within a few cache lines.
+static inline void pack_rows(const float* x, int ldx, int k, int r0, int mr, float* dst) {
+  for (int k0 = 0; k0 < k; k0 += 16) {
+    const int k1 = std::min(k, k0 + 16);
+    for (int i = 0; i < mr; i++) {
+      const float* row = x + static_cast<size_t>(r0 + i) * ldx;
+      for (int kk = k0; kk < k1; kk++) dst[static_cast<size_t>(kk) * mr + i] = row[kk];
+    }
+  }
 }
 
 // Bytes of x a GEMM tile of rows holds (linear_fmt): well inside a core's L2.
@@ -163,7 +180,9 @@ constexpr size_t GEMM_TILE_BYTES = 512 * 1024;
 constexpr int GEMM_MR = 12;
 constexpr int GEMV_P1 = 4;
 #elif defined(NINFER_ISA_AVX2)
-constexpr int GEMM_MR = 6;
+// 4, not 6: 6 rows' accumulators are 12 of AVX2's 16 registers, and with a block's codes
+// and the broadcast input the compiler spilled them (half the speed, measured).
+constexpr int GEMM_MR = 4;
 constexpr int GEMV_P1 = 3;
 #else
 constexpr int GEMM_MR = 4;
@@ -189,36 +208,46 @@ static void linear_fmt(const float* x, int m, int ldx, const float* sums, const 
     return;
   }
   // Many rows: each block's codes decoded once into a buffer, then every row group on it;
-  // the rows a tile at a time (GEMM_TILE_BYTES of x), every panel of the task over one
-  // tile before the next, so the tile stays in cache instead of all of x being read
-  // again for each panel (512 rows of 2,048 inputs are 4 MiB). A row's sums are the
-  // same whatever tile or group it falls in.
+  // the rows a tile at a time (GEMM_TILE_BYTES of x), packed for the micro-kernel, every
+  // panel of the task over one tile before the next, so the tile stays in cache instead of
+  // all of x being read again for each panel (512 rows of 2,048 inputs are 4 MiB). A row's
+  // sums are the same whatever tile or group it falls in.
   alignas(64) float wbuf[F::QB * 16];
   const size_t panel_bytes = static_cast<size_t>(nb) * F::block_bytes;
   const int tile = std::max(GEMM_MR, static_cast<int>(GEMM_TILE_BYTES / (sizeof(float) * w.k)) /
                                          GEMM_MR * GEMM_MR);
-  float* acc = new float[static_cast<size_t>(std::min(m, tile)) * 16];
+  const int cap = std::min(m, tile);
+  thread_local std::vector<float> scratch;  // the packed tile, then the accumulators
+  scratch.resize(std::max(scratch.size(), static_cast<size_t>(cap) * (w.k + 16)));
+  float* xp = scratch.data();
+  float* acc = xp + static_cast<size_t>(cap) * w.k;
   for (int t0 = 0; t0 < m; t0 += tile) {
     const int rows = std::min(tile, m - t0);
     const float* xt = x + static_cast<size_t>(t0) * ldx;
     const float* st = sums + static_cast<size_t>(t0) * nb;
+    // the row groups: GEMM_MR rows at a time, then 4, then 1; group r's packed inputs
+    // start at xp + r * k
+    const int full = rows / GEMM_MR * GEMM_MR, fours = full + (rows - full) / 4 * 4;
+    for (int r = 0; r < rows;) {
+      const int mr = r < full ? GEMM_MR : r < fours ? 4 : 1;
+      pack_rows(xt, ldx, w.k, r, mr, xp + static_cast<size_t>(r) * w.k);
+      r += mr;
+    }
     for (int p = p0; p < p1; p++) {
       std::fill(acc, acc + static_cast<size_t>(rows) * 16, 0.0f);
       for (int b = 0; b < nb; b++) {
         typename F::Block blk;
         blk.load(w.data + p * panel_bytes + b * F::block_bytes);
         for (int k = 0; k < F::QB; k++) vstore(wbuf + k * 16, blk.q(k));
-        const int k0 = b * F::QB;
+        // group r (mr rows)'s inputs of block b
+        auto xb = [&](int r, int mr) {
+          return xp + static_cast<size_t>(r) * w.k + static_cast<size_t>(b) * F::QB * mr;
+        };
         int r = 0;
-        for (; r + GEMM_MR <= rows; r += GEMM_MR)
-          micro<F, GEMM_MR>(xt + static_cast<size_t>(r) * ldx + k0, ldx, st + r * nb, nb, wbuf, blk,
-                            b, acc + r * 16);
-        for (; r + 4 <= rows; r += 4)
-          micro<F, 4>(xt + static_cast<size_t>(r) * ldx + k0, ldx, st + r * nb, nb, wbuf, blk, b,
-                      acc + r * 16);
-        for (; r < rows; r++)
-          micro<F, 1>(xt + static_cast<size_t>(r) * ldx + k0, ldx, st + r * nb, nb, wbuf, blk, b,
-                      acc + r * 16);
+        for (; r < full; r += GEMM_MR)
+          micro<F, GEMM_MR>(xb(r, GEMM_MR), st + r * nb, nb, wbuf, blk, b, acc + r * 16);
+        for (; r < fours; r += 4) micro<F, 4>(xb(r, 4), st + r * nb, nb, wbuf, blk, b, acc + r * 16);
+        for (; r < rows; r++) micro<F, 1>(xb(r, 1), st + r * nb, nb, wbuf, blk, b, acc + r * 16);
       }
       const int n0 = p * 16;
       const int count = std::min(16, w.n - n0);
@@ -226,7 +255,6 @@ static void linear_fmt(const float* x, int m, int ldx, const float* sums, const 
         std::copy(acc + r * 16, acc + r * 16 + count, y + static_cast<size_t>(t0 + r) * ldy + n0);
     }
   }
-  delete[] acc;
 }
 
 template <class F>
