@@ -189,22 +189,45 @@ constexpr int GEMM_MR = 4;
 constexpr int GEMV_P1 = 1;
 #endif
 
+// Up to GEMV_MAX rows: each code decoded in registers for every row it multiplies; on
+// AVX-512 four rows at a time (4 rows x 2 panels of sums fit its 32 registers; AVX2's 16
+// would spill them): at 4-11 rows 1.1-1.7x the GEMM path's speed there, whose micro-kernel
+// had 4 or 1 rows' chains of fused multiply-adds to keep busy. More rows: the GEMM path.
+#if defined(NINFER_ISA_AVX512)
+constexpr int GEMV_MAX = 11;
+#else
+constexpr int GEMV_MAX = 3;
+#endif
+
+template <class F>
+static void gemv_rows(const float* x, int m, int ldx, const float* sums, const Matrix& w, int p0,
+                      int p1, float* y, int ldy) {
+  const int nb = w.k / F::QB;
+  int p = p0;
+  if (m == 1) {
+    for (; p + GEMV_P1 <= p1; p += GEMV_P1) gemv<F, 1, GEMV_P1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    for (; p < p1; p++) gemv<F, 1, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+  } else if (m == 2) {
+    for (; p + 2 <= p1; p += 2) gemv<F, 2, 2>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    for (; p < p1; p++) gemv<F, 2, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+  } else if (m == 3) {
+    for (; p < p1; p++) gemv<F, 3, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+  } else {
+    for (; p + 2 <= p1; p += 2) gemv<F, 4, 2>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    for (; p < p1; p++) gemv<F, 4, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    if (m > 4)
+      gemv_rows<F>(x + static_cast<size_t>(4) * ldx, m - 4, ldx, sums + static_cast<size_t>(4) * nb, w, p0,
+                   p1, y + static_cast<size_t>(4) * ldy, ldy);
+  }
+}
+
 // sums: the rows' block sums (m x k / QB), from block_sums
 template <class F>
 static void linear_fmt(const float* x, int m, int ldx, const float* sums, const Matrix& w, int p0,
                        int p1, float* y, int ldy) {
   const int nb = w.k / F::QB;
-  if (m <= 3) {  // each code decoded in registers, for every row
-    int p = p0;
-    if (m == 1) {
-      for (; p + GEMV_P1 <= p1; p += GEMV_P1) gemv<F, 1, GEMV_P1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
-      for (; p < p1; p++) gemv<F, 1, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
-    } else if (m == 2) {
-      for (; p + 2 <= p1; p += 2) gemv<F, 2, 2>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
-      for (; p < p1; p++) gemv<F, 2, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
-    } else {
-      for (; p < p1; p++) gemv<F, 3, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
-    }
+  if (m <= GEMV_MAX) {
+    gemv_rows<F>(x, m, ldx, sums, w, p0, p1, y, ldy);
     return;
   }
   // Many rows: each block's codes decoded once into a buffer, then every row group on it;
