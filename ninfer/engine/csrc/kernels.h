@@ -180,8 +180,9 @@ constexpr size_t GEMM_TILE_BYTES = 512 * 1024;
 constexpr int GEMM_MR = 12;
 constexpr int GEMV_P1 = 4;
 #elif defined(NINFER_ISA_AVX2)
-// 4, not 6: 6 rows' accumulators are 12 of AVX2's 16 registers, and with a block's codes
-// and the broadcast input the compiler spilled them (half the speed, measured).
+// 4, not 6: 6 rows' sums are 12 of AVX2's 16 registers, leaving none once a block's two
+// code vectors and the broadcast input are loaded; 6 measured slower than 4 on the 1B's
+// products (its down at 16 rows 120-129 against 151-155 GFLOP/s).
 constexpr int GEMM_MR = 4;
 constexpr int GEMV_P1 = 3;
 #else
