@@ -129,8 +129,9 @@ def test_a_matmul_is_float64_close_and_the_same_bits_everywhere(kind: str) -> No
 
 def test_rows_beyond_one_tile_are_the_same_bits() -> None:
     """A product of more rows than one tile of x (the kernels take 512 KiB of rows at a
-    time: 60-64 rows of 2,048 inputs): every row, on either side of a tile's edge, the
-    same bits as alone or among a few, in every build, and float64-close."""
+    time, and at least four row groups: 60-64 rows of 2,048 inputs, 48 or 16 of 8,192):
+    every row, on either side of a tile's edge, the same bits as alone or among a few, in
+    every build, and float64-close."""
     raw, values = raw_tensor("Q4_K", 40, 2048, seed=7)
     m = pack([("Q4_K", raw)], 2048)
     x = torch.randn(150, 2048, generator=torch.Generator().manual_seed(4))
@@ -148,6 +149,19 @@ def test_rows_beyond_one_tile_are_the_same_bits() -> None:
         for start in (0, 59, 60, 63, 64, 119, 120, 149):
             assert torch.equal(m(x[start : start + 1]), whole[start : start + 1]), (isa, start)
         assert torch.equal(m(x[50:130]), whole[50:130]), isa
+    # 8,192 inputs: a tile is four row groups (48 rows on AVX-512, 16 on AVX2), more than
+    # 512 KiB of x
+    raw, values = raw_tensor("Q6_K", 24, 8192, seed=8)
+    m = pack([("Q6_K", raw)], 8192)
+    x = torch.randn(60, 8192, generator=torch.Generator().manual_seed(6))
+    OPS.configure("default", 2, 100)
+    whole = m(x)
+    assert _rel(whole, x.double() @ torch.from_numpy(values).double().T) < 2e-6
+    for isa in _isas():
+        OPS.configure(isa, 2, 100)
+        assert torch.equal(m(x), whole), isa
+        for start in (0, 15, 16, 47, 48, 59):
+            assert torch.equal(m(x[start : start + 1]), whole[start : start + 1]), (isa, start)
 
 
 def test_a_stack_of_mixed_types_keeps_each_ones_values() -> None:
