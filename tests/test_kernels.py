@@ -127,41 +127,40 @@ def test_a_matmul_is_float64_close_and_the_same_bits_everywhere(kind: str) -> No
                     assert torch.equal(part, whole[start : start + rows]), (isa, rows, start)
 
 
-def test_rows_beyond_one_tile_are_the_same_bits() -> None:
+@pytest.mark.parametrize(
+    ("kind", "outputs", "k", "starts", "middle"),
+    [
+        # 512 KiB of rows a tile: 60 (AVX-512) or 64 rows of 2,048 inputs
+        ("Q4_K", 40, 2048, (0, 59, 60, 63, 64, 119, 120, 149), (50, 130)),
+        # four row groups a tile, past 512 KiB: 48 (AVX-512) or 16 rows of 8,192 inputs
+        ("Q6_K", 24, 8192, (0, 15, 16, 47, 48, 59), (10, 50)),
+    ],
+)
+def test_rows_beyond_one_tile_are_the_same_bits(
+    kind: str, outputs: int, k: int, starts: tuple[int, ...], middle: tuple[int, int]
+) -> None:
     """A product of more rows than one tile of x (the kernels take 512 KiB of rows at a
     time, and at least four row groups: 60-64 rows of 2,048 inputs, 48 or 16 of 8,192):
     every row, on either side of a tile's edge, the same bits as alone or among a few, in
-    every build, and float64-close."""
-    raw, values = raw_tensor("Q4_K", 40, 2048, seed=7)
-    m = pack([("Q4_K", raw)], 2048)
-    x = torch.randn(150, 2048, generator=torch.Generator().manual_seed(4))
-    # the same rows read from a wider tensor (rows further apart than their inputs: the
-    # tile is packed from whatever row stride x has)
-    wide = torch.randn(150, 2048 + 24, generator=torch.Generator().manual_seed(5))
-    wide[:, 8 : 8 + 2048] = x
+    every build, and float64-close; and the same rows read from a wider tensor (rows
+    further apart than their inputs: the tile is packed from whatever row stride x has)."""
+    rows = starts[-1] + 1
+    raw, values = raw_tensor(kind, outputs, k, seed=7)
+    m = pack([(kind, raw)], k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(4))
+    wide = torch.randn(rows, k + 24, generator=torch.Generator().manual_seed(5))
+    wide[:, 8 : 8 + k] = x
     OPS.configure("default", 2, 100)
     whole = m(x)
     assert _rel(whole, x.double() @ torch.from_numpy(values).double().T) < 2e-6
     for isa in _isas():
         OPS.configure(isa, 2, 100)
         assert torch.equal(m(x), whole), isa
-        assert torch.equal(m(wide[:, 8 : 8 + 2048]), whole), isa
-        for start in (0, 59, 60, 63, 64, 119, 120, 149):
+        assert torch.equal(m(wide[:, 8 : 8 + k]), whole), isa
+        for start in starts:
             assert torch.equal(m(x[start : start + 1]), whole[start : start + 1]), (isa, start)
-        assert torch.equal(m(x[50:130]), whole[50:130]), isa
-    # 8,192 inputs: a tile is four row groups (48 rows on AVX-512, 16 on AVX2), more than
-    # 512 KiB of x
-    raw, values = raw_tensor("Q6_K", 24, 8192, seed=8)
-    m = pack([("Q6_K", raw)], 8192)
-    x = torch.randn(60, 8192, generator=torch.Generator().manual_seed(6))
-    OPS.configure("default", 2, 100)
-    whole = m(x)
-    assert _rel(whole, x.double() @ torch.from_numpy(values).double().T) < 2e-6
-    for isa in _isas():
-        OPS.configure(isa, 2, 100)
-        assert torch.equal(m(x), whole), isa
-        for start in (0, 15, 16, 47, 48, 59):
-            assert torch.equal(m(x[start : start + 1]), whole[start : start + 1]), (isa, start)
+        a, b = middle
+        assert torch.equal(m(x[a:b]), whole[a:b]), isa
 
 
 def test_a_stack_of_mixed_types_keeps_each_ones_values() -> None:
