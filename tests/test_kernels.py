@@ -163,10 +163,40 @@ def test_rows_beyond_one_tile_are_the_same_bits(
         assert torch.equal(m(x[a:b]), whole[a:b]), isa
 
 
+@pytest.mark.parametrize(
+    ("kind", "kquant", "flat", "ratio"),
+    # U4K against U4F, I8K against I8F16, I8KM against I8FM16 (api.h's format numbers)
+    [("Q4_K", 10, 2, 4.75 / 6), ("Q6_K", 11, 6, 8.625 / 10), ("Q3_K", 11, 6, 8.625 / 10),
+     ("Q2_K", 12, 7, 9.25 / 12)],
+)  # fmt: skip
+def test_the_file_s_own_k_quant_scales_give_the_same_bits(
+    kind: str, kquant: int, flat: int, ratio: float
+) -> None:
+    """K-quants packed with the file's two-level scales (d times an 8-bit multiplier a
+    group, worked out as the kernels run) and with one float a group (the scales
+    multiplied out at packing): every value the same, the bytes in the ratio of the
+    formats' bits a weight, and every product the same bits, at every row count, in
+    every build."""
+    raw, values = raw_tensor(kind, 48 + 7, 1024, seed=11)
+    packed = {
+        f: Packed(OPS.pack([raw], [kind], 1024, f), f, 55, 1024, (kind,)) for f in (kquant, flat)
+    }
+    assert packed[kquant].nbytes == packed[flat].nbytes * ratio
+    x = torch.randn(40, 1024, generator=torch.Generator().manual_seed(2))
+    for isa in _isas():
+        OPS.configure(isa, 2, 100)
+        for f, m in packed.items():
+            rows_of = m.rows(torch.arange(55)).numpy()
+            np.testing.assert_array_equal(rows_of, values, err_msg=f"{isa} {f}")
+        for rows in (1, 2, 3, 4, 5, 11, 12, 17, 40):
+            assert torch.equal(packed[kquant](x[:rows]), packed[flat](x[:rows])), (isa, rows)
+
+
 def test_a_stack_of_mixed_types_keeps_each_ones_values() -> None:
     """Q, K and V of three types stacked as one matrix (a Q4_K_M file's mix), or a
     quantized matrix beside a dense one: one format holds every value exactly."""
-    for kinds in (["Q4_K", "Q5_0", "Q6_K"], ["Q4_1", "Q8_0", "F16"], ["Q4_0", "BF16"]):
+    for kinds in (["Q4_K", "Q5_0", "Q6_K"], ["Q4_K", "Q6_K", "Q2_K"], ["Q4_1", "Q8_0", "F16"],
+                  ["Q4_0", "BF16"]):  # fmt: skip
         parts = [raw_tensor(k, 16 * (i + 1) + 3, 256, seed=i) for i, k in enumerate(kinds)]
         m = pack([(k, raw) for k, (raw, _) in zip(kinds, parts, strict=True)], 256)
         values = np.concatenate([v for _, v in parts])
@@ -180,8 +210,8 @@ def test_an_unknown_format_is_refused_by_name() -> None:
     naming the format, before any kernel reads it."""
     x = torch.ones(1, 32)
     packed = torch.zeros(4096, dtype=torch.uint8)
-    with pytest.raises(RuntimeError, match="unknown packed matrix format 12"):
-        OPS.linear(x, packed, 12, 16)
+    with pytest.raises(RuntimeError, match="unknown packed matrix format 13"):
+        OPS.linear(x, packed, 13, 16)
     with pytest.raises(RuntimeError, match="unknown packed matrix format 0"):
         OPS.dequant(packed, 0, 16, 32, torch.tensor([0]))
 

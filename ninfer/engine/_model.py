@@ -738,8 +738,8 @@ class Transformer:
 
     def layer_maps(self) -> list[Linear]:
         """One of each kind of matrix the layers multiply by (kind, shape and dtype; a
-        native matrix's packed format: a Q4_K_M file's layers mix U4F with I8FM16 and
-        I8F16, each its own kernel path)."""
+        native matrix's packed format: a Q4_K_M file's layers mix U4K with I8KM and I8K,
+        each its own kernel path)."""
         maps: dict[tuple[object, ...], Linear] = {}
         for layer in self.layers:
             for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):

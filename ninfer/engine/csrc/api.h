@@ -23,6 +23,16 @@ namespace ninfer {
 // with offsets), then for each of the QB inputs the 16 outputs' codes: 4-bit (8 bytes:
 // output l < 8 in the low nibble of byte l, else the high nibble of byte l - 8), 8-bit
 // signed (16 bytes), or the values themselves (halves, 32 bytes; floats, 64 bytes).
+//
+// A K-quant format (`kquant`: the K-quants' own) keeps the file's two-level scales
+// instead of one float a group: its block is the file's super-block of 256 inputs, and
+// holds the 16 outputs' d (floats), their -dmin (floats; formats with offsets), then for
+// each group of `sub` inputs the 16 outputs' 8-bit multipliers of d (and of -dmin), then
+// the codes. A group's scale is d * multiplier, its offset -dmin * multiplier: exact
+// products in float (11 bits by 8 at most), the very floats a format with one float a
+// group stores, so the sums are the same bits in fewer bytes: Q4_K 4.75 bits a weight
+// instead of 6 (U4K against U4F), Q6_K 8.625 instead of 10 (I8K against I8F16), a stack
+// of K-quants 9.25 instead of 12 (I8KM against I8FM16).
 enum Format : int32_t {
   FMT_U4H = 1,    // Q4_0, Q4_1
   FMT_U4F = 2,    // Q4_K
@@ -33,6 +43,9 @@ enum Format : int32_t {
   FMT_I8FM16 = 7, // Q2_K; and any mix of quantized types
   FMT_F16 = 8,    // F16
   FMT_F32 = 9,    // F32, BF16; and a mix with a dense type
+  FMT_U4K = 10,   // Q4_K, its scales as the file keeps them
+  FMT_I8K = 11,   // Q6_K, Q3_K, likewise
+  FMT_I8KM = 12,  // a stack of K-quants (Q4_K_M's Q, K and V), likewise
 };
 
 struct FormatLayout {
@@ -43,20 +56,29 @@ struct FormatLayout {
   bool half_scales;    // scales (and offsets) as halves, else floats
   bool offsets;        // an offset per output and block
   bool dense;          // the codes are the values (no scales)
+  int32_t sub;         // inputs a scale covers (QB, but for a K-quant format)
+  bool kquant;         // scales as d (a float a block) times an 8-bit multiplier a sub-block
 };
 
 inline constexpr FormatLayout FORMATS[] = {
-    {FMT_U4H, "U4H (4-bit codes, half scales and offsets)", 32, 8, true, true, false},
-    {FMT_U4F, "U4F (4-bit codes, float scales and offsets)", 32, 8, false, true, false},
-    {FMT_I8H, "I8H (8-bit codes, half scales)", 32, 16, true, false, false},
-    {FMT_I8HM, "I8HM (8-bit codes, half scales and offsets)", 32, 16, true, true, false},
-    {FMT_I8FM, "I8FM (8-bit codes, float scales and offsets)", 32, 16, false, true, false},
-    {FMT_I8F16, "I8F16 (8-bit codes, float scales, 16 inputs a block)", 16, 16, false, false,
+    {FMT_U4H, "U4H (4-bit codes, half scales and offsets)", 32, 8, true, true, false, 32, false},
+    {FMT_U4F, "U4F (4-bit codes, float scales and offsets)", 32, 8, false, true, false, 32, false},
+    {FMT_I8H, "I8H (8-bit codes, half scales)", 32, 16, true, false, false, 32, false},
+    {FMT_I8HM, "I8HM (8-bit codes, half scales and offsets)", 32, 16, true, true, false, 32, false},
+    {FMT_I8FM, "I8FM (8-bit codes, float scales and offsets)", 32, 16, false, true, false, 32,
      false},
+    {FMT_I8F16, "I8F16 (8-bit codes, float scales, 16 inputs a block)", 16, 16, false, false,
+     false, 16, false},
     {FMT_I8FM16, "I8FM16 (8-bit codes, float scales and offsets, 16 a block)", 16, 16, false,
-     true, false},
-    {FMT_F16, "F16 (half values)", 32, 32, true, false, true},
-    {FMT_F32, "F32 (float values)", 32, 64, false, false, true},
+     true, false, 16, false},
+    {FMT_F16, "F16 (half values)", 32, 32, true, false, true, 32, false},
+    {FMT_F32, "F32 (float values)", 32, 64, false, false, true, 32, false},
+    {FMT_U4K, "U4K (4-bit codes, Q4_K's scales: d and dmin times 6-bit multipliers)", 256, 8,
+     false, true, false, 32, true},
+    {FMT_I8K, "I8K (8-bit codes, K-quant scales: d times 8-bit multipliers)", 256, 16, false,
+     false, false, 16, true},
+    {FMT_I8KM, "I8KM (8-bit codes, K-quant scales and offsets: d, -dmin times 8-bit multipliers)",
+     256, 16, false, true, false, 16, true},
 };
 
 // The layout of format `f`, or null for a format that is not one of these.

@@ -21,31 +21,45 @@ using ninfer::Matrix;
 enum Code { U4, I8, H16, F32 };
 
 // A packed block's layout and how it decodes: Code of the codes, scales as halves (else
-// floats), an offset per output, QB inputs a block.
-template <Code C, bool Half, bool Min, int QB_>
+// floats), an offset per output, QB inputs a block, SB inputs a scale (QB but for a
+// K-quant format), K: the K-quant's two-level scales (api.h).
+template <Code C, bool Half, bool Min, int QB_, int SB_, bool K>
 struct Fmt {
   static constexpr int QB = QB_;
+  static constexpr int SB = SB_;
+  static constexpr int NS = QB / SB;  // scales a block
   static constexpr bool dense = C == H16 || C == F32;
   static constexpr bool offset = Min;
-  static constexpr int scale_bytes = dense ? 0 : 16 * (Half ? 2 : 4);
+  // a K-quant's d (and -dmin) a block, then its multipliers (and the offsets'); else a
+  // scale (and an offset) a block
+  static constexpr int d_bytes = K ? 64 : 0;
+  static constexpr int mult_bytes = K ? NS * 16 : 0;
+  static constexpr int scale_bytes = K ? d_bytes + mult_bytes : dense ? 0 : 16 * (Half ? 2 : 4);
   static constexpr int min_bytes = Min ? scale_bytes : 0;
   static constexpr int code_bytes = C == U4 ? 8 : C == I8 ? 16 : C == H16 ? 32 : 64;
   static constexpr int block_bytes = scale_bytes + min_bytes + QB * code_bytes;
+  static_assert(QB % SB == 0 && (K || NS == 1));
 
-  // One block's 16 outputs: their scales and offsets, and per input k the codes as floats
-  // (`q`; a dense format's values) or the values themselves (`at`).
+  // One block's 16 outputs: their scales and offsets (of scale group s), and per input k
+  // the codes as floats (`q`; a dense format's values) or the values themselves (`at`).
   struct Block {
     const uint8_t* p;
     inline void load(const uint8_t* at_) { p = at_; }
-    inline V16 scale() const {
-      if constexpr (Half) {
+    inline V16 scale(int s) const {
+      if constexpr (K) {
+        return vmul(vload(reinterpret_cast<const float*>(p)),
+                    vbytes(reinterpret_cast<const int8_t*>(p + d_bytes * (Min ? 2 : 1) + s * 16)));
+      } else if constexpr (Half) {
         return vload_half(reinterpret_cast<const uint16_t*>(p));
       } else {
         return vload(reinterpret_cast<const float*>(p));
       }
     }
-    inline V16 offset() const {
-      if constexpr (Half) {
+    inline V16 offset(int s) const {
+      if constexpr (K) {
+        return vmul(vload(reinterpret_cast<const float*>(p + d_bytes)),
+                    vbytes(reinterpret_cast<const int8_t*>(p + 2 * d_bytes + mult_bytes + s * 16)));
+      } else if constexpr (Half) {
         return vload_half(reinterpret_cast<const uint16_t*>(p + scale_bytes));
       } else {
         return vload(reinterpret_cast<const float*>(p + scale_bytes));
@@ -69,21 +83,57 @@ struct Fmt {
       if constexpr (dense) {
         return q(k);
       } else if constexpr (Min) {
-        return vfma(q(k), scale(), offset());
+        return vfma(q(k), scale(k / SB), offset(k / SB));
       } else {
-        return vmul(q(k), scale());
+        return vmul(q(k), scale(k / SB));
       }
     }
   };
 
-  // Fold one block's partial sums (over its QB inputs, from 0) into the accumulator:
-  // acc + part * scale + (the block's sum of x) * offset; a dense format's acc + part.
-  static inline V16 fold(V16 acc, V16 part, const Block& b, float x_sum) {
+  // A scale group's scale and offset, decoded once for every row that folds with them.
+  struct Scales {
+    V16 scale, offset;
+    inline void load(const Block& b, int s) {
+      if constexpr (!dense) scale = b.scale(s);
+      if constexpr (Min) offset = b.offset(s);
+    }
+  };
+
+  // A block's scales and offsets as floats: a K-quant's decoded once a block into this
+  // buffer (its products, d and the multipliers, held in registers across the block's
+  // groups, left the products' own loop short of registers: its pointers and a sum
+  // spilled, twice as slow), any other format's read where the block stores them.
+  struct ScaleBuf {
+    alignas(64) float v[K ? NS * 16 * (Min ? 2 : 1) : 16];
+    inline void fill(const Block& b) {
+      if constexpr (K) {
+        for (int s = 0; s < NS; s++) {
+          vstore(v + s * 16, b.scale(s));
+          if constexpr (Min) vstore(v + (NS + s) * 16, b.offset(s));
+        }
+      }
+    }
+    inline Scales at(const Block& b, int s) const {
+      Scales out;
+      if constexpr (K) {
+        out.scale = vload(v + s * 16);
+        if constexpr (Min) out.offset = vload(v + (NS + s) * 16);
+      } else {
+        out.load(b, s);
+      }
+      return out;
+    }
+  };
+
+  // Fold one scale group's partial sums (over its SB inputs, from 0) into the
+  // accumulator: acc + part * scale + (the group's sum of x) * offset; a dense format's
+  // acc + part.
+  static inline V16 fold(V16 acc, V16 part, const Scales& sc, float x_sum) {
     if constexpr (dense) {
       return vadd(acc, part);
     } else {
-      acc = vfma(part, b.scale(), acc);
-      if constexpr (Min) acc = vfma(vset1(x_sum), b.offset(), acc);
+      acc = vfma(part, sc.scale, acc);
+      if constexpr (Min) acc = vfma(vset1(x_sum), sc.offset, acc);
       return acc;
     }
   }
@@ -106,7 +156,8 @@ static inline void block_sums(const float* x, int k, int qb, float* sums) {
   }
 }
 
-// MR rows (1..3) by P panels at once, each code decoded once and used by every row.
+// MR rows (1..3) by P panels at once, each code decoded once and used by every row. nb:
+// blocks a panel; the rows' sums are a scale group's (nb * NS a row).
 template <class F, int MR, int P>
 static inline void gemv(const float* x, int ldx, const float* sums, const uint8_t* w, int nb,
                         int p0, float* y, int ldy, int n_out) {
@@ -114,23 +165,33 @@ static inline void gemv(const float* x, int ldx, const float* sums, const uint8_
   for (int i = 0; i < MR; i++)
     for (int j = 0; j < P; j++) acc[i][j] = vzero();
   const size_t panel_bytes = static_cast<size_t>(nb) * F::block_bytes;
+  const int ns = nb * F::NS;
   for (int b = 0; b < nb; b++) {
     typename F::Block blk[P];
-    for (int j = 0; j < P; j++) blk[j].load(w + (p0 + j) * panel_bytes + b * F::block_bytes);
-    const int k0 = b * F::QB;
-    V16 part[MR][P];
-    for (int i = 0; i < MR; i++)
-      for (int j = 0; j < P; j++) part[i][j] = vzero();
-    for (int k = 0; k < F::QB; k++) {
-      V16 xk[MR];
-      for (int i = 0; i < MR; i++) xk[i] = vset1(x[i * ldx + k0 + k]);
+    typename F::ScaleBuf sb[P];
+    for (int j = 0; j < P; j++) {
+      blk[j].load(w + (p0 + j) * panel_bytes + b * F::block_bytes);
+      sb[j].fill(blk[j]);
+    }
+    for (int s = 0; s < F::NS; s++) {
+      const int k0 = b * F::QB + s * F::SB;
+      V16 part[MR][P];
+      for (int i = 0; i < MR; i++)
+        for (int j = 0; j < P; j++) part[i][j] = vzero();
+      for (int k = 0; k < F::SB; k++) {
+        V16 xk[MR];
+        for (int i = 0; i < MR; i++) xk[i] = vset1(x[i * ldx + k0 + k]);
+        for (int j = 0; j < P; j++) {
+          const V16 qk = blk[j].q(s * F::SB + k);
+          for (int i = 0; i < MR; i++) part[i][j] = vfma(xk[i], qk, part[i][j]);
+        }
+      }
       for (int j = 0; j < P; j++) {
-        const V16 qk = blk[j].q(k);
-        for (int i = 0; i < MR; i++) part[i][j] = vfma(xk[i], qk, part[i][j]);
+        const typename F::Scales sc = sb[j].at(blk[j], s);
+        for (int i = 0; i < MR; i++)
+          acc[i][j] = F::fold(acc[i][j], part[i][j], sc, sums[i * ns + b * F::NS + s]);
       }
     }
-    for (int i = 0; i < MR; i++)
-      for (int j = 0; j < P; j++) acc[i][j] = F::fold(acc[i][j], part[i][j], blk[j], sums[i * nb + b]);
   }
   alignas(64) float out[16];
   for (int i = 0; i < MR; i++)
@@ -142,23 +203,24 @@ static inline void gemv(const float* x, int ldx, const float* sums, const uint8_
     }
 }
 
-// The GEMM micro-kernel: MR rows' partial sums over one block (QB inputs x 16 outputs of
-// codes, decoded in w), folded into their accumulators acc (MR x 16, kept between blocks).
+// The GEMM micro-kernel: MR rows' partial sums over one scale group g (SB inputs x 16
+// outputs of codes, decoded in w), folded into their accumulators acc (MR x 16, kept
+// between groups); ns: the groups a row (its sums' stride).
 // xp: the MR rows' inputs of the block packed input by input (xp[k * MR + i] is row i's
 // input k0 + k, `pack_rows`), so the loads run consecutively: read from x itself, rows a
 // power of two of bytes apart (2,048 or 8,192 inputs) all fall in one set of the L1 cache
 // and evict each other, which cost a third of the GEMM's speed.
 template <class F, int MR>
-static inline void micro(const float* xp, const float* sums, int nb, const float* w,
-                         const typename F::Block& blk, int b, float* acc) {
+static inline void micro(const float* xp, const float* sums, int ns, const float* w,
+                         const typename F::Scales& sc, int g, float* acc) {
   V16 part[MR];
   for (int i = 0; i < MR; i++) part[i] = vzero();
-  for (int k = 0; k < F::QB; k++) {
+  for (int k = 0; k < F::SB; k++) {
     const V16 wk = vload(w + k * 16);
     for (int i = 0; i < MR; i++) part[i] = vfma(vset1(xp[k * MR + i]), wk, part[i]);
   }
   for (int i = 0; i < MR; i++)
-    vstore(acc + i * 16, F::fold(vload(acc + i * 16), part[i], blk, sums[i * nb + b]));
+    vstore(acc + i * 16, F::fold(vload(acc + i * 16), part[i], sc, sums[i * ns + g]));
 }
 
 // Rows [r0, r0 + mr) of x (k inputs, ldx apart) into dst input by input: dst[kk * mr + i].
@@ -217,7 +279,7 @@ static void gemv_rows(const float* x, int m, int ldx, const float* sums, const M
     for (; p + 2 <= p1; p += 2) gemv<F, 4, 2>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
     for (; p < p1; p++) gemv<F, 4, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
     if (m > 4)
-      gemv_rows<F>(x + static_cast<size_t>(4) * ldx, m - 4, ldx, sums + static_cast<size_t>(4) * nb, w, p0,
+      gemv_rows<F>(x + static_cast<size_t>(4) * ldx, m - 4, ldx, sums + static_cast<size_t>(4) * nb * F::NS, w, p0,
                    p1, y + static_cast<size_t>(4) * ldy, ldy);
   }
 }
@@ -236,7 +298,8 @@ static void linear_fmt(const float* x, int m, int ldx, const float* sums, const 
   // panel of the task over one tile before the next, so the tile stays in cache instead of
   // all of x being read again for each panel (512 rows of 2,048 inputs are 4 MiB). A row's
   // sums are the same whatever tile or group it falls in.
-  alignas(64) float wbuf[F::QB * 16];
+  alignas(64) float wbuf[F::SB * 16];
+  const int ns = nb * F::NS;
   const size_t panel_bytes = static_cast<size_t>(nb) * F::block_bytes;
   // at least four row groups a tile, past GEMM_TILE_BYTES if it must: 512 KiB holds 16
   // rows of 8,192 inputs, one AVX-512 group, and each block decoded for one group alone
@@ -251,7 +314,7 @@ static void linear_fmt(const float* x, int m, int ldx, const float* sums, const 
   for (int t0 = 0; t0 < m; t0 += tile) {
     const int rows = std::min(tile, m - t0);
     const float* xt = x + static_cast<size_t>(t0) * ldx;
-    const float* st = sums + static_cast<size_t>(t0) * nb;
+    const float* st = sums + static_cast<size_t>(t0) * ns;
     // the row groups: GEMM_MR rows at a time, then 4, then 1; group r's packed inputs
     // start at xp + r * k
     const int full = rows / GEMM_MR * GEMM_MR, fours = full + (rows - full) / 4 * 4;
@@ -265,16 +328,22 @@ static void linear_fmt(const float* x, int m, int ldx, const float* sums, const 
       for (int b = 0; b < nb; b++) {
         typename F::Block blk;
         blk.load(w.data + p * panel_bytes + b * F::block_bytes);
-        for (int k = 0; k < F::QB; k++) vstore(wbuf + k * 16, blk.q(k));
-        // group r (mr rows)'s inputs of block b
-        auto xb = [&](int r, int mr) {
-          return xp + static_cast<size_t>(r) * w.k + static_cast<size_t>(b) * F::QB * mr;
-        };
-        int r = 0;
-        for (; r < full; r += GEMM_MR)
-          micro<F, GEMM_MR>(xb(r, GEMM_MR), st + r * nb, nb, wbuf, blk, b, acc + r * 16);
-        for (; r < fours; r += 4) micro<F, 4>(xb(r, 4), st + r * nb, nb, wbuf, blk, b, acc + r * 16);
-        for (; r < rows; r++) micro<F, 1>(xb(r, 1), st + r * nb, nb, wbuf, blk, b, acc + r * 16);
+        typename F::ScaleBuf sb;
+        sb.fill(blk);
+        for (int s = 0; s < F::NS; s++) {
+          for (int k = 0; k < F::SB; k++) vstore(wbuf + k * 16, blk.q(s * F::SB + k));
+          const typename F::Scales sc = sb.at(blk, s);
+          const int g = b * F::NS + s;
+          // group r (mr rows)'s inputs of scale group g
+          auto xg = [&](int r, int mr) {
+            return xp + static_cast<size_t>(r) * w.k + static_cast<size_t>(g) * F::SB * mr;
+          };
+          int r = 0;
+          for (; r < full; r += GEMM_MR)
+            micro<F, GEMM_MR>(xg(r, GEMM_MR), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
+          for (; r < fours; r += 4) micro<F, 4>(xg(r, 4), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
+          for (; r < rows; r++) micro<F, 1>(xg(r, 1), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
+        }
       }
       const int n0 = p * 16;
       const int count = std::min(16, w.n - n0);
@@ -308,7 +377,8 @@ constexpr Code code_of(const ninfer::FormatLayout& l) {
 }
 template <int32_t F>
 using FmtOf = Fmt<code_of(*ninfer::format_layout(F)), ninfer::format_layout(F)->half_scales,
-                  ninfer::format_layout(F)->offsets, ninfer::format_layout(F)->block>;
+                  ninfer::format_layout(F)->offsets, ninfer::format_layout(F)->block,
+                  ninfer::format_layout(F)->sub, ninfer::format_layout(F)->kquant>;
 using FU4H = FmtOf<ninfer::FMT_U4H>;
 using FU4F = FmtOf<ninfer::FMT_U4F>;
 using FI8H = FmtOf<ninfer::FMT_I8H>;
@@ -318,7 +388,11 @@ using FI8F16 = FmtOf<ninfer::FMT_I8F16>;
 using FI8FM16 = FmtOf<ninfer::FMT_I8FM16>;
 using FF16 = FmtOf<ninfer::FMT_F16>;
 using FF32 = FmtOf<ninfer::FMT_F32>;
+using FU4K = FmtOf<ninfer::FMT_U4K>;
+using FI8K = FmtOf<ninfer::FMT_I8K>;
+using FI8KM = FmtOf<ninfer::FMT_I8KM>;
 static_assert(FF16::dense && FF32::dense && !FI8FM16::dense && FI8FM16::QB == 16);
+static_assert(FU4K::block_bytes == 2432 && FI8K::block_bytes == 4416 && FI8KM::block_bytes == 4736);
 
 #define NINFER_BY_FORMAT(fmt, call)          \
   switch (fmt) {                             \
@@ -331,6 +405,9 @@ static_assert(FF16::dense && FF32::dense && !FI8FM16::dense && FI8FM16::QB == 16
     case ninfer::FMT_I8FM16: call(FI8FM16); break; \
     case ninfer::FMT_F16: call(FF16); break;     \
     case ninfer::FMT_F32: call(FF32); break;     \
+    case ninfer::FMT_U4K: call(FU4K); break;     \
+    case ninfer::FMT_I8K: call(FI8K); break;     \
+    case ninfer::FMT_I8KM: call(FI8KM); break;   \
     default: unknown_format(fmt);            \
   }
 

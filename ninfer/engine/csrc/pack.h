@@ -4,18 +4,20 @@
 //
 //   Q4_0  d * (q - 8)        -> U4H  code q, scale d, offset -8d (exact in half)
 //   Q4_1  d * q + m          -> U4H
-//   Q4_K  (d sc) q - dmin m  -> U4F  (d sc and dmin m are exact products in float)
+//   Q4_K  (d sc) q - dmin m  -> U4K  (d sc and dmin m are exact products in float; U4K
+//                                     keeps d, dmin and the 6-bit sc, m as the file does)
 //   Q8_0  d * q              -> I8H
 //   Q5_0  d * (q - 16)       -> I8H  code q - 16
 //   Q5_1  d * q + m          -> I8HM
 //   Q5_K  (d sc) q - dmin m  -> I8FM
-//   Q6_K  (d sc) (q - 32)    -> I8F16
-//   Q3_K  (d (sc - 32)) q    -> I8F16
-//   Q2_K  (d sc) q - dmin m  -> I8FM16
+//   Q6_K  (d sc) (q - 32)    -> I8K  (d and the 8-bit sc as the file keeps them)
+//   Q3_K  (d (sc - 32)) q    -> I8K
+//   Q2_K  (d sc) q - dmin m  -> I8KM
 //   F16                      -> F16;  BF16, F32 -> F32
 //
 // Several tensors stacked along their outputs (Q, K and V as one matrix) take the format
-// of their types when it is one, else I8FM16 (every quantized type fits it), else F32.
+// of their types when it is one, else I8KM when all are K-quants (a Q4_K_M file's Q4_K
+// and Q6_K), else I8FM16 (every quantized type fits it), else F32.
 #pragma once
 
 #include <cmath>
@@ -75,6 +77,10 @@ struct Row {
   std::vector<float> offset;   // k / 16
   std::vector<float> values;   // k (dense)
   std::vector<uint16_t> half;  // k (F16, kept as stored)
+  // A K-quant's scales as the file keeps them (else empty): d and dmin a super-block of
+  // 256, and each group of 16's multipliers: scale = d * sc, offset = -(dmin * m)
+  std::vector<float> kd, kdmin;   // k / 256
+  std::vector<int8_t> ksc, km;    // k / 16
 };
 
 // The GGML tensor types the packer reads.
@@ -115,12 +121,12 @@ inline int type_bytes(const std::string& t) {
 
 inline int natural_format(const std::string& t) {
   if (t == "Q4_0" || t == "Q4_1") return FMT_U4H;
-  if (t == "Q4_K") return FMT_U4F;
+  if (t == "Q4_K") return FMT_U4K;
   if (t == "Q8_0" || t == "Q5_0") return FMT_I8H;
   if (t == "Q5_1") return FMT_I8HM;
   if (t == "Q5_K") return FMT_I8FM;
-  if (t == "Q6_K" || t == "Q3_K") return FMT_I8F16;
-  if (t == "Q2_K") return FMT_I8FM16;
+  if (t == "Q6_K" || t == "Q3_K") return FMT_I8K;
+  if (t == "Q2_K") return FMT_I8KM;
   if (t == "F16") return FMT_F16;
   if (t == "BF16" || t == "F32") return FMT_F32;
   throw std::invalid_argument("no native packing for tensor type " + t);
@@ -216,6 +222,11 @@ inline void unpack_row(const std::string& t, const uint8_t* src, int k, Row* row
     return;
   }
   const int bytes = type_bytes(t);
+  const bool kscales = type_block(t) == 256;
+  row->kd.assign(kscales ? k / 256 : 0, 0.0f);
+  row->kdmin.assign(kscales ? k / 256 : 0, 0.0f);
+  row->ksc.assign(kscales ? g16 : 0, 0);
+  row->km.assign(kscales ? g16 : 0, 0);
   for (int b = 0; b < k / 256; b++) {
     const uint8_t* p = src + b * bytes;
     int8_t* out = c + b * 256;
@@ -226,11 +237,15 @@ inline void unpack_row(const std::string& t, const uint8_t* src, int k, Row* row
       const uint8_t* scales = p + 4;
       const uint8_t* qh = p + 16;
       const uint8_t* qs = g == GType::Q4_K ? p + 16 : p + 48;
+      row->kd[b] = d;
+      row->kdmin[b] = dmin;
       for (int j = 0; j < 8; j++) {
         int s, m;
         scale_min_k4(j, scales, &s, &m);
         bsc[2 * j] = bsc[2 * j + 1] = d * static_cast<float>(s);
         bof[2 * j] = bof[2 * j + 1] = -(dmin * static_cast<float>(m));
+        row->ksc[b * 16 + 2 * j] = row->ksc[b * 16 + 2 * j + 1] = static_cast<int8_t>(s);
+        row->km[b * 16 + 2 * j] = row->km[b * 16 + 2 * j + 1] = static_cast<int8_t>(m);
         const int chunk = j / 2, shift = (j % 2) * 4;
         for (int l = 0; l < 32; l++) {
           int q = (qs[chunk * 32 + l] >> shift) & 15;
@@ -243,9 +258,11 @@ inline void unpack_row(const std::string& t, const uint8_t* src, int k, Row* row
       const uint8_t* qh = p + 128;
       const int8_t* scales = reinterpret_cast<const int8_t*>(p + 192);
       const float d = half_to_float(rd16(p + 208));
+      row->kd[b] = d;
       for (int j = 0; j < 16; j++) {
         bsc[j] = d * static_cast<float>(scales[j]);
         bof[j] = 0.0f;
+        row->ksc[b * 16 + j] = scales[j];
       }
       // value h * 128 + q * 32 + l of the super-block (half h, quarter q): the low
       // nibble of ql[h * 64 + l] (q 0) or ql[h * 64 + 32 + l] (q 1), their high nibbles
@@ -267,11 +284,13 @@ inline void unpack_row(const std::string& t, const uint8_t* src, int k, Row* row
       const uint8_t* qs = p + 32;
       const uint8_t* s = p + 96;
       const float d = half_to_float(rd16(p + 108));
+      row->kd[b] = d;
       for (int j = 0; j < 16; j++) {
         const int lo = (s[j % 8] >> ((j / 8) * 4)) & 15;
         const int hi = (s[8 + j % 4] >> ((j / 4) * 2)) & 3;
         bsc[j] = d * static_cast<float>((lo | (hi << 4)) - 32);
         bof[j] = 0.0f;
+        row->ksc[b * 16 + j] = static_cast<int8_t>((lo | (hi << 4)) - 32);
       }
       for (int i = 0; i < 256; i++) {
         const int h = i / 128, r = i % 128, l = r % 32, quarter = r / 32;
@@ -283,9 +302,13 @@ inline void unpack_row(const std::string& t, const uint8_t* src, int k, Row* row
       const uint8_t* scales = p;
       const uint8_t* qs = p + 16;
       const float d = half_to_float(rd16(p + 80)), dmin = half_to_float(rd16(p + 82));
+      row->kd[b] = d;
+      row->kdmin[b] = dmin;
       for (int j = 0; j < 16; j++) {
         bsc[j] = d * static_cast<float>(scales[j] & 15);
         bof[j] = -(dmin * static_cast<float>(scales[j] >> 4));
+        row->ksc[b * 16 + j] = static_cast<int8_t>(scales[j] & 15);
+        row->km[b * 16 + j] = static_cast<int8_t>(scales[j] >> 4);
       }
       for (int i = 0; i < 256; i++) {
         const int h = i / 128, r = i % 128, l = r % 32, quarter = r / 32;
@@ -302,7 +325,7 @@ inline const FormatLayout& layout_of(int f) {
   const FormatLayout* l = format_layout(f);
   if (l == nullptr)
     throw std::invalid_argument("unknown packed matrix format " + std::to_string(f) +
-                                " (the formats are 1 to 9: api.h)");
+                                " (the formats are 1 to 12: api.h)");
   return *l;
 }
 inline int format_block(int f) { return layout_of(f).block; }
@@ -310,8 +333,17 @@ inline bool format_half(int f) { return layout_of(f).half_scales; }
 inline bool format_min(int f) { return layout_of(f).offsets; }
 inline bool format_dense(int f) { return layout_of(f).dense; }
 inline int format_code_bytes(int f) { return layout_of(f).code_bytes; }
+// The inputs a scale covers (the rows' sums of x are over groups of as many).
+inline int format_sub(int f) { return layout_of(f).sub; }
+// The bytes of a block's scales (and of its offsets, as many, in formats with them): a
+// K-quant's d and its multipliers, else one scale a block (none for a dense format).
+inline int format_scale_bytes(int f) {
+  const FormatLayout& l = layout_of(f);
+  if (l.kquant) return 64 + (l.block / l.sub) * 16;
+  return l.dense ? 0 : 16 * (l.half_scales ? 2 : 4);
+}
 inline size_t format_block_bytes(int f) {
-  const int scale = format_dense(f) ? 0 : 16 * (format_half(f) ? 2 : 4);
+  const int scale = format_scale_bytes(f);
   return static_cast<size_t>(scale + (format_min(f) ? scale : 0) + format_block(f) * format_code_bytes(f));
 }
 inline size_t packed_bytes(int f, int n, int k) {
@@ -327,7 +359,9 @@ inline int stack_format(const std::vector<std::string>& types) {
     dense = dense || format_dense(natural_format(t));
   }
   if (same) return f;
-  return dense ? FMT_F32 : FMT_I8FM16;
+  bool kquants = true;
+  for (const auto& t : types) kquants = kquants && type_block(t) == 256;
+  return dense ? FMT_F32 : kquants ? FMT_I8KM : FMT_I8FM16;
 }
 
 // Block b's scale and offset of a quantized row into lane `lane` of its packed block
@@ -335,6 +369,30 @@ inline int stack_format(const std::vector<std::string>& types) {
 inline void put_scale(const Row& row, const FormatLayout& fl, int b, int lane, uint8_t* blk) {
   if (row.dense) throw std::invalid_argument("a dense tensor in a quantized format");
   const int qb = fl.block;
+  if (fl.kquant) {  // d, -dmin, the scales' multipliers, the offsets'
+    if (row.kd.empty()) throw std::invalid_argument("a K-quant format for a tensor of another type");
+    const int ns = qb / fl.sub, per = fl.sub / 16;
+    const float d = row.kd[b], neg_dmin = -row.kdmin[b];
+    std::memcpy(blk + lane * 4, &d, 4);
+    if (fl.offsets) std::memcpy(blk + 64 + lane * 4, &neg_dmin, 4);
+    uint8_t* mult = blk + (fl.offsets ? 128 : 64);
+    for (int s = 0; s < ns; s++) {
+      const int g = b * (qb / 16) + s * per;
+      for (int i = 1; i < per; i++)
+        if (row.ksc[g + i] != row.ksc[g] || row.km[g + i] != row.km[g])
+          throw std::invalid_argument("a scale group with two scales");
+      // the packed scale is the row's own: d * sc exact, and -dmin * m = -(dmin * m) (a
+      // file's NaN stays one, as in the formats that store the products)
+      auto same = [](float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); };
+      if (!same(d * static_cast<float>(row.ksc[g]), row.scale[g]) ||
+          (fl.offsets && !same(neg_dmin * static_cast<float>(row.km[g]), row.offset[g])) ||
+          (!fl.offsets && row.offset[g] != 0.0f))
+        throw std::invalid_argument("a K-quant scale that is not d times its multiplier");
+      mult[s * 16 + lane] = static_cast<uint8_t>(row.ksc[g]);
+      if (fl.offsets) mult[ns * 16 + s * 16 + lane] = static_cast<uint8_t>(row.km[g]);
+    }
+    return;
+  }
   const int scale_bytes = 16 * (fl.half_scales ? 2 : 4);
   const int g = b * qb / 16;
   if (qb == 32 && (row.scale[g] != row.scale[g + 1] || row.offset[g] != row.offset[g + 1]))
@@ -361,7 +419,7 @@ inline void pack_panel(const Row* rows, int f, int p, int k, uint8_t* out) {
   const FormatLayout& fl = layout_of(f);
   const int qb = format_block(f), nb = k / qb;
   const size_t bb = format_block_bytes(f);
-  const int scale_bytes = 16 * (format_half(f) ? 2 : 4);
+  const int scale_bytes = format_scale_bytes(f);
   const int min_bytes = format_min(f) ? scale_bytes : 0;
   const int cb = format_code_bytes(f);
   for (int l = 0; l < 16; l++) {
@@ -399,7 +457,7 @@ inline void pack_row(const Row& row, int f, int n, int k, uint8_t* out) {
   const int qb = format_block(f), nb = k / qb;
   const size_t bb = format_block_bytes(f);
   const int p = n / 16, lane = n % 16;
-  const int scale_bytes = format_dense(f) ? 0 : 16 * (format_half(f) ? 2 : 4);
+  const int scale_bytes = format_scale_bytes(f);
   const int min_bytes = format_min(f) ? scale_bytes : 0;
   const int cb = format_code_bytes(f);
   for (int b = 0; b < nb; b++) {
