@@ -165,9 +165,10 @@ def test_rows_beyond_one_tile_are_the_same_bits(
 
 @pytest.mark.parametrize(
     ("kind", "kquant", "flat", "ratio"),
-    # U4K against U4F, I8K against I8F16, I8KM against I8FM16 (api.h's format numbers)
+    # U4K against U4F, I8K against I8F16, I8KM against I8FM16, I8KM32 against I8FM (api.h's
+    # format numbers)
     [("Q4_K", 10, 2, 4.75 / 6), ("Q6_K", 11, 6, 8.625 / 10), ("Q3_K", 11, 6, 8.625 / 10),
-     ("Q2_K", 12, 7, 9.25 / 12)],
+     ("Q2_K", 12, 7, 9.25 / 12), ("Q5_K", 13, 5, 8.75 / 10)],
 )  # fmt: skip
 def test_the_file_s_own_k_quant_scales_give_the_same_bits(
     kind: str, kquant: int, flat: int, ratio: float
@@ -210,8 +211,8 @@ def test_an_unknown_format_is_refused_by_name() -> None:
     naming the format, before any kernel reads it."""
     x = torch.ones(1, 32)
     packed = torch.zeros(4096, dtype=torch.uint8)
-    with pytest.raises(RuntimeError, match="unknown packed matrix format 13"):
-        OPS.linear(x, packed, 13, 16)
+    with pytest.raises(RuntimeError, match="unknown packed matrix format 14"):
+        OPS.linear(x, packed, 14, 16)
     with pytest.raises(RuntimeError, match="unknown packed matrix format 0"):
         OPS.dequant(packed, 0, 16, 32, torch.tensor([0]))
 

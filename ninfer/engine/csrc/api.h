@@ -31,8 +31,9 @@ namespace ninfer {
 // the codes. A group's scale is d * multiplier, its offset -dmin * multiplier: exact
 // products in float (11 bits by 8 at most), the very floats a format with one float a
 // group stores, so the sums are the same bits in fewer bytes: Q4_K 4.75 bits a weight
-// instead of 6 (U4K against U4F), Q6_K 8.625 instead of 10 (I8K against I8F16), a stack
-// of K-quants 9.25 instead of 12 (I8KM against I8FM16).
+// instead of 6 (U4K against U4F), Q6_K 8.625 instead of 10 (I8K against I8F16), Q5_K
+// 8.75 instead of 10 (I8KM32 against I8FM), a stack of K-quants 9.25 instead of 12 (I8KM
+// against I8FM16).
 enum Format : int32_t {
   FMT_U4H = 1,    // Q4_0, Q4_1
   FMT_U4F = 2,    // Q4_K
@@ -46,6 +47,7 @@ enum Format : int32_t {
   FMT_U4K = 10,   // Q4_K, its scales as the file keeps them
   FMT_I8K = 11,   // Q6_K, Q3_K, likewise
   FMT_I8KM = 12,  // a stack of K-quants (Q4_K_M's Q, K and V), likewise
+  FMT_I8KM32 = 13,  // Q5_K, likewise
 };
 
 struct FormatLayout {
@@ -79,6 +81,8 @@ inline constexpr FormatLayout FORMATS[] = {
      false, false, 16, true},
     {FMT_I8KM, "I8KM (8-bit codes, K-quant scales and offsets: d, -dmin times 8-bit multipliers)",
      256, 16, false, true, false, 16, true},
+    {FMT_I8KM32, "I8KM32 (8-bit codes, Q5_K's scales and offsets: d, -dmin times 6-bit multipliers)",
+     256, 16, false, true, false, 32, true},
 };
 
 // The layout of format `f`, or null for a format that is not one of these.

@@ -391,8 +391,10 @@ using FF32 = FmtOf<ninfer::FMT_F32>;
 using FU4K = FmtOf<ninfer::FMT_U4K>;
 using FI8K = FmtOf<ninfer::FMT_I8K>;
 using FI8KM = FmtOf<ninfer::FMT_I8KM>;
+using FI8KM32 = FmtOf<ninfer::FMT_I8KM32>;
 static_assert(FF16::dense && FF32::dense && !FI8FM16::dense && FI8FM16::QB == 16);
-static_assert(FU4K::block_bytes == 2432 && FI8K::block_bytes == 4416 && FI8KM::block_bytes == 4736);
+static_assert(FU4K::block_bytes == 2432 && FI8K::block_bytes == 4416 && FI8KM::block_bytes == 4736 &&
+              FI8KM32::block_bytes == 4480);
 
 #define NINFER_BY_FORMAT(fmt, call)          \
   switch (fmt) {                             \
@@ -408,6 +410,7 @@ static_assert(FU4K::block_bytes == 2432 && FI8K::block_bytes == 4416 && FI8KM::b
     case ninfer::FMT_U4K: call(FU4K); break;     \
     case ninfer::FMT_I8K: call(FI8K); break;     \
     case ninfer::FMT_I8KM: call(FI8KM); break;   \
+    case ninfer::FMT_I8KM32: call(FI8KM32); break; \
     default: unknown_format(fmt);            \
   }
 

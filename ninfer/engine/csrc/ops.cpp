@@ -147,7 +147,7 @@ Matrix matrix(const at::Tensor& packed, int64_t format, int64_t n, int64_t k) {
   TORCH_CHECK(packed.dtype() == at::kByte && packed.is_contiguous() && packed.device().is_cpu(),
               "a packed matrix is a contiguous uint8 CPU tensor");
   TORCH_CHECK(format_layout(static_cast<int32_t>(format)) != nullptr, "unknown packed matrix format ",
-              format, " (the formats are 1 to 12: api.h)");
+              format, " (the formats are 1 to 13: api.h)");
   TORCH_CHECK(static_cast<size_t>(packed.numel()) ==
                   packed_bytes(static_cast<int>(format), static_cast<int>(n), static_cast<int>(k)),
               "packed size does not match its shape");

@@ -9,7 +9,7 @@
 //   Q8_0  d * q              -> I8H
 //   Q5_0  d * (q - 16)       -> I8H  code q - 16
 //   Q5_1  d * q + m          -> I8HM
-//   Q5_K  (d sc) q - dmin m  -> I8FM
+//   Q5_K  (d sc) q - dmin m  -> I8KM32  (d, dmin and the 6-bit sc, m as the file keeps them)
 //   Q6_K  (d sc) (q - 32)    -> I8K  (d and the 8-bit sc as the file keeps them)
 //   Q3_K  (d (sc - 32)) q    -> I8K
 //   Q2_K  (d sc) q - dmin m  -> I8KM
@@ -124,7 +124,7 @@ inline int natural_format(const std::string& t) {
   if (t == "Q4_K") return FMT_U4K;
   if (t == "Q8_0" || t == "Q5_0") return FMT_I8H;
   if (t == "Q5_1") return FMT_I8HM;
-  if (t == "Q5_K") return FMT_I8FM;
+  if (t == "Q5_K") return FMT_I8KM32;
   if (t == "Q6_K" || t == "Q3_K") return FMT_I8K;
   if (t == "Q2_K") return FMT_I8KM;
   if (t == "F16") return FMT_F16;
@@ -325,7 +325,7 @@ inline const FormatLayout& layout_of(int f) {
   const FormatLayout* l = format_layout(f);
   if (l == nullptr)
     throw std::invalid_argument("unknown packed matrix format " + std::to_string(f) +
-                                " (the formats are 1 to 12: api.h)");
+                                " (the formats are 1 to 13: api.h)");
   return *l;
 }
 inline int format_block(int f) { return layout_of(f).block; }
