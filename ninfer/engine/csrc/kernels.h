@@ -241,15 +241,20 @@ constexpr size_t GEMM_TILE_BYTES = 512 * 1024;
 #if defined(NINFER_ISA_AVX512)
 constexpr int GEMM_MR = 12;
 constexpr int GEMV_P1 = 4;
+constexpr int GEMV_P2 = 2;
 #elif defined(NINFER_ISA_AVX2)
 // 4, not 6: 6 rows' sums are 12 of AVX2's 16 registers, leaving none once a block's two
 // code vectors and the broadcast input are loaded; 6 measured slower than 4 on the 1B's
 // products (its down at 16 rows 120-129 against 151-155 GFLOP/s).
 constexpr int GEMM_MR = 4;
 constexpr int GEMV_P1 = 3;
+// two rows a panel at a time: two rows by two panels' sums and partial sums are all 16 of
+// AVX2's registers, and spilled (the 1B's two-row step 1.2-1.35x slower than this)
+constexpr int GEMV_P2 = 1;
 #else
 constexpr int GEMM_MR = 4;
 constexpr int GEMV_P1 = 1;
+constexpr int GEMV_P2 = 1;
 #endif
 
 // Up to GEMV_MAX rows: each code decoded in registers for every row it multiplies; on
@@ -271,7 +276,7 @@ static void gemv_rows(const float* x, int m, int ldx, const float* sums, const M
     for (; p + GEMV_P1 <= p1; p += GEMV_P1) gemv<F, 1, GEMV_P1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
     for (; p < p1; p++) gemv<F, 1, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
   } else if (m == 2) {
-    for (; p + 2 <= p1; p += 2) gemv<F, 2, 2>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    for (; p + GEMV_P2 <= p1; p += GEMV_P2) gemv<F, 2, GEMV_P2>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
     for (; p < p1; p++) gemv<F, 2, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
   } else if (m == 3) {
     for (; p < p1; p++) gemv<F, 3, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
@@ -318,8 +323,9 @@ static void linear_fmt(const float* x, int m, int ldx, const float* sums, const 
     // the row groups: GEMM_MR rows at a time, then 4, then 1; group r's packed inputs
     // start at xp + r * k
     const int full = rows / GEMM_MR * GEMM_MR, fours = full + (rows - full) / 4 * 4;
+    const int rest = rows - fours;  // 0-3 rows, one group
     for (int r = 0; r < rows;) {
-      const int mr = r < full ? GEMM_MR : r < fours ? 4 : 1;
+      const int mr = r < full ? GEMM_MR : r < fours ? 4 : rest;
       pack_rows(xt, ldx, w.k, r, mr, xp + static_cast<size_t>(r) * w.k);
       r += mr;
     }
@@ -342,7 +348,9 @@ static void linear_fmt(const float* x, int m, int ldx, const float* sums, const 
           for (; r < full; r += GEMM_MR)
             micro<F, GEMM_MR>(xg(r, GEMM_MR), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
           for (; r < fours; r += 4) micro<F, 4>(xg(r, 4), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
-          for (; r < rows; r++) micro<F, 1>(xg(r, 1), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
+          if (rest == 3) micro<F, 3>(xg(r, 3), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
+          if (rest == 2) micro<F, 2>(xg(r, 2), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
+          if (rest == 1) micro<F, 1>(xg(r, 1), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
         }
       }
       const int n0 = p * 16;
