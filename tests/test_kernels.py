@@ -182,7 +182,7 @@ def test_the_file_s_own_k_quant_scales_give_the_same_bits(
     packed = {
         f: Packed(OPS.pack([raw], [kind], 1024, f), f, 55, 1024, (kind,)) for f in (kquant, flat)
     }
-    assert packed[kquant].nbytes == packed[flat].nbytes * ratio
+    assert packed[kquant].nbytes == pytest.approx(packed[flat].nbytes * ratio, abs=0.5)
     x = torch.randn(40, 1024, generator=torch.Generator().manual_seed(2))
     for isa in _isas():
         OPS.configure(isa, 2, 100)
