@@ -156,7 +156,7 @@ static inline void block_sums(const float* x, int k, int qb, float* sums) {
   }
 }
 
-// MR rows (1..3) by P panels at once, each code decoded once and used by every row. nb:
+// MR rows (1..4) by P panels at once, each code decoded once and used by every row. nb:
 // blocks a panel; the rows' sums are a scale group's (nb * NS a row).
 template <class F, int MR, int P>
 static inline void gemv(const float* x, int ldx, const float* sums, const uint8_t* w, int nb,
@@ -289,7 +289,7 @@ static void gemv_rows(const float* x, int m, int ldx, const float* sums, const M
   }
 }
 
-// sums: the rows' block sums (m x k / QB), from block_sums
+// sums: the rows' sums of x a scale group (m x k / SB), from block_sums
 template <class F>
 static void linear_fmt(const float* x, int m, int ldx, const float* sums, const Matrix& w, int p0,
                        int p1, float* y, int ldy) {
@@ -320,8 +320,8 @@ static void linear_fmt(const float* x, int m, int ldx, const float* sums, const 
     const int rows = std::min(tile, m - t0);
     const float* xt = x + static_cast<size_t>(t0) * ldx;
     const float* st = sums + static_cast<size_t>(t0) * ns;
-    // the row groups: GEMM_MR rows at a time, then 4, then 1; group r's packed inputs
-    // start at xp + r * k
+    // the row groups: GEMM_MR rows at a time, then 4, then the last 1-3 as one; group r's
+    // packed inputs start at xp + r * k
     const int full = rows / GEMM_MR * GEMM_MR, fours = full + (rows - full) / 4 * 4;
     const int rest = rows - fours;  // 0-3 rows, one group
     for (int r = 0; r < rows;) {

@@ -107,6 +107,9 @@ inline int type_block(const std::string& t) {
   throw std::invalid_argument("no native packing for tensor type " + t);
 }
 
+// A K-quant (Q2_K to Q6_K): 256-input super-blocks with two-level scales.
+inline bool k_quant(const std::string& t) { return type_block(t) == 256; }
+
 inline int type_bytes(const std::string& t) {
   static const struct {
     const char* name;
@@ -222,7 +225,7 @@ inline void unpack_row(const std::string& t, const uint8_t* src, int k, Row* row
     return;
   }
   const int bytes = type_bytes(t);
-  const bool kscales = type_block(t) == 256;
+  const bool kscales = k_quant(t);
   row->kd.assign(kscales ? k / 256 : 0, 0.0f);
   row->kdmin.assign(kscales ? k / 256 : 0, 0.0f);
   row->ksc.assign(kscales ? g16 : 0, 0);
@@ -329,7 +332,6 @@ inline const FormatLayout& layout_of(int f) {
   return *l;
 }
 inline int format_block(int f) { return layout_of(f).block; }
-inline bool format_half(int f) { return layout_of(f).half_scales; }
 inline bool format_min(int f) { return layout_of(f).offsets; }
 inline bool format_dense(int f) { return layout_of(f).dense; }
 inline int format_code_bytes(int f) { return layout_of(f).code_bytes; }
@@ -360,7 +362,7 @@ inline int stack_format(const std::vector<std::string>& types) {
   }
   if (same) return f;
   bool kquants = true;
-  for (const auto& t : types) kquants = kquants && type_block(t) == 256;
+  for (const auto& t : types) kquants = kquants && k_quant(t);
   return dense ? FMT_F32 : kquants ? FMT_I8KM : FMT_I8FM16;
 }
 
