@@ -132,15 +132,16 @@ def test_a_matmul_is_float64_close_and_the_same_bits_everywhere(kind: str) -> No
     [
         # 512 KiB of rows a tile: 60 (AVX-512) or 64 rows of 2,048 inputs
         ("Q4_K", 40, 2048, (0, 59, 60, 63, 64, 119, 120, 149), (50, 130)),
-        # four row groups a tile, past 512 KiB: 48 (AVX-512) or 16 rows of 8,192 inputs
-        ("Q6_K", 24, 8192, (0, 15, 16, 47, 48, 59), (10, 50)),
+        # four row groups a tile, past 512 KiB: 24 (AVX-512's groups of 6) or 16 rows of
+        # 8,192 inputs
+        ("Q6_K", 24, 8192, (0, 15, 16, 23, 24, 47, 48, 59), (10, 50)),
     ],
 )
 def test_rows_beyond_one_tile_are_the_same_bits(
     kind: str, outputs: int, k: int, starts: tuple[int, ...], middle: tuple[int, int]
 ) -> None:
     """A product of more rows than one tile of x (the kernels take 512 KiB of rows at a
-    time, and at least four row groups: 60-64 rows of 2,048 inputs, 48 or 16 of 8,192):
+    time, and at least four row groups: 60-64 rows of 2,048 inputs, 24 or 16 of 8,192):
     every row, on either side of a tile's edge, the same bits as alone or among a few, in
     every build, and float64-close; and the same rows read from a wider tensor (rows
     further apart than their inputs: the tile is packed from whatever row stride x has)."""

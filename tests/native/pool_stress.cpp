@@ -64,7 +64,7 @@ uint64_t busy_work(uint64_t seed, int rounds) {
 
 // A packed matrix of N outputs by K inputs in U4H (Q4_1's format): random codes, scales
 // and offsets that are exact halves.
-constexpr int N = 512, K = 64, MAX_ROWS = 4;
+constexpr int N = 512, K = 64, MAX_ROWS = 7;  // 4-7: the GEMM path, groups of 4 and the rest
 
 std::vector<uint8_t> random_matrix(std::mt19937& rng) {
   std::vector<uint8_t> packed(ninfer::packed_bytes(ninfer::FMT_U4H, N, K));
@@ -83,15 +83,27 @@ std::vector<uint8_t> random_matrix(std::mt19937& rng) {
   return packed;
 }
 
-// y = x W^T on the pool, `tasks` tasks sharing the panels (ops.cpp's linear_into).
+// y = x W^T on the pool, `tasks` tasks sharing the panels, and first, on the GEMM
+// path, sharing x's row groups to pack (ops.cpp's linear_into).
 void linear(ninfer::Pool& pool, const ninfer::Kernels* kr, const float* x, int m,
             const ninfer::Matrix& w, int tasks, float* y) {
   const int panels = (w.n + 15) / 16, qb = ninfer::format_block(w.format);
   std::vector<float> sums(static_cast<size_t>(m) * (w.k / qb));
   kr->sums(x, m, w.k, w.k, qb, sums.data());
+  std::vector<float> packed;
+  if (m > kr->gemv_max) {
+    packed.resize(static_cast<size_t>(m) * w.k);
+    const int groups = (m + kr->gemm_mr - 1) / kr->gemm_mr;
+    pool.run(tasks, [&](int t) {
+      const int r0 = groups * t / tasks * kr->gemm_mr;
+      const int r1 = std::min(m, groups * (t + 1) / tasks * kr->gemm_mr);
+      kr->pack(x, m, w.k, w.k, r0, r1, packed.data());
+    });
+  }
+  const float* xp = packed.empty() ? nullptr : packed.data();
   pool.run(tasks, [&](int t) {
     const int p0 = panels * t / tasks, p1 = panels * (t + 1) / tasks;
-    kr->linear(x, m, w.k, sums.data(), w, p0, p1, y, w.n);
+    kr->linear(x, m, w.k, sums.data(), w, p0, p1, y, w.n, xp);
   });
 }
 
@@ -109,7 +121,9 @@ uint64_t kernel_calls(ninfer::Pool& pool, uint64_t calls, std::mt19937& rng) {
     const int panels = N / 16;
     std::vector<float> sums(static_cast<size_t>(m) * (K / 32));
     kr->sums(x.data(), m, K, K, 32, sums.data());
-    kr->linear(x.data(), m, K, sums.data(), w, 0, panels, alone[m].data(), N);
+    std::vector<float> packed(static_cast<size_t>(m) * K);
+    kr->pack(x.data(), m, K, K, 0, m, packed.data());
+    kr->linear(x.data(), m, K, sums.data(), w, 0, panels, alone[m].data(), N, packed.data());
   }
   uint64_t wrong = 0;
   for (uint64_t call = 1; call <= calls; call++) {

@@ -140,9 +140,16 @@ struct Kernels {
   // each row's sums of x over blocks of qb inputs, in order from 0: out (m, k / qb)
   void (*sums)(const float* x, int m, int ldx, int k, int qb, float* out);
   // y[m][n] for the panels [p0, p1) of w, rows 0..m-1 (row stride ldx, ldy); sums: the
-  // rows' block sums for w's block size
+  // rows' block sums for w's block size; xp: x packed by `pack` where m > gemv_max (the
+  // GEMM path's rows), else unused
   void (*linear)(const float* x, int m, int ldx, const float* sums, const Matrix& w, int p0,
-                 int p1, float* y, int ldy);
+                 int p1, float* y, int ldy, const float* xp);
+  // Products of more rows than gemv_max take the GEMM path: x packed once a product (m x k
+  // floats, rows in groups of gemm_mr) and gemm_np panels at a time (tasks split there).
+  int gemv_max, gemm_mr, gemm_np;
+  // x's rows [r0, r1) (r0 a multiple of gemm_mr; r1 too, or m) packed for the GEMM path:
+  // into dst + r0 * k
+  void (*pack)(const float* x, int m, int ldx, int k, int r0, int r1, float* dst);
   // rows [n0, n1) of w as their values, each k floats
   void (*dequant)(const Matrix& w, int n0, int n1, float* out);
   // one row: out = x / sqrt(mean(x^2) + eps) * weight

@@ -204,23 +204,33 @@ static inline void gemv(const float* x, int ldx, const float* sums, const uint8_
 }
 
 // The GEMM micro-kernel: MR rows' partial sums over one scale group g (SB inputs x 16
-// outputs of codes, decoded in w), folded into their accumulators acc (MR x 16, kept
-// between groups); ns: the groups a row (its sums' stride).
+// outputs of codes in each of NP panels, decoded in w: panel j's at w + j * SB * 16),
+// folded into their accumulators acc (row i's panel j at acc + (i * NP + j) * 16, kept
+// between groups); ns: the groups a row (its sums' stride). Each broadcast input feeds NP
+// panels' fused multiply-adds (with one panel each multiply-add took a load of its own).
 // xp: the MR rows' inputs of the block packed input by input (xp[k * MR + i] is row i's
 // input k0 + k, `pack_rows`), so the loads run consecutively: read from x itself, rows a
 // power of two of bytes apart (2,048 or 8,192 inputs) all fall in one set of the L1 cache
 // and evict each other, which cost a third of the GEMM's speed.
-template <class F, int MR>
+template <class F, int MR, int NP>
 static inline void micro(const float* xp, const float* sums, int ns, const float* w,
-                         const typename F::Scales& sc, int g, float* acc) {
-  V16 part[MR];
-  for (int i = 0; i < MR; i++) part[i] = vzero();
+                         const typename F::Scales* sc, int g, float* acc) {
+  V16 part[MR][NP];
+  for (int i = 0; i < MR; i++)
+    for (int j = 0; j < NP; j++) part[i][j] = vzero();
   for (int k = 0; k < F::SB; k++) {
-    const V16 wk = vload(w + k * 16);
-    for (int i = 0; i < MR; i++) part[i] = vfma(vset1(xp[k * MR + i]), wk, part[i]);
+    V16 wk[NP];
+    for (int j = 0; j < NP; j++) wk[j] = vload(w + j * F::SB * 16 + k * 16);
+    for (int i = 0; i < MR; i++) {
+      const V16 xk = vset1(xp[k * MR + i]);
+      for (int j = 0; j < NP; j++) part[i][j] = vfma(xk, wk[j], part[i][j]);
+    }
   }
   for (int i = 0; i < MR; i++)
-    vstore(acc + i * 16, F::fold(vload(acc + i * 16), part[i], sc, sums[i * ns + g]));
+    for (int j = 0; j < NP; j++) {
+      float* a = acc + (i * NP + j) * 16;
+      vstore(a, F::fold(vload(a), part[i][j], sc[j], sums[i * ns + g]));
+    }
 }
 
 // Rows [r0, r0 + mr) of x (k inputs, ldx apart) into dst input by input: dst[kk * mr + i].
@@ -239,20 +249,27 @@ static inline void pack_rows(const float* x, int ldx, int k, int r0, int mr, flo
 constexpr size_t GEMM_TILE_BYTES = 512 * 1024;
 
 #if defined(NINFER_ISA_AVX512)
-constexpr int GEMM_MR = 12;
+// 6 rows by 4 panels: 24 sums, 4 code vectors and the broadcast input in 32 registers
+// (12 rows by one panel, its shape before: 1.2-1.3x slower on Gemma 3's and the 1B's
+// products; 8 x 2 and 14 x 2 in between)
+constexpr int GEMM_MR = 6;
+constexpr int GEMM_NP = 4;
 constexpr int GEMV_P1 = 4;
 constexpr int GEMV_P2 = 2;
 #elif defined(NINFER_ISA_AVX2)
 // 4, not 6: 6 rows' sums are 12 of AVX2's 16 registers, leaving none once a block's two
 // code vectors and the broadcast input are loaded; 6 measured slower than 4 on the 1B's
-// products (its down at 16 rows 120-129 against 151-155 GFLOP/s).
+// products (its down at 16 rows 120-129 against 151-155 GFLOP/s). One panel: a row's
+// panel is already two registers here.
 constexpr int GEMM_MR = 4;
+constexpr int GEMM_NP = 1;
 constexpr int GEMV_P1 = 3;
 // two rows a panel at a time: two rows by two panels' sums and partial sums are all 16 of
 // AVX2's registers, and spilled (the 1B's two-row step 1.2-1.35x slower than this)
 constexpr int GEMV_P2 = 1;
 #else
 constexpr int GEMM_MR = 4;
+constexpr int GEMM_NP = 1;
 constexpr int GEMV_P1 = 1;
 constexpr int GEMV_P2 = 1;
 #endif
@@ -289,75 +306,108 @@ static void gemv_rows(const float* x, int m, int ldx, const float* sums, const M
   }
 }
 
-// sums: the rows' sums of x a scale group (m x k / SB), from block_sums
+// micro<F, rest, NP>: the last row group's, rest (1..GEMM_MR-1) rows
+template <class F, int NP, int R = 1>
+static inline void micro_last(int rest, const float* xp, const float* sums, int ns, const float* w,
+                              const typename F::Scales* sc, int g, float* acc) {
+  if constexpr (R < GEMM_MR) {
+    if (rest == R) {
+      micro<F, R, NP>(xp, sums, ns, w, sc, g, acc);
+    } else {
+      micro_last<F, NP, R + 1>(rest, xp, sums, ns, w, sc, g, acc);
+    }
+  }
+}
+
+// The GEMM path's NP panels from p over one packed tile of `rows` rows (row groups of
+// GEMM_MR, then the last 1..GEMM_MR-1 as one; group r's packed inputs at xp + r * k),
+// into y's rows from y0. acc: rows x NP x 16 floats.
+template <class F, int NP>
+static void gemm_panels(const float* xp, int rows, const float* st, int ns, const Matrix& w, int p,
+                        float* acc, float* y0, int ldy) {
+  const int nb = w.k / F::QB;
+  const size_t panel_bytes = static_cast<size_t>(nb) * F::block_bytes;
+  alignas(64) float wbuf[NP * F::SB * 16];
+  const int full = rows / GEMM_MR * GEMM_MR, rest = rows - full;
+  for (int i = 0; i < rows * NP; i++) vstore(acc + i * 16, vzero());
+  for (int b = 0; b < nb; b++) {
+    typename F::Block blk[NP];
+    typename F::ScaleBuf sb[NP];
+    for (int j = 0; j < NP; j++) {
+      blk[j].load(w.data + (p + j) * panel_bytes + b * F::block_bytes);
+      sb[j].fill(blk[j]);
+    }
+    for (int s = 0; s < F::NS; s++) {
+      typename F::Scales sc[NP];
+      for (int j = 0; j < NP; j++) {
+        for (int k = 0; k < F::SB; k++) vstore(wbuf + (j * F::SB + k) * 16, blk[j].q(s * F::SB + k));
+        sc[j] = sb[j].at(blk[j], s);
+      }
+      const int g = b * F::NS + s;
+      // group r (mr rows)'s inputs of scale group g
+      auto xg = [&](int r, int mr) {
+        return xp + static_cast<size_t>(r) * w.k + static_cast<size_t>(g) * F::SB * mr;
+      };
+      int r = 0;
+      for (; r < full; r += GEMM_MR)
+        micro<F, GEMM_MR, NP>(xg(r, GEMM_MR), st + r * ns, ns, wbuf, sc, g, acc + r * NP * 16);
+      if (rest > 0) micro_last<F, NP>(rest, xg(r, rest), st + r * ns, ns, wbuf, sc, g, acc + r * NP * 16);
+    }
+  }
+  for (int j = 0; j < NP; j++) {
+    const int n0 = (p + j) * 16;
+    const int count = std::min(16, w.n - n0);
+    for (int r = 0; r < rows; r++) {
+      const float* a = acc + (r * NP + j) * 16;
+      float* yr = y0 + static_cast<size_t>(r) * ldy + n0;
+      if (count == 16) {
+        vstore(yr, vload(a));
+      } else {
+        for (int l = 0; l < count; l++) yr[l] = a[l];
+      }
+    }
+  }
+}
+
+// x's rows [r0, r1) packed for the GEMM path: groups of GEMM_MR rows from row 0, the
+// last 1..GEMM_MR-1 as one (group r's inputs at dst + r * k, xp[k * mr + i] row r + i's).
+static void pack(const float* x, int m, int ldx, int k, int r0, int r1, float* dst) {
+  for (int r = r0; r < r1; r += GEMM_MR)
+    pack_rows(x, ldx, k, r, std::min(GEMM_MR, m - r), dst + static_cast<size_t>(r) * k);
+}
+
+// sums: the rows' sums of x a scale group (m x k / SB), from block_sums; xp: x packed
+// (`pack`) where m > GEMV_MAX
 template <class F>
 static void linear_fmt(const float* x, int m, int ldx, const float* sums, const Matrix& w, int p0,
-                       int p1, float* y, int ldy) {
+                       int p1, float* y, int ldy, const float* xp) {
   const int nb = w.k / F::QB;
   if (m <= GEMV_MAX) {
     gemv_rows<F>(x, m, ldx, sums, w, p0, p1, y, ldy);
     return;
   }
   // Many rows: each block's codes decoded once into a buffer, then every row group on it;
-  // the rows a tile at a time (GEMM_TILE_BYTES of x), packed for the micro-kernel, every
+  // the rows a tile at a time (GEMM_TILE_BYTES of x, packed once for every task), every
   // panel of the task over one tile before the next, so the tile stays in cache instead of
   // all of x being read again for each panel (512 rows of 2,048 inputs are 4 MiB). A row's
-  // sums are the same whatever tile or group it falls in.
-  alignas(64) float wbuf[F::SB * 16];
+  // sums are the same whatever tile, group or panels it falls in.
   const int ns = nb * F::NS;
-  const size_t panel_bytes = static_cast<size_t>(nb) * F::block_bytes;
   // at least four row groups a tile, past GEMM_TILE_BYTES if it must: 512 KiB holds 16
-  // rows of 8,192 inputs, one AVX-512 group, and each block decoded for one group alone
-  // cost the 1B's down products 1.13-1.21x
+  // rows of 8,192 inputs, and each block decoded for one or two groups alone (AVX-512's
+  // groups were 12 rows then) cost the 1B's down products 1.13-1.21x
   const int tile = std::max(4 * GEMM_MR, static_cast<int>(GEMM_TILE_BYTES / (sizeof(float) * w.k)) /
                                              GEMM_MR * GEMM_MR);
-  const int cap = std::min(m, tile);
-  thread_local std::vector<float> scratch;  // the packed tile, then the accumulators
-  scratch.resize(std::max(scratch.size(), static_cast<size_t>(cap) * (w.k + 16)));
-  float* xp = scratch.data();
-  float* acc = xp + static_cast<size_t>(cap) * w.k;
+  thread_local std::vector<float> scratch;  // the accumulators
+  scratch.resize(std::max(scratch.size(), static_cast<size_t>(std::min(m, tile)) * 16 * GEMM_NP));
+  float* acc = scratch.data();
   for (int t0 = 0; t0 < m; t0 += tile) {
     const int rows = std::min(tile, m - t0);
-    const float* xt = x + static_cast<size_t>(t0) * ldx;
+    const float* xt = xp + static_cast<size_t>(t0) * w.k;
     const float* st = sums + static_cast<size_t>(t0) * ns;
-    // the row groups: GEMM_MR rows at a time, then 4, then the last 1-3 as one; group r's
-    // packed inputs start at xp + r * k
-    const int full = rows / GEMM_MR * GEMM_MR, fours = full + (rows - full) / 4 * 4;
-    const int rest = rows - fours;  // 0-3 rows, one group
-    for (int r = 0; r < rows;) {
-      const int mr = r < full ? GEMM_MR : r < fours ? 4 : rest;
-      pack_rows(xt, ldx, w.k, r, mr, xp + static_cast<size_t>(r) * w.k);
-      r += mr;
-    }
-    for (int p = p0; p < p1; p++) {
-      std::fill(acc, acc + static_cast<size_t>(rows) * 16, 0.0f);
-      for (int b = 0; b < nb; b++) {
-        typename F::Block blk;
-        blk.load(w.data + p * panel_bytes + b * F::block_bytes);
-        typename F::ScaleBuf sb;
-        sb.fill(blk);
-        for (int s = 0; s < F::NS; s++) {
-          for (int k = 0; k < F::SB; k++) vstore(wbuf + k * 16, blk.q(s * F::SB + k));
-          const typename F::Scales sc = sb.at(blk, s);
-          const int g = b * F::NS + s;
-          // group r (mr rows)'s inputs of scale group g
-          auto xg = [&](int r, int mr) {
-            return xp + static_cast<size_t>(r) * w.k + static_cast<size_t>(g) * F::SB * mr;
-          };
-          int r = 0;
-          for (; r < full; r += GEMM_MR)
-            micro<F, GEMM_MR>(xg(r, GEMM_MR), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
-          for (; r < fours; r += 4) micro<F, 4>(xg(r, 4), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
-          if (rest == 3) micro<F, 3>(xg(r, 3), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
-          if (rest == 2) micro<F, 2>(xg(r, 2), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
-          if (rest == 1) micro<F, 1>(xg(r, 1), st + r * ns, ns, wbuf, sc, g, acc + r * 16);
-        }
-      }
-      const int n0 = p * 16;
-      const int count = std::min(16, w.n - n0);
-      for (int r = 0; r < rows; r++)
-        std::copy(acc + r * 16, acc + r * 16 + count, y + static_cast<size_t>(t0 + r) * ldy + n0);
-    }
+    float* yt = y + static_cast<size_t>(t0) * ldy;
+    int p = p0;
+    for (; p + GEMM_NP <= p1; p += GEMM_NP) gemm_panels<F, GEMM_NP>(xt, rows, st, ns, w, p, acc, yt, ldy);
+    for (; p < p1; p++) gemm_panels<F, 1>(xt, rows, st, ns, w, p, acc, yt, ldy);
   }
 }
 
@@ -428,8 +478,8 @@ static_assert(FU4K::block_bytes == 2432 && FI8K::block_bytes == 4416 && FI8KM::b
 }
 
 static void linear(const float* x, int m, int ldx, const float* sums, const Matrix& w, int p0,
-                   int p1, float* y, int ldy) {
-#define NINFER_CALL(F) linear_fmt<F>(x, m, ldx, sums, w, p0, p1, y, ldy)
+                   int p1, float* y, int ldy, const float* xp) {
+#define NINFER_CALL(F) linear_fmt<F>(x, m, ldx, sums, w, p0, p1, y, ldy, xp)
   NINFER_BY_FORMAT(w.format, NINFER_CALL)
 #undef NINFER_CALL
 }
@@ -789,7 +839,8 @@ static void sums(const float* x, int m, int ldx, int k, int qb, float* out) {
 }
 
 static const ninfer::Kernels table = {
-    NINFER_NAME, sums, linear, dequant, rmsnorm, gated, attention, elementwise,
+    NINFER_NAME, sums, linear, GEMV_MAX, GEMM_MR, GEMM_NP, pack, dequant, rmsnorm, gated, attention,
+    elementwise,
 };
 
 }  // namespace NINFER_NS

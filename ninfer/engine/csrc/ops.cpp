@@ -164,15 +164,34 @@ void check_rows(const at::Tensor& x, int64_t k) {
 // block sums first, on this thread).
 void linear_into(const float* x, int m, int ldx, const Matrix& w, float* y, int ldy) {
   const int panels = (w.n + 15) / 16;
-  const int tasks = tasks_for(panels, m >= 4 ? 1 : 4);
   const Kernels* kr = kernels();
+  const bool gemm = m > kr->gemv_max;
   const int qb = format_sub(w.format);  // the rows' sums of x: one a scale group
   std::vector<float> sums(static_cast<size_t>(m) * (w.k / qb));
   kr->sums(x, m, ldx, w.k, qb, sums.data());
+  // The GEMM path's x packed once, by every thread a share of its row groups (each task
+  // packing all of x for itself had cost a tenth of a prompt's pass).
+  at::Tensor packed;
+  float* xp = nullptr;
+  if (gemm) {
+    packed = at::empty({static_cast<int64_t>(m) * w.k}, at::kFloat);
+    xp = packed.data_ptr<float>();
+    const int groups = (m + kr->gemm_mr - 1) / kr->gemm_mr;
+    const int pack_tasks = tasks_for(groups, 4);
+    g_pool.run(pack_tasks, [&](int t) {
+      const int r0 = static_cast<int>(static_cast<int64_t>(groups) * t / pack_tasks) * kr->gemm_mr;
+      const int r1 = std::min(m, static_cast<int>(static_cast<int64_t>(groups) * (t + 1) / pack_tasks) * kr->gemm_mr);
+      kr->pack(x, m, ldx, w.k, r0, r1, xp);
+    });
+  }
+  // tasks of whole units of the GEMM path's panels, so that none runs a panel alone
+  const int unit = gemm ? kr->gemm_np : 1;
+  const int units = (panels + unit - 1) / unit;
+  const int tasks = tasks_for(units, m >= 4 ? 1 : 4);
   g_pool.run(tasks, [&](int t) {
-    const int p0 = static_cast<int>(static_cast<int64_t>(panels) * t / tasks);
-    const int p1 = static_cast<int>(static_cast<int64_t>(panels) * (t + 1) / tasks);
-    kr->linear(x, m, ldx, sums.data(), w, p0, p1, y, ldy);
+    const int p0 = std::min(panels, static_cast<int>(static_cast<int64_t>(units) * t / tasks) * unit);
+    const int p1 = std::min(panels, static_cast<int>(static_cast<int64_t>(units) * (t + 1) / tasks) * unit);
+    kr->linear(x, m, ldx, sums.data(), w, p0, p1, y, ldy, xp);
   });
 }
 
