@@ -171,11 +171,10 @@ void linear_into(const float* x, int m, int ldx, const Matrix& w, float* y, int 
   kr->sums(x, m, ldx, w.k, qb, sums.data());
   // The GEMM path's x packed once, by every thread a share of its row groups (each task
   // packing all of x for itself had cost a tenth of a prompt's pass).
-  at::Tensor packed;
-  float* xp = nullptr;
+  // (not an at::empty: no torch call inside a forward pass's layers)
+  std::unique_ptr<float[]> packed(gemm ? new float[static_cast<size_t>(m) * w.k] : nullptr);
+  float* const xp = packed.get();
   if (gemm) {
-    packed = at::empty({static_cast<int64_t>(m) * w.k}, at::kFloat);
-    xp = packed.data_ptr<float>();
     const int groups = (m + kr->gemm_mr - 1) / kr->gemm_mr;
     const int pack_tasks = tasks_for(groups, 4);
     g_pool.run(pack_tasks, [&](int t) {
