@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api.h"
@@ -77,6 +78,13 @@ std::vector<int64_t> pool_stats() {
 int tasks_for(int units, int min_units) {
   const int by_size = std::max(1, units / std::max(1, min_units));
   return std::max(1, std::min({units, by_size, g_pool.threads() * 4}));
+}
+
+// Task t of `tasks`'s share of `items` items dealt out whole `unit`s at a time: [first, last).
+std::pair<int, int> share(int items, int unit, int t, int tasks) {
+  const int64_t units = (items + unit - 1) / unit;
+  return {static_cast<int>(std::min<int64_t>(items, units * t / tasks * unit)),
+          static_cast<int>(std::min<int64_t>(items, units * (t + 1) / tasks * unit))};
 }
 
 // ---- packing ---------------------------------------------------------------------------
@@ -178,18 +186,15 @@ void linear_into(const float* x, int m, int ldx, const Matrix& w, float* y, int 
     const int groups = (m + kr->gemm_mr - 1) / kr->gemm_mr;
     const int pack_tasks = tasks_for(groups, 4);
     g_pool.run(pack_tasks, [&](int t) {
-      const int r0 = static_cast<int>(static_cast<int64_t>(groups) * t / pack_tasks) * kr->gemm_mr;
-      const int r1 = std::min(m, static_cast<int>(static_cast<int64_t>(groups) * (t + 1) / pack_tasks) * kr->gemm_mr);
+      const auto [r0, r1] = share(m, kr->gemm_mr, t, pack_tasks);
       kr->pack(x, m, ldx, w.k, r0, r1, xp);
     });
   }
   // tasks of whole units of the GEMM path's panels, so that none runs a panel alone
   const int unit = gemm ? kr->gemm_np : 1;
-  const int units = (panels + unit - 1) / unit;
-  const int tasks = tasks_for(units, m >= 4 ? 1 : 4);
+  const int tasks = tasks_for((panels + unit - 1) / unit, m >= 4 ? 1 : 4);
   g_pool.run(tasks, [&](int t) {
-    const int p0 = std::min(panels, static_cast<int>(static_cast<int64_t>(units) * t / tasks) * unit);
-    const int p1 = std::min(panels, static_cast<int>(static_cast<int64_t>(units) * (t + 1) / tasks) * unit);
+    const auto [p0, p1] = share(panels, unit, t, tasks);
     kr->linear(x, m, ldx, sums.data(), w, p0, p1, y, ldy, xp);
   });
 }
@@ -452,8 +457,7 @@ void attend(const float* q, float* out, int64_t n, int64_t heads, const at::Tens
     // context's decode step more than its attention did.
     thread_local std::vector<float> scratch;
     if (scratch.size() < scratch_floats) scratch.resize(scratch_floats);
-    const int i0 = static_cast<int>(static_cast<int64_t>(items) * t / tasks);
-    const int i1 = static_cast<int>(static_cast<int64_t>(items) * (t + 1) / tasks);
+    const auto [i0, i1] = share(items, 1, t, tasks);
     kr->attention(a, i0, i1, scratch.data());
   });
 }
@@ -628,7 +632,7 @@ class Layers : public torch::CustomClassHolder {
     const int row_tasks = tasks_for(rows, 8);
     auto per_row = [&](const std::function<void(int64_t)>& fn) {
       g_pool.run(row_tasks, [&](int t) {
-        const int64_t r0 = n * t / row_tasks, r1 = n * (t + 1) / row_tasks;
+        const auto [r0, r1] = share(rows, 1, t, row_tasks);
         for (int64_t r = r0; r < r1; r++) fn(r);
       });
     };
