@@ -163,6 +163,8 @@ TOP_P_DRAWS = 4
 # ... on this many of the probe rows a temperature, spread over the prompt (each row is a
 # full sort of the vocabulary and more: 16 rows made a third of a 1B model's start-up).
 TOP_P_ROWS = 4
+# ... and on rows of ties this long (`top_p`).
+TOP_P_TIE_ROW = 4099
 
 
 class SelfCheckFailed(EngineError):
@@ -447,12 +449,17 @@ class SelfCheck:
         N, V = logits.shape
         spread = torch.linspace(0, N - 1, min(N, TOP_P_ROWS)).long()
         rows = [torch.softmax(logits[spread] / t, dim=-1) for t in TOP_P_TEMPERATURES]
-        ties = torch.zeros(V)
-        ties[: min(V, 64)] = 1.0  # 64 equal tokens, the rest impossible
-        steps = torch.arange(V, dtype=torch.float32).remainder(8).div(8)  # 8 tied levels
-        rows += [ties.view(1, V), torch.ones(1, V), torch.softmax(steps, dim=-1).view(1, V)]
+        # The rows of ties are TOP_P_TIE_ROW long: every token of the last two is a
+        # candidate, so each is a full sort both ways, and the kernel has no path that
+        # depends on the row's length (a 128,256-token vocabulary's cost them 0.4 s).
+        T = min(V, TOP_P_TIE_ROW)
+        ties = torch.zeros(T)
+        ties[: min(T, 64)] = 1.0  # 64 equal tokens, the rest impossible
+        steps = torch.arange(T, dtype=torch.float32).remainder(8).div(8)  # 8 tied levels
+        rows = [row for r in rows for row in r.unbind(0)]
+        rows += [ties, torch.ones(T), torch.softmax(steps, dim=-1)]
         same = True
-        for row in torch.cat(rows).unbind(0):
+        for row in rows:
             for p in TOP_P_VALUES:
                 ids, want = _sampling.native_top_p_kept(row, p), _sampling.top_p_kept(row, p)
                 same = same and torch.equal(ids, want)
@@ -679,10 +686,12 @@ class SelfCheck:
         """torch's dequantization of each tensor type the layers and the head were
         loaded from (the references below are made by it too) against the `gguf`
         package's, on the first rows of one tensor of each type: exact."""
+        head = self._head_name()
         seen: dict[str, str] = {}
         for name, t in self.source.tensors.items():
             kind = t.tensor_type.name
-            if name.endswith(".weight") and name != "token_embd.weight" and len(t.shape) == 2:
+            layer = name.endswith(".weight") and name != "token_embd.weight"
+            if (layer or name == head) and len(t.shape) == 2:
                 seen.setdefault(kind, name)
         worst = 0.0
         for kind, name in sorted(seen.items()):
@@ -713,16 +722,18 @@ class SelfCheck:
 
     def _reference(self, layer: int, slot: str, x: torch.Tensor) -> torch.Tensor:
         """x (N, inputs) float64 times layer `layer`'s matrix `slot` as the file stores it,
-        in float64: (N, outputs). Each stored part decoded to its values once (float32
-        holds them exactly: the reference decoder computes them in float32) and widened
-        to float64 REFERENCE_ROWS rows at a time, rather than the whole stack widened and
-        concatenated (a 1B model's feed-forward is 268 MB of float64 a copy)."""
+        in float64: (N, outputs). Each stored part decoded from its blocks and widened to
+        float64 REFERENCE_ROWS rows at a time (float32 holds the values exactly: the
+        reference decoder computes them in float32), rather than the whole stack decoded,
+        copied, widened and concatenated (a 1B model's feed-forward is 268 MB of float64
+        a copy; decoding in pieces took a 1.7B model's gate 0.12 s -> 0.08-0.11)."""
         out = []
+        dim = x.shape[-1]
         for n in LAYER_TENSORS[slot]:
-            w = self.source.tensor(f"blk.{layer}.{n}", torch.float32)
-            for start in range(0, w.shape[0], REFERENCE_ROWS):
-                rows = w[start : start + REFERENCE_ROWS].to(self.model.device)
-                out.append(x @ rows.double().T)
+            kind, raw = self.source.stored(f"blk.{layer}.{n}")
+            for start in range(0, raw.shape[0], REFERENCE_ROWS):
+                rows = decode_blocks(kind, raw[start : start + REFERENCE_ROWS].reshape(-1))
+                out.append(x @ rows.view(-1, dim).to(self.model.device).double().T)
         return torch.cat(out, dim=-1)
 
     def _reference_rows(self, layer: int, slot: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -832,16 +843,22 @@ class SelfCheck:
         """The head over the probe rows (final-normed) against float64, on a sample of
         the vocabulary: its first and last HEAD_EDGE rows (where a kernel's blocking
         has its edges) and evenly spaced rows between, HEAD_SAMPLE in all, the
-        reference rows decoded from the file's blocks by the `gguf` package."""
+        reference rows decoded from the file's blocks by torch's dequantizer (checked
+        against the `gguf` package's on this type by `_dequantizer`; the package's
+        numpy took 0.5-0.6 s for a 1B model's Q6_K rows, torch's 0.2)."""
         a = self.model.args
         x = F.rms_norm(self._x(), (a.dim,), self.model.norm.float(), a.norm_eps)
         fast = self.model.lm_head(x.to(self.model.lm_head.input_dtype)).float().cpu()
-        name = "output.weight" if self.source.has_tensor("output.weight") else "token_embd.weight"
+        name = self._head_name()
         V = int(self.source.tensors[name].shape[1])
         rows = _spread(V, HEAD_SAMPLE, HEAD_EDGE)
         kind, raw = self.source.rows_at(name, rows)
-        table = reference_rows(kind, raw, a.dim).double()
+        table = decode_blocks(kind, raw.reshape(-1)).view(-1, a.dim).double()
         return _rel(fast[:, rows], x.cpu().double() @ table.T)
+
+    def _head_name(self) -> str:
+        """The file's tensor the head is: its own, or the tied embedding."""
+        return "output.weight" if self.source.has_tensor("output.weight") else "token_embd.weight"
 
     def _attention(self) -> None:
         """Layer 0's attention over the probe rows (causal), against float64."""
