@@ -220,6 +220,52 @@ def test_events_leave_once_per_step(tiny_engine: RunningEngine) -> None:
     assert sink.batches < tokens / 4
 
 
+def test_a_step_s_tokens_go_out_as_the_next_pass_starts(tiny_engine: RunningEngine) -> None:
+    """On the native layers a step's events are delivered as the next pass starts, from
+    inside it (the event loop's work on them then overlaps the pass: docs/engine.md):
+    each pass finds every token before it delivered, and the last token, which no pass
+    follows, is delivered as the engine goes idle."""
+    eng, sink = tiny_engine.engine, tiny_engine.sink
+    assert eng.model is not None
+    native = eng.model.transformer.native
+    if native is None:
+        pytest.skip("the native kernels are not built here")
+    in_pass = [False]
+    seen: list[int] = []  # tokens delivered as each pass's computation began
+    deliveries: list[tuple[bool, int]] = []  # (from inside a pass, tokens delivered)
+    forward, impl, deliver = native.forward, native._impl, sink.deliver
+
+    def in_a_pass(*args: Any, **kwargs: Any) -> Any:
+        in_pass[0] = True
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            in_pass[0] = False
+
+    class Recording:
+        def forward(self, *args: Any) -> Any:
+            with sink.cv:
+                seen.append(sum(len(t) for t in sink.tokens.values()))
+            return impl.forward(*args)
+
+    def recording(events: list[Any]) -> None:
+        tokens = sum(len(e.token_ids) for _, e in events if isinstance(e, TokenDelta))
+        deliveries.append((in_pass[0], tokens))
+        deliver(events)
+
+    native.forward, native._impl, sink.deliver = in_a_pass, Recording(), recording  # type: ignore[method-assign]
+    try:
+        handle = eng.submit(GenerationRequest("p", _prompt(6), 12, ignore_eos=True))
+        sink.wait_done(handle)
+    finally:
+        native.forward, native._impl, sink.deliver = forward, impl, deliver  # type: ignore[method-assign]
+    assert len(sink.tokens[handle.id]) == 12
+    # One pass a token (the prompt's, then eleven decode steps), each after the tokens
+    # before it went out; each of those went out from inside the pass after it.
+    assert seen == list(range(12))
+    assert deliveries == [(True, 1)] * 11 + [(False, 1)]
+
+
 def test_a_paused_request_waits_and_then_gets_its_own_tokens(tiny_engine: RunningEngine) -> None:
     """Pausing (for a reader far behind) leaves a request out of decode steps without
     losing its place: resumed, it finishes with exactly the tokens it gets unpaused."""

@@ -391,16 +391,37 @@ class Engine:
         return self._kv
 
     def _loop(self) -> None:
-        while True:
-            idle = not self._waiting and all(a.paused for a in self._decoding)
-            if idle:
-                self._last_decode_end = None  # time waiting for work is no step's
-            if not self._drain_commands(block=idle):
-                return
-            try:
+        # Events go to the request tasks as the next native pass starts (`before_pass`),
+        # not as soon as a step made them: the event loop's work on them is Python, and
+        # woken between this thread's small torch calls (each gives the GIL up) it held
+        # the GIL while this thread waited for it back, ~0.5 ms a token of one stream;
+        # woken as the pass starts, it runs while this thread is in native code, which
+        # holds no GIL. Without the native layers, after each step as before. Nothing
+        # waits for a pass that is not coming: an idle engine and a step without a pass
+        # deliver at once.
+        native = self._transformer.native
+        if native is not None:
+            native.before_pass = self._flush
+        try:
+            while True:
+                idle = not self._waiting and all(a.paused for a in self._decoding)
+                if idle:
+                    self._last_decode_end = None  # time waiting for work is no step's
+                    self._flush()
+                if not self._drain_commands(block=idle):
+                    return
                 self._step()
-            finally:
-                self._flush()
+                if not self._flush_at_pass:
+                    self._flush()
+        finally:
+            if native is not None:
+                native.before_pass = None
+
+    @property
+    def _flush_at_pass(self) -> bool:
+        """Whether the next native pass delivers the pending events (`_loop`)."""
+        native = self._transformer.native
+        return native is not None and native.before_pass is not None
 
     def _drain_commands(self, *, block: bool) -> bool:
         """Apply queued commands; False on shutdown. Blocks for one when idle."""
@@ -455,12 +476,15 @@ class Engine:
 
     def _step(self) -> None:
         self._prefill()
-        # A prompt's first token goes out now, not after the decode step below (which
-        # would hold it back a whole step: 17 ms of SmolLM2's time to first token).
-        self._flush()
+        # A prompt's first token goes out before the decode step below, not after it
+        # (which would hold it back a whole step: 17 ms of SmolLM2's time to first token):
+        # as its pass starts (`_loop`), or now.
         if any(not a.paused for a in self._decoding):
+            if not self._flush_at_pass:
+                self._flush()
             self._decode_step()
         else:
+            self._flush()
             self._last_decode_end = None  # the next step's interval starts anew
         c = self._counters
         if self._transformer.native is not None and c.steps % 64 == 0:
@@ -698,6 +722,7 @@ class Engine:
         the same pass, in groups of rows whose drafts have one length (`_speculative`)."""
         rows = self._grow([a for a in self._decoding if not a.paused])
         if not rows:
+            self._flush()  # no pass follows
             return
         self._since_score += 1
         c = self._counters

@@ -19,7 +19,7 @@ self-check compares all of it with float64 before it serves.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -160,6 +160,9 @@ class NativeLayers:
         """`layers`: the model's `Layer`s, every matrix `Packed`."""
         scale = args.attn_scale if args.attn_scale is not None else args.head_dim**-0.5
         self.args = args
+        # Called as each pass starts, on the calling thread, with the GIL free for the
+        # whole pass after it (the engine delivers its pending events there: _engine.py).
+        self.before_pass: Callable[[], None] | None = None
         self._impl = torch.classes.ninfer.Layers(
             [args.dim, args.n_heads, args.n_kv_heads, args.head_dim, args.ffn_dim,
              int(args.rope_neox), int(args.gelu), args.sliding_window],
@@ -192,6 +195,8 @@ class NativeLayers:
     ) -> torch.Tensor:
         """Every layer (or `layers`: the first and how many) on x (N, dim) float32, in
         place; see `Layers::forward`."""
+        if self.before_pass is not None:
+            self.before_pass()
         out: torch.Tensor = self._impl.forward(
             x, rope, rope_local, positions, write_page, write_offset, row, page_table,
             kv.k, kv.v, kv.k_scale, kv.v_scale, layers[0], layers[1],
