@@ -266,6 +266,34 @@ def test_a_step_s_tokens_go_out_as_the_next_pass_starts(tiny_engine: RunningEngi
     assert deliveries == [(True, 1)] * 11 + [(False, 1)]
 
 
+def test_admitting_a_request_holds_no_made_token_back(tiny_engine: RunningEngine) -> None:
+    """A request arriving while another decodes is admitted only after every token made
+    so far went out: delivering at the next pass's start (above) must not make a stream
+    wait for another request's admission."""
+    eng, sink = tiny_engine.engine, tiny_engine.sink
+    first = eng.submit(GenerationRequest("a", _prompt(6), 40, ignore_eos=True))
+    sink.wait_for(lambda: len(sink.tokens.get(first.id, ())) >= 3)
+    checks: list[tuple[int, int]] = []  # (tokens delivered, tokens made) at admission
+    admit = eng._admit
+
+    def recording(handle: RequestHandle, request: GenerationRequest, submitted: float) -> None:
+        with sink.cv:
+            delivered = sum(len(t) for t in sink.tokens.values())
+        checks.append((delivered, eng._counters.generated))
+        admit(handle, request, submitted)
+
+    eng._admit = recording  # type: ignore[method-assign]
+    try:
+        second = eng.submit(GenerationRequest("b", _prompt(5, 1), 5, ignore_eos=True))
+        sink.wait_done(first, second)
+    finally:
+        eng._admit = admit  # type: ignore[method-assign]
+    assert len(checks) == 1
+    delivered, made = checks[0]
+    assert made >= 3
+    assert delivered == made
+
+
 def test_a_paused_request_waits_and_then_gets_its_own_tokens(tiny_engine: RunningEngine) -> None:
     """Pausing (for a reader far behind) leaves a request out of decode steps without
     losing its place: resumed, it finishes with exactly the tokens it gets unpaused."""

@@ -397,8 +397,8 @@ class Engine:
         # the GIL while this thread waited for it back, ~0.5 ms a token of one stream;
         # woken as the pass starts, it runs while this thread is in native code, which
         # holds no GIL. Without the native layers, after each step as before. Nothing
-        # waits for a pass that is not coming: an idle engine and a step without a pass
-        # deliver at once.
+        # waits for a pass that is not coming, nor for other work first: an idle engine,
+        # a step without a pass, commands to apply and prompts to set up deliver at once.
         native = self._transformer.native
         if native is not None:
             native.before_pass = self._flush
@@ -438,6 +438,9 @@ class Engine:
                     command = self._commands.get_nowait()
             except queue.Empty:
                 return True
+            # What was made goes out before a command is applied: admitting a request
+            # (its sampler, its grammar) holds no made token back.
+            self._flush()
             if isinstance(command, _Submit):
                 self._admit(command.handle, command.request, command.submitted)
             elif isinstance(command, _Pause):
@@ -475,6 +478,8 @@ class Engine:
                 self._fail(row, "grammar")
 
     def _step(self) -> None:
+        if self._waiting:  # a prompt's setting up (pages, cached prefixes) comes first
+            self._flush()
         self._prefill()
         # A prompt's first token goes out before the decode step below, not after it
         # (which would hold it back a whole step: 17 ms of SmolLM2's time to first token):
