@@ -504,9 +504,7 @@ class SelfCheck:
                     seen.setdefault(m.kinds, (m, [f"blk.{i}.{n}" for n in names]))
         head = self.model.lm_head
         if isinstance(head, Packed):
-            tied = not self.source.has_tensor("output.weight")
-            seen.setdefault(("head", *head.kinds),
-                            (head, ["token_embd.weight" if tied else "output.weight"]))  # fmt: skip
+            seen.setdefault(("head", *head.kinds), (head, [self._head_name()]))
         worst = 0.0
         for m, stack in seen.values():
             # rows spread over each tensor of the stack, its first and last among them
