@@ -216,7 +216,10 @@ def _run_all(jobs: list[tuple[str, list[str]]]) -> str:
 
     width = max(1, min(len(jobs), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=width) as pool:
-        return next((f for f in pool.map(run, jobs) if f), "")
+        # every result taken before looking for a failure: a `map` left at the first one
+        # cancels, as it is closed, the commands no CPU had started yet
+        failures = list(pool.map(run, jobs))
+    return next((f for f in failures if f), "")
 
 
 _loaded: dict[str, Path] = {}
