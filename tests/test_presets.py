@@ -53,6 +53,25 @@ def test_greedy_comes_last() -> None:
     assert sampling_defaults(build_config({"greedy": True}), PRESET)["temperature"] == 0.0
 
 
+def test_a_chain_left_to_the_defaults_runs_in_llama_servers_order() -> None:
+    """A request naming none of the filters (temperature, top-k, top-p, min-p) runs the
+    defaults' chain as llama-server runs it (the filters before the temperature), from
+    whichever layer its values came; naming any one of them gives ninfer's (vLLM's)
+    order; a `samplers` list decides for itself. A penalty or seed is not a filter."""
+    from ninfer.engine._contract import DEFAULT_ORDER, LLAMA_ORDER
+
+    llama = ("top_k", "top_p", "min_p", "temperature")
+    assert llama == LLAMA_ORDER
+    assert _params(SamplingRequest(), SamplingPreset()).order == llama
+    assert _params(SamplingRequest()).order == llama  # the model's preset
+    assert _params(SamplingRequest(), temperature=0.7, top_p=0.8).order == llama  # flags
+    assert _params(SamplingRequest(seed=3, presence_penalty=0.5)).order == llama
+    for field, value in (("temperature", 0.8), ("top_k", 40), ("top_p", 0.95), ("min_p", 0.05)):
+        assert _params(SamplingRequest(**{field: value})).order == DEFAULT_ORDER, field
+    reordered = SamplingRequest(samplers=("top_k", "temperature", "min_p", "top_p"))
+    assert _params(reordered).order == DEFAULT_ORDER
+
+
 def test_the_preset_is_read_from_the_files_general_sampling_keys() -> None:
     told: list[str] = []
     preset = sampling_preset(
@@ -98,6 +117,7 @@ async def test_a_server_uses_the_layers_and_says_so(preset_gguf: Path, tmp_path:
     params = props["default_generation_settings"]["params"]
     assert {f: params[f] for f in FIELDS} == resolved
     assert params["seed"] == 11
+    assert params["samplers"] == ["penalties", "top_k", "top_p", "min_p", "temperature"]
     (start,) = [r for r in records if r["event"] == "server_start"]
     layers = start["sampling_defaults"]
     assert layers["model"] == {"source": "gguf general.sampling", "temperature": 0.5,
@@ -108,6 +128,10 @@ async def test_a_server_uses_the_layers_and_says_so(preset_gguf: Path, tmp_path:
     assert layers["resolved"] == resolved
     first, second = [r["sampling"] for r in records if r["event"] == "request_start"]
     assert {f: first[f] for f in FIELDS} == resolved
+    # the bare request ran the chain in llama-server's order, the one naming a
+    # temperature in ninfer's
+    assert first["order"] == ["top_k", "top_p", "min_p", "temperature"]
+    assert second["order"] == ["temperature", "top_k", "min_p", "top_p"]
     assert {f: second[f] for f in FIELDS} == {
         **resolved,
         "temperature": 0.9,

@@ -158,3 +158,46 @@ def test_the_top_k_tokens_alone_draw_what_the_whole_row_draws() -> None:
         got = [sampler.pick(logits) for _ in range(3)]
         gen = torch.Generator().manual_seed(seed)
         assert got == [_whole_row_pick(logits, p, gen) for _ in range(3)], seed
+
+
+def _whole_row_in_order(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
+    """A chain in `p.order` over the whole row (the reference for the sampler, which cuts
+    the row to top-k's tokens first where top-k runs before top-p): each stage masks what
+    it drops to -inf, top-p by a full sort of what the stages before it left, one draw
+    over the row in id order."""
+    x = logits - logits.max()
+    for stage in p.order:
+        if stage == "temperature":
+            x = x / p.temperature
+        elif stage == "top_k":
+            x = x.masked_fill(x < torch.topk(x, p.top_k).values[-1], float("-inf"))
+        elif stage == "min_p":
+            probs = torch.softmax(x, dim=-1)
+            x = x.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+        else:
+            kept = _kept_by_full_sort(torch.softmax(x, dim=-1), p.top_p)
+            x = torch.full_like(x, float("-inf")).index_copy(0, kept, x[kept])
+    return _draw(torch.softmax(x, dim=-1), gen)
+
+
+def test_llama_servers_order_on_the_top_k_tokens_draws_what_the_whole_row_draws() -> None:
+    """llama-server's order (top-k, top-p, min-p, then the temperature: what a request
+    naming no filter runs) on top-k's tokens alone draws, over many rows and seeds and
+    temperatures on both sides of 1, the token that order over the whole row draws with
+    the same generator; so does an order with top-p before top-k, which the sampler runs
+    over the whole row."""
+    llama = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
+                           order=("top_k", "top_p", "min_p", "temperature"))  # fmt: skip
+    rows = torch.Generator().manual_seed(7)
+    for seed in range(200):
+        logits = torch.randn(5000, generator=rows) * (1 + seed % 7)
+        temperature = (0.3, 0.8, 1.0, 1.7)[seed % 4]
+        for p in (
+            attrs.evolve(llama, temperature=temperature, seed=seed),
+            attrs.evolve(llama, temperature=temperature, seed=seed, top_p=0.5,
+                         order=("top_p", "temperature", "top_k", "min_p")),
+        ):  # fmt: skip
+            sampler = RowSampler.create(p, 5000)
+            got = [sampler.pick(logits) for _ in range(3)]
+            gen = torch.Generator().manual_seed(seed)
+            assert got == [_whole_row_in_order(logits, p, gen) for _ in range(3)], (seed, p)

@@ -21,6 +21,7 @@ __all__ = [
     "DTYPE_NAMES",
     "KERNEL_MODES",
     "KV_DTYPES",
+    "LLAMA_ORDER",
     "POOLINGS",
     "THINK_CLOSE",
     "THINK_OPEN",
@@ -148,6 +149,9 @@ GRAMMAR_LIMIT = (
 # A sampling stage after the penalties, and ninfer's order of them.
 Stage = Literal["temperature", "top_k", "min_p", "top_p"]
 DEFAULT_ORDER: tuple[Stage, ...] = ("temperature", "top_k", "min_p", "top_p")
+# llama-server's order of them (its default `samplers`, the stages ninfer has): the
+# filters on the untempered distribution, the temperature last.
+LLAMA_ORDER: tuple[Stage, ...] = ("top_k", "top_p", "min_p", "temperature")
 
 
 @attrs.frozen

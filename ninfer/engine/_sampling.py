@@ -167,12 +167,23 @@ class RowSampler:
         return chosen if candidates is None else int(candidates[chosen])
 
     def _pick_in_order(self, logits: torch.Tensor) -> int:
-        """`pick`'s stages in the request's own order (llama-server's `samplers`): each
-        filter keeps tokens of the row as the stages before it left it (a filter before
-        the temperature sees the untempered distribution), the draw is from the last."""
+        """`pick`'s stages in the request's own order (llama-server's `samplers`, and the
+        order of a chain a request leaves to the defaults): each filter keeps tokens of
+        the row as the stages before it left it (a filter before the temperature sees
+        the untempered distribution), the draw is from the last. Where top-k runs
+        before top-p (the one later stage it does not commute with), the row is cut to
+        top-k's tokens first, as `pick` does, and the other stages see those alone."""
         p = self.params
+        order = p.order
+        candidates: torch.Tensor | None = None
+        if 0 < p.top_k < logits.shape[0] and (
+            "top_p" not in order or order.index("top_k") < order.index("top_p")
+        ):
+            candidates = self.top_k(logits, p.top_k)
+            logits = logits[candidates]
+            order = tuple(stage for stage in order if stage != "top_k")
         x = logits - logits.max()  # the best token at 0; a dropped one at -inf
-        for stage in p.order:
+        for stage in order:
             if stage == "temperature":
                 x = x / max(p.temperature, MIN_TEMPERATURE)
             elif stage == "top_k" and 0 < p.top_k < x.shape[0]:
@@ -183,7 +194,8 @@ class RowSampler:
             elif stage == "top_p" and p.top_p < 1.0:
                 kept = self.top_p(torch.softmax(x, dim=-1), p.top_p)
                 x = torch.full_like(x, float("-inf")).index_copy(0, kept, x[kept])
-        return _draw(torch.softmax(x, dim=-1), self.generator)
+        chosen = _draw(torch.softmax(x, dim=-1), self.generator)
+        return chosen if candidates is None else int(candidates[chosen])
 
 
 def top_k_ids(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -9,10 +9,11 @@ from typing import Any
 import attrs
 
 from ninfer._config import ServerConfig
-from ninfer.engine import CompiledGrammar, SamplingParams, SamplingPreset, Stage
+from ninfer.engine import LLAMA_ORDER, CompiledGrammar, SamplingParams, SamplingPreset, Stage
 from protocols import ApiError
 
 __all__ = [
+    "DEFAULT_SAMPLERS",
     "SamplingRequest",
     "follow_samplers",
     "resolve_sampling",
@@ -55,6 +56,13 @@ BUILT_IN: dict[str, float | int] = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
 }
+
+
+# The fields of the filtering chain. A request that names none of them runs the chain in
+# llama-server's order, DEFAULT_SAMPLERS in its names (GET /props shows it: llama.cpp's
+# web UI offers it as the default); one naming any of them, in ninfer's (vLLM's).
+_FILTER_FIELDS = ("temperature", "top_k", "top_p", "min_p")
+DEFAULT_SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
 
 
 def sampling_defaults(cfg: ServerConfig, preset: SamplingPreset) -> dict[str, float | int]:
@@ -118,6 +126,13 @@ def resolve_sampling(
         params = attrs.evolve(params, repeat_last_n=req.repeat_last_n)
     if req.samplers is not None:
         params = follow_samplers(req.samplers, params)
+    elif all(getattr(req, f) is None for f in _FILTER_FIELDS):
+        # A chain the request leaves whole to the defaults runs as llama-server runs it,
+        # for its values are llama.cpp's (its built-in chain, a GGUF's
+        # general.sampling.*, flags named as its own): the filters on the untempered
+        # distribution, the temperature last (docs/api.md, "Sampling defaults", where it
+        # was measured). A request naming any of them gets ninfer's (vLLM's) order.
+        params = attrs.evolve(params, order=LLAMA_ORDER)
     return params, warnings
 
 
