@@ -786,3 +786,43 @@ def test_prefill_passes_shrink_with_depth_and_keep_the_numbers(
     assert lps
     assert tokens == tokens_whole
     assert lps == lps_whole
+
+
+def test_the_budget_is_sized_by_the_passes_taken_beside_decoding() -> None:
+    """The time budget of a pass beside decoding requests is applied with the seconds a
+    cost unit of the recent passes taken beside them; a prompt's large passes alone (a
+    lower rate: fewer passes' fixed costs, nothing else on the cores) do not move it.
+    Before any such pass, every pass's rate."""
+    from ninfer.engine._engine import PREFILL_RATE_MIN_TOKENS, Counters
+
+    c = Counters()
+    assert c.unit_rate() == 0.0
+    c.add_prefill(512, 0.512, 0.0, 512.0)  # alone: 1 ms a unit
+    assert c.unit_rate() == pytest.approx(0.001)
+    c.add_prefill(64, 0.16, 0.0, 64.0, beside=True)  # beside: 2.5 ms a unit
+    assert PREFILL_RATE_MIN_TOKENS <= 64
+    assert c.unit_rate() == pytest.approx(0.0025)
+    for _ in range(3):  # the prompt's passes once the stream has ended
+        c.add_prefill(512, 0.512, 0.0, 512.0)
+    assert c.unit_rate() == pytest.approx(0.0025)
+
+
+def test_a_sliding_window_caps_what_a_deep_token_costs(tmp_path: Path) -> None:
+    """A prompt token's cost grows with the keys it attends to, a layer on average: the
+    whole row in a global layer, at most the window in a local one. Gemma 3's five local
+    layers in six (window 512 in the 270M): at depth 8,000 a token attends to ~1,760 keys
+    a layer, not 8,000 (which put its deep passes at ~4x their cost). A model without a
+    window: the whole depth."""
+    path = write_tiny_gguf(tmp_path / "g.gguf", architecture="gemma3", n_layers=6,
+                           sliding_window=512, context=16384)  # fmt: skip
+    running = start_engine(path, EngineConfig(max_batch=2, kv_capacity=256, page_size=16))
+    try:
+        plan = running.engine.plan
+    finally:
+        stop_engine(running)
+    assert (plan.window, plan.local_share) == (512, pytest.approx(5 / 6))
+    assert plan.attended(100) == 100
+    assert plan.attended(512) == 512
+    assert plan.attended(8000) == pytest.approx(8000 / 6 + 512 * 5 / 6)
+    plain = attrs.evolve(plan, window=0, local_share=0.0)
+    assert plain.attended(8000) == 8000

@@ -164,21 +164,33 @@ class Counters:
     # `Engine._chunk_at`), decaying sums: what a pass of a given cost takes now
     unit_seconds: float = 0.0
     unit_counted: float = 0.0
+    # the same of the passes taken while other requests decoded, which the time budget
+    # sizes (`unit_rate`): smaller passes than a prompt's alone, each paying a pass's
+    # fixed cost, beside decode steps and the event loop's work. Sized by the rate of
+    # every pass, the first passes of Gemma 3 270M's prompt beside a stream took 150-240
+    # ms of a 0.1 s budget, the rate learned from large passes alone.
+    beside_seconds: float = 0.0
+    beside_counted: float = 0.0
     pace: StepPace = attrs.field(factory=StepPace)  # between decode steps
     # When the engine last made progress, and how long the recent steps took (what a
     # stall is judged against).
     last_progress: float = attrs.field(factory=time.monotonic)
     recent_steps: deque[float] = attrs.field(factory=lambda: deque(maxlen=RECENT_STEPS))
 
-    def add_prefill(self, tokens: int, seconds: float, scoring: float, units: float) -> None:
+    def add_prefill(
+        self, tokens: int, seconds: float, scoring: float, units: float, beside: bool = False
+    ) -> None:
         """A prefill pass of `tokens` (`units` of cost) that took `seconds`, `scoring` of
-        them scoring."""
+        them scoring; `beside`: while other requests decoded."""
         self.prefill_tokens += tokens
         self.prefill_passes += 1
         self.prefill_seconds = 0.8 * self.prefill_seconds + (seconds - scoring)
         self.prefill_counted = 0.8 * self.prefill_counted + tokens
         self.unit_seconds = 0.5 * self.unit_seconds + (seconds - scoring)
         self.unit_counted = 0.5 * self.unit_counted + units
+        if beside:
+            self.beside_seconds = 0.5 * self.beside_seconds + (seconds - scoring)
+            self.beside_counted = 0.5 * self.beside_counted + units
         if scoring:
             self.score_seconds = 0.8 * self.score_seconds + scoring
             self.score_counted = 0.8 * self.score_counted + tokens
@@ -190,8 +202,11 @@ class Counters:
         return self.prefill_seconds / self.prefill_counted
 
     def unit_rate(self) -> float:
-        """Seconds a cost unit of prefill, as the recent passes took (0.0 until one
-        pass of PREFILL_RATE_MIN_TOKENS was measured)."""
+        """Seconds a cost unit of prefill beside decoding requests, as the recent such
+        passes took; before PREFILL_RATE_MIN_TOKENS of those, as any recent passes took
+        (0.0 until one pass of PREFILL_RATE_MIN_TOKENS was measured)."""
+        if self.beside_counted >= PREFILL_RATE_MIN_TOKENS:
+            return self.beside_seconds / self.beside_counted
         if self.unit_counted < PREFILL_RATE_MIN_TOKENS:
             return 0.0
         return self.unit_seconds / self.unit_counted
@@ -532,7 +547,7 @@ class Engine:
             if scoring:  # a pass with its scoring costs what a plain pass does
                 share = self._counters.plain_share()
                 size = max(min(MIN_DEEP_CHUNK, size), int(size * share))
-            cost = size * (1 + a.prefilled / self._p.keys_per_token)
+            cost = size * (1 + self._p.attended(a.prefilled) / self._p.keys_per_token)
             first = budget == chunk  # (its chunk always goes)
             if (cost > budget + 1e-9 and not first) or not self._reserve(a):
                 break
@@ -566,7 +581,9 @@ class Engine:
         seconds at a time. A prompt's numbers do not depend on its chunks."""
         chunk = self.config.prefill_chunk if chunk is None else chunk
         keys = self._p.keys_per_token
-        return max(int(min(chunk, MIN_DEEP_CHUNK)), int(chunk * (keys / (keys + depth))))
+        return max(
+            int(min(chunk, MIN_DEEP_CHUNK)), int(chunk * (keys / (keys + self._p.attended(depth))))
+        )
 
     def _reserve(self, a: Row) -> bool:
         """Give `a` its pages before its first chunk (those of its prompt's full pages
@@ -630,8 +647,12 @@ class Engine:
             for a, size in zip(group, sizes, strict=True)
         ]
         began = time.perf_counter()
+        beside = any(not x.paused for x in self._decoding)  # a pass the budget sized
         keys = self._p.keys_per_token
-        units = sum(len(c) * (1 + a.prefilled / keys) for a, c in zip(group, chunks, strict=True))
+        units = sum(
+            len(c) * (1 + self._p.attended(a.prefilled) / keys)
+            for a, c in zip(group, chunks, strict=True)
+        )
         scoring = 0.0  # seconds of it spent scoring prompt tokens
         try:
             model = self._transformer
@@ -659,7 +680,7 @@ class Engine:
                 self._fail(a, "prefill")
             return
         tokens = sum(len(c) for c in chunks)
-        self._counters.add_prefill(tokens, time.perf_counter() - began, scoring, units)
+        self._counters.add_prefill(tokens, time.perf_counter() - began, scoring, units, beside)
         i = -1  # the row's place in `rows` (the rows that sample)
         for a, chunk in zip(group, chunks, strict=True):
             i += a.request.embed is None
