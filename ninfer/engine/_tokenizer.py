@@ -316,10 +316,13 @@ class TextTokenizer:
         for part in parts:
             pieces = self._pieces(part) if isinstance(part, str) else [part]
             for piece in pieces:
+                # a piece is up to PIECE_CHARS: encode_batch, which lets other threads run
+                # while it works (`encode` holds the interpreter lock ~15 ms a piece, and a
+                # stream's steps on the engine thread waited for it)
                 count += (
                     1
                     if isinstance(piece, int)
-                    else len(self.tokenizer.encode(piece, add_special_tokens=False).ids)
+                    else len(self.tokenizer.encode_batch([piece], add_special_tokens=False)[0].ids)
                 )
                 if count > limit:
                     return True
