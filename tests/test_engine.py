@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 import pytest
+import torch
 from conftest import (
     FAILING_SEED,
     HANG_GUARD_S,
@@ -826,3 +827,37 @@ def test_a_sliding_window_caps_what_a_deep_token_costs(tmp_path: Path) -> None:
     assert plan.attended(8000) == pytest.approx(8000 / 6 + 512 * 5 / 6)
     plain = attrs.evolve(plan, window=0, local_share=0.0)
     assert plain.attended(8000) == 8000
+
+
+@pytest.mark.parametrize("kernels", ["torch", "native"])
+def test_a_prompts_pages_are_zeroed_before_any_pass_reads_them(
+    tmp_path: Path, kernels: str
+) -> None:
+    """A prompt's fresh pages are zeroed pass by pass (the pages each chunk writes, its
+    output's with the last chunk), not all as it is admitted. Pages full of NaN before it
+    (memory a pool reuses holds anything) change nothing: a long prompt in many chunks,
+    beside a stream that grows into new pages, gives the tokens of a clean pool."""
+    path = write_tiny_gguf(tmp_path / "zero.gguf", context=2048)
+    config = EngineConfig(max_batch=4, kv_capacity=1024, page_size=16, prefill_chunk=48,
+                          kernels="torch" if kernels == "torch" else "auto")  # fmt: skip
+
+    def run(poison: bool) -> tuple[list[int], list[int]]:
+        running = start_engine(path, config)
+        try:
+            kv = running.engine._cache
+            if poison:  # every page but the padding and scratch ones (zeroed for good)
+                pages = torch.arange(1, kv.scratch_page)
+                with torch.inference_mode():  # the pool is the engine's inference tensor
+                    for t in (kv.k, kv.v, kv.k_scale, kv.v_scale):
+                        if t is not None:
+                            t.index_fill_(1, pages, float("nan"))
+            stream = running.engine.submit(GenerationRequest("s", _prompt(5, salt=1), 40))
+            running.sink.wait_for(lambda: len(running.sink.tokens.get(stream.id, ())) >= 1)
+            long = running.engine.submit(GenerationRequest("l", _prompt(200, salt=2), 24))
+            running.sink.wait_done(long)
+            running.sink.wait_done(stream)
+        finally:
+            stop_engine(running)
+        return running.sink.tokens[stream.id], running.sink.tokens[long.id]
+
+    assert run(poison=True) == run(poison=False)

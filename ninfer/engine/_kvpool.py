@@ -478,13 +478,15 @@ def reserve_prompt(
     pages: int,
     *,
     share: bool,
+    zero: bool = True,
 ) -> tuple[list[int], int] | None:
     """A prompt's `pages` (its whole prompt and the output reserved for it), and how
     many of its tokens are in them already: with `share`, the pages of its longest
     cached prefix are shared (`keys`: its whole pages' digests) and the rows of a
     cached page that goes on as the prompt does are copied into its own first fresh
-    page; the fresh pages are zeroed. None, and nothing held, when the pool cannot
-    give the fresh ones."""
+    page; the fresh pages are zeroed (with `zero` False only that one: the caller
+    zeroes the others before it writes them). None, and nothing held, when the pool
+    cannot give the fresh ones."""
     shared: list[int] = []
     part = None
     if share:
@@ -493,7 +495,10 @@ def reserve_prompt(
     if fresh is None:
         pool.release(shared + ([part[0]] if part else []))
         return None
-    kv.zero_pages(fresh)
+    if zero:
+        kv.zero_pages(fresh)
+    elif part and fresh:
+        kv.zero_pages(fresh[:1])
     prefilled = len(shared) * pool.page_size
     if part:  # its rows copied into this prompt's own page, which goes on from there
         kv.copy_rows(part[0], fresh[0], part[1])

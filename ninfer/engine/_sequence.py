@@ -95,6 +95,9 @@ class Row:
     output_ids: list[int] = attrs.field(factory=list)  # every token sampled
     paused: bool = False  # its reader is far behind: left out of decode steps until it reads
     cached: int = 0  # prompt tokens whose pages were shared from the prefix cache
+    # Its pages from this index on are not zeroed yet: each is zeroed by the prefill pass
+    # that first writes it, the output's with the prompt's last pass (`Engine._reserve`).
+    zeroed_to: int = 0
     page_keys: list[bytes] = attrs.field(factory=list)  # of the prompt's full pages
     delivered: bool = False  # a TokenDelta has been sent (the first carries `cached`)
     pending_lps: list[TokenLogprob] = attrs.field(factory=list)  # of pending_ids, if asked
