@@ -96,7 +96,7 @@ class Row:
     paused: bool = False  # its reader is far behind: left out of decode steps until it reads
     cached: int = 0  # prompt tokens whose pages were shared from the prefix cache
     # Its pages from this index on are not zeroed yet: each is zeroed by the prefill pass
-    # that first writes it, the output's with the prompt's last pass (`Engine._reserve`).
+    # that first writes it, the output's with the prompt's last pass (`Engine._zero_ahead`).
     zeroed_to: int = 0
     page_keys: list[bytes] = attrs.field(factory=list)  # of the prompt's full pages
     delivered: bool = False  # a TokenDelta has been sent (the first carries `cached`)
