@@ -17,7 +17,7 @@ from ninfer.frontends._base import (
     Routed,
 )
 from ninfer.frontends._finish import FINISH
-from ninfer.frontends._sampling import DEFAULT_SAMPLERS, SamplingRequest, sampling_defaults
+from ninfer.frontends._sampling import SamplingRequest, sampling_defaults
 from protocols import (
     ApiError,
     DetokenizeResponse,
@@ -248,8 +248,6 @@ def server_props(ctx: FrontendContext) -> dict[str, Any]:
             "n_ctx": ctx.model.max_context,
             "params": {
                 **defaults,
-                # the order of the chain a request leaves to these (llama-server's names)
-                "samplers": list(DEFAULT_SAMPLERS),
                 "seed": ctx.config.seed,
                 # What a chat, Responses or /completion request naming no budget gets: up
                 # to the room the context and the pool leave (llama-server's -1, which its

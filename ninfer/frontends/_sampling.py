@@ -13,7 +13,6 @@ from ninfer.engine import LLAMA_ORDER, CompiledGrammar, SamplingParams, Sampling
 from protocols import ApiError
 
 __all__ = [
-    "DEFAULT_SAMPLERS",
     "SamplingRequest",
     "follow_samplers",
     "resolve_sampling",
@@ -59,10 +58,11 @@ BUILT_IN: dict[str, float | int] = {
 
 
 # The fields of the filtering chain. A request that names none of them runs the chain in
-# llama-server's order, DEFAULT_SAMPLERS in its names (GET /props shows it: llama.cpp's
-# web UI offers it as the default); one naming any of them, in ninfer's (vLLM's).
+# llama-server's order (LLAMA_ORDER); one naming any of them, in ninfer's (vLLM's).
+# GET /props does not show the order as llama-server's `samplers`: with it there,
+# llama.cpp's web UI lost the answer it resumed after a reload (benchmarks/webui.py,
+# step 6, failed in two runs of two; passed in two without it).
 _FILTER_FIELDS = ("temperature", "top_k", "top_p", "min_p")
-DEFAULT_SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
 
 
 def sampling_defaults(cfg: ServerConfig, preset: SamplingPreset) -> dict[str, float | int]:
