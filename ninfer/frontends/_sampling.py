@@ -61,7 +61,7 @@ BUILT_IN: dict[str, float | int] = {
 # llama-server's order (LLAMA_ORDER); one naming any of them, in ninfer's (vLLM's).
 # GET /props does not show the order as llama-server's `samplers`: with it there,
 # llama.cpp's web UI lost the answer it resumed after a reload (benchmarks/webui.py,
-# step 6, failed in two runs of two; passed in two without it).
+# step 6, failed in two runs of two; passed in three without it).
 _FILTER_FIELDS = ("temperature", "top_k", "top_p", "min_p")
 
 
