@@ -571,7 +571,10 @@ def test_auto_on_the_plain_build_times_a_real_step_each_way(
     found = re.search(r"a decode step ([\d.]+) ms on them, ([\d.]+) ms on torch's", line)
     assert found is not None, line
     native_ms, torch_ms = float(found[1]), float(found[2])
-    assert kernels.startswith("torch" if torch_ms < native_ms else "native default")
+    if torch_ms == native_ms:  # equal to the tenth of a millisecond printed: either is faster
+        assert kernels.startswith(("torch", "native default")), kernels
+    else:
+        assert kernels.startswith("torch" if torch_ms < native_ms else "native default")
 
 
 @settings(max_examples=200, deadline=None)
