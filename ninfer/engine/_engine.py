@@ -499,7 +499,7 @@ class Engine:
         # A prompt's first token goes out before the decode step below, not after it
         # (which would hold it back a whole step: 17 ms of SmolLM2's time to first token):
         # as its pass starts (`_loop`), or now.
-        if any(not a.paused for a in self._decoding):
+        if self._streaming():
             if not self._flush_at_pass:
                 self._flush()
             self._decode_step()
@@ -515,6 +515,11 @@ class Engine:
             self._counters.recent_steps.append(now - self._counters.last_progress)
             self._counters.last_progress = now
 
+    def _streaming(self) -> bool:
+        """Some running request takes part in decode steps (one paused for its slow
+        reader does not)."""
+        return any(not a.paused for a in self._decoding)
+
     # ---- prefill: waiting prompts, their pages reserved --------------------------------
 
     def _prefill(self) -> None:
@@ -526,7 +531,7 @@ class Engine:
         in any number of rows (measured at start-up and by the self-check: the int4
         kernel and oneDNN's float32 matmul do), the chunks run as one pass, which pays a
         pass's fixed cost once; else one pass each."""
-        decoding = any(not x.paused for x in self._decoding)
+        decoding = self._streaming()
         chunk = float(self.config.prefill_chunk)  # in tokens at depth 0 (see _chunk_at)
         if decoding:  # cut to the time budget (before any pass was measured: a guess)
             unit = self._counters.unit_rate()
@@ -547,7 +552,7 @@ class Engine:
             if scoring:  # a pass with its scoring costs what a plain pass does
                 share = self._counters.plain_share()
                 size = max(min(MIN_DEEP_CHUNK, size), int(size * share))
-            cost = size * (1 + self._p.attended(a.prefilled) / self._p.keys_per_token)
+            cost = self._p.prefill_units(size, a.prefilled)
             first = budget == chunk  # (its chunk always goes)
             if (cost > budget + 1e-9 and not first) or not self._reserve(a):
                 break
@@ -609,9 +614,7 @@ class Engine:
         # Its fresh pages are zeroed pass by pass (`_zero_ahead`), not all now: an 8k
         # prompt's 500 pages are ~150-180 MB of stores (26 ms on Gemma 3 270M), which
         # held a stream beside it for the prompt's first pass.
-        got = reserve_prompt(
-            pool, kv, prompt, a.page_keys, a.reserved_pages(S), share=share, zero=False
-        )
+        got = reserve_prompt(pool, kv, prompt, a.page_keys, a.reserved_pages(S), share=share)
         if got is None:
             if pool.short:
                 self._memory_short(a)
@@ -620,7 +623,7 @@ class Engine:
         a.pages, a.prefilled = got
         a.cached = a.prefilled
         # the shared pages, and the fresh page a cached page's rows were copied into
-        a.zeroed_to = a.prefilled // S + (1 if a.prefilled % S else 0)
+        a.zeroed_to = pages_for(a.prefilled, S)
         self._counters.cached_tokens += a.cached
         a.prefill_start = time.perf_counter()
         if a.request.progress:  # its 0% (or the cached share): the prompt has begun
@@ -667,11 +670,9 @@ class Engine:
         for a, c in zip(group, chunks, strict=True):
             self._zero_ahead(a, a.prefilled + len(c))
         began = time.perf_counter()
-        beside = any(not x.paused for x in self._decoding)  # a pass the budget sized
-        keys = self._p.keys_per_token
+        beside = self._streaming()  # a pass the budget sized
         units = sum(
-            len(c) * (1 + self._p.attended(a.prefilled) / keys)
-            for a, c in zip(group, chunks, strict=True)
+            self._p.prefill_units(len(c), a.prefilled) for a, c in zip(group, chunks, strict=True)
         )
         scoring = 0.0  # seconds of it spent scoring prompt tokens
         try:

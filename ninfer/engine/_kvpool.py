@@ -478,15 +478,14 @@ def reserve_prompt(
     pages: int,
     *,
     share: bool,
-    zero: bool = True,
 ) -> tuple[list[int], int] | None:
     """A prompt's `pages` (its whole prompt and the output reserved for it), and how
     many of its tokens are in them already: with `share`, the pages of its longest
     cached prefix are shared (`keys`: its whole pages' digests) and the rows of a
     cached page that goes on as the prompt does are copied into its own first fresh
-    page; the fresh pages are zeroed (with `zero` False only that one: the caller
-    zeroes the others before it writes them). None, and nothing held, when the pool
-    cannot give the fresh ones."""
+    page, which is zeroed first; the caller zeroes the other fresh pages before it
+    writes them (`Engine._zero_ahead`: pass by pass). None, and nothing held, when the
+    pool cannot give the fresh ones."""
     shared: list[int] = []
     part = None
     if share:
@@ -495,12 +494,9 @@ def reserve_prompt(
     if fresh is None:
         pool.release(shared + ([part[0]] if part else []))
         return None
-    if zero:
-        kv.zero_pages(fresh)
-    elif part and fresh:
-        kv.zero_pages(fresh[:1])
     prefilled = len(shared) * pool.page_size
     if part:  # its rows copied into this prompt's own page, which goes on from there
+        kv.zero_pages(fresh[:1])
         kv.copy_rows(part[0], fresh[0], part[1])
         pool.release([part[0]])
         prefilled += part[1]

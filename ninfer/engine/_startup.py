@@ -122,6 +122,12 @@ class StartupPlan:
             return float(depth)
         return (1.0 - self.local_share) * depth + self.local_share * min(depth, self.window)
 
+    def prefill_units(self, tokens: int, depth: int) -> float:
+        """What `tokens` prompt tokens `depth` in cost, in tokens at depth 0: each 1 for
+        its matrices and attended(depth) / keys_per_token for its attention (what a
+        pass's time budget is spent in, `Engine._prefill`)."""
+        return tokens * (1 + self.attended(depth) / self.keys_per_token)
+
     def padded(self, rows: int) -> int:
         """The batch size `rows` rows are padded to: the next one whose rows are
         computed as in any other (see _invariance)."""
