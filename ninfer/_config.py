@@ -124,6 +124,14 @@ class ServerConfig:
         "(docs/engine.md)",
         choices=KERNEL_MODES,
     )
+    self_check: str = setting(
+        "cached",
+        "cached: a start whose model file, engine code, kernels library, torch build, CPU "
+        "and settings match an earlier start's that passed every start-up check adopts "
+        "that verdict instead of checking again (kept under the cache directory's "
+        'checks/); always: check at every start (docs/engine.md, "The self-check")',
+        choices=("cached", "always"),
+    )
     weights: str = setting(
         "int4",
         "the matrices on torch's kernels (--kernels torch, or where native ones do not run): "

@@ -104,6 +104,11 @@ class Lifespan:
                     kernels=config.kernels,
                     threads=config.threads,
                     kernel_cache=str(cache_dir(config.cache_dir, os.environ)),
+                    check_cache=(
+                        str(cache_dir(config.cache_dir, os.environ) / "checks")
+                        if config.self_check == "cached"
+                        else None
+                    ),
                 ),
                 threads=config.threads,
                 log=self.diagnostics,

@@ -5,6 +5,8 @@ kernels' paths first, then torch's (`TORCH`: the engine held to them)."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from ninfer.engine import (
     GenerationRequest,
     PathCheck,
     SamplingParams,
+    _checkcache,
     _kvpool,
     _model,
     _sampling,
@@ -799,3 +802,137 @@ def test_the_first_vector_math_of_a_process_is_exact() -> None:
             check=True,
         )
         assert float(out.stdout) < 1e-6, out.stdout
+
+
+# ---- verdicts kept between starts (--self-check cached) -------------------------------
+
+
+def _counting_checks(mp: pytest.MonkeyPatch) -> list[int]:
+    """SelfCheck.kernels wrapped to count its runs (one a start that checks)."""
+    real, runs = SelfCheck.kernels, []
+
+    def counted(self: SelfCheck) -> None:
+        runs.append(1)
+        real(self)
+
+    mp.setattr(SelfCheck, "kernels", counted)
+    return runs
+
+
+def _verdicts(where: Path) -> list[Path]:
+    return sorted(where.glob("*.json")) if where.is_dir() else []
+
+
+def test_a_start_of_the_same_everything_adopts_the_kept_verdict(
+    packed_gguf: Path, tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With verdicts kept, the first start checks and keeps its verdict; a second start
+    of the same file and settings adopts it without checking (the same paths, errors,
+    batch sizes and prefilling, the same tokens); another setting, another file, or the
+    engine's code changed each make a start check again; without a cache directory
+    every start checks."""
+    where = tmp_path / "checks"
+    runs = _counting_checks(monkeypatch)
+    config = EngineConfig(max_batch=4, check_cache=str(where))
+    first, first_tokens = _checks(packed_gguf, config)
+    assert (len(runs), len(_verdicts(where))) == (1, 1)
+    second, second_tokens = _checks(packed_gguf, config)
+    assert len(runs) == 1  # adopted
+    assert second.self_check == first.self_check
+    assert all(c.ok for c in second.self_check)
+    assert (second.batch_sizes, second.prefill_together_rows, second.kernels) == (
+        first.batch_sizes, first.prefill_together_rows, first.kernels
+    )  # fmt: skip
+    assert second_tokens == first_tokens
+    assert second.kv_sizing is not None
+    assert first.kv_sizing is not None
+    assert (second.kv_sizing.kv_dtype, second.kv_sizing.tokens) == (
+        first.kv_sizing.kv_dtype, first.kv_sizing.tokens
+    )  # fmt: skip
+    _checks(packed_gguf, EngineConfig(max_batch=2, check_cache=str(where)))
+    assert (len(runs), len(_verdicts(where))) == (2, 2)
+    _checks(tiny_gguf, config)
+    assert (len(runs), len(_verdicts(where))) == (3, 3)
+    # the engine's code is in the key: any change of it is another key
+    real = _checkcache._digest_files
+    monkeypatch.setattr(
+        _checkcache, "_digest_files", lambda paths: real(paths) + ("x" if len(paths) > 1 else "")
+    )
+    _checks(packed_gguf, config)
+    assert len(runs) == 4
+    monkeypatch.setattr(_checkcache, "_digest_files", real)
+    _checks(packed_gguf, config)
+    assert len(runs) == 4  # the first key's verdict still kept
+    _checks(packed_gguf, EngineConfig(max_batch=4))
+    assert len(runs) == 5
+
+
+def test_a_start_with_a_refusal_keeps_no_verdict(
+    packed_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start whose self-check refuses a path (a native final norm 0.1% off, planted)
+    keeps no verdict: the next start checks again, and, the kernels right again,
+    passes and keeps its own."""
+    where = tmp_path / "checks"
+    config = EngineConfig(max_batch=4, check_cache=str(where))
+    served, _ = _checks(packed_gguf, config, lambda: _scale_function(
+        monkeypatch, native, "rmsnorm", 1.001))  # fmt: skip
+    assert not _by_path(served.self_check)["native_final_norm"].ok
+    assert _verdicts(where) == []
+    monkeypatch.undo()
+    runs = _counting_checks(monkeypatch)
+    served, _ = _checks(packed_gguf, config)
+    assert (len(runs), served.kernels.split()[0]) == (1, "native")
+    assert len(_verdicts(where)) == 1
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda body: body["verdict"]["self_check"][0].update(ok=False),
+        lambda body: body.update(version=body["version"] + 1),
+        lambda body: body["verdict"].pop("batch_sizes"),
+        lambda body: body.update(key="0" * 32),
+        None,  # not JSON at all
+    ],
+)
+def test_a_verdict_this_code_did_not_write_is_not_adopted(
+    spoil: Callable[[dict[str, Any]], Any] | None,
+    packed_gguf: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kept verdict with a refused path, another version, a field missing, another
+    key, or not JSON, is not adopted: the start checks and keeps a sound one."""
+    where = tmp_path / "checks"
+    config = EngineConfig(max_batch=4, check_cache=str(where))
+    _checks(packed_gguf, config)
+    (kept,) = _verdicts(where)
+    body = json.loads(kept.read_text())
+    if spoil is None:
+        kept.write_text("{not json")
+    else:
+        spoil(body)
+        kept.write_text(json.dumps(body))
+    runs = _counting_checks(monkeypatch)
+    _checks(packed_gguf, config)
+    assert len(runs) == 1
+    assert json.loads(kept.read_text())["verdict"]["self_check"][0]["ok"] is True
+
+
+def test_kept_verdicts_are_pruned_to_the_most_recently_used(tmp_path: Path) -> None:
+    """Past KEPT_VERDICTS files the least recently used go; adopting one marks it used."""
+    verdict = _checkcache.Verdict(
+        self_check=(PathCheck("head", True, 1e-7, 1e-5),), kv_dtype="float16",
+        batch_sizes=(1, 2), together_rows=256, speculative="none", native_top_p=True,
+        native_top_k=True, seconds=1.0, checked_at="2026-12-07T00:00:00Z",
+    )  # fmt: skip
+    keys = [f"{i:032x}" for i in range(_checkcache.KEPT_VERDICTS + 1)]
+    for age, key in enumerate(keys):
+        assert _checkcache.write_verdict(str(tmp_path), key, {}, verdict) == ""
+        os.utime(tmp_path / f"{key}.json", (1_000_000 + age, 1_000_000 + age))
+    assert _checkcache.read_verdict(str(tmp_path), keys[1]) == verdict  # used: now newest
+    _checkcache.write_verdict(str(tmp_path), "f" * 32, {}, verdict)
+    left = {p.stem for p in tmp_path.glob("*.json")}
+    assert len(left) == _checkcache.KEPT_VERDICTS
+    assert (keys[0] in left, keys[1] in left, keys[2] in left) == (False, True, False)

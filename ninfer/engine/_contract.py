@@ -481,6 +481,9 @@ class EngineConfig:
     # Where a native kernels library may be built when the package's own folder is not
     # writable (the cache directory); None: only there
     kernel_cache: str | None = None
+    # Where the start-up checks' verdicts are kept between starts (`_checkcache`); None:
+    # none kept, every start checks (--self-check always)
+    check_cache: str | None = None
 
 
 @attrs.frozen

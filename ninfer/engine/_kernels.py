@@ -41,6 +41,7 @@ __all__ = [
     "find_built",
     "library_dir",
     "load_kernels",
+    "loaded_library",
     "torch_isa",
 ]
 
@@ -233,6 +234,11 @@ def load_kernels(path: Path) -> None:
         return
     torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
     _loaded["path"] = path
+
+
+def loaded_library() -> Path | None:
+    """The library this process loaded, if any."""
+    return _loaded.get("path")
 
 
 def torch_isa() -> str:

@@ -15,12 +15,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import attrs
 import torch
 from structlog.typing import FilteringBoundLogger
 
+from ninfer.engine._checkcache import (
+    Verdict,
+    key_material,
+    now_utc,
+    read_verdict,
+    verdict_key,
+    write_verdict,
+)
 from ninfer.engine._contract import (
     KV_HEADROOM_BYTES,
     KV_MEMORY_FLOOR_BYTES,
@@ -34,6 +42,7 @@ from ninfer.engine._contract import (
 from ninfer.engine._errors import ConfigError
 from ninfer.engine._gguf import ModelArgs
 from ninfer.engine._invariance import invariant_batch_sizes, rows_independent_of_count
+from ninfer.engine._kernels import loaded_library
 from ninfer.engine._kvpool import KVPages, PagePool, pages_for
 from ninfer.engine._loader import LoadedModel, trim_heap
 from ninfer.engine._memory import available_memory
@@ -209,6 +218,10 @@ class _Startup:
         self.native_top_k = False
         self.self_check: tuple[PathCheck, ...] = ()
         self.kv_dtype = kv_store(config)
+        self.narrowed = False
+        # What the checks compute from and its key, when verdicts are kept (`_checkcache`)
+        self.material: dict[str, Any] | None = None
+        self.key = ""
 
     def padded(self, rows: int) -> int:
         """As StartupPlan.padded, over the batch sizes decided so far (the self-check
@@ -220,7 +233,10 @@ class _Startup:
         sizing, pool = self.page_pool()
         model = self.loaded.transformer
         check = None
-        if self.loaded.source is not None:  # a model loaded from its file: check what runs it
+        kept = self.kept_verdict()
+        if kept is not None:  # checked by an earlier start of the same everything
+            self.adopt(kept)
+        elif self.loaded.source is not None:  # a model from its file: check what runs it
             tokens = probe_tokens(self.loaded.tokenizer, self.loaded.identity.vocab_size)
             check = SelfCheck(model, self.loaded.source, tokens, weights=cfg.weights,
                               kv_dtype=self.kv_dtype)  # fmt: skip
@@ -234,20 +250,24 @@ class _Startup:
                 self.kv_dtype = "float32"  # auto: the float32 pool, sized again
                 check.kv_dtype = self.kv_dtype  # and the whole passes checked on one
                 sizing, pool = self.page_pool()
-        # The native kernels' top-p where they serve: checked against the full sort when
-        # the model came from its file (else taken as their tests found it).
-        self.native_top_p = model.native is not None and (check is None or check.top_p())
-        self.native_top_k = model.native is not None and (check is None or check.top_k())
+        if kept is None:
+            # The native kernels' top-p where they serve: checked against the full sort
+            # when the model came from its file (else taken as their tests found it).
+            self.native_top_p = model.native is not None and (check is None or check.top_p())
+            self.native_top_k = model.native is not None and (check is None or check.top_k())
         # After the kernel check: the native layers keep their keys transposed, torch's not.
         kv = KVPages.allocate(
             model.args, n_pages=pool.n_pages, page_size=cfg.page_size, dtype=model.dtype,
             device=cfg.device, kv_dtype=self.kv_dtype, keys_transposed=model.native is not None,
         )  # fmt: skip
-        self.batches(check)
-        if cfg.spec != "none":
-            self.speculation(check)
+        if kept is None:
+            self.batches(check)
+            if cfg.spec != "none":
+                self.speculation(check)
         if check is not None:
             self.report(check)
+            self.keep_verdict(check)
+        if self.loaded.source is not None and (check is not None or kept is not None):
             self.loaded = attrs.evolve(self.loaded, source=None)  # the file's map goes
             trim_heap()
         if model.native is not None:
@@ -275,6 +295,67 @@ class _Startup:
         if self.speculative != "none":
             plan = attrs.evolve(plan, row_cost=self.measure_row_cost(pool, kv))
         return Started(model=self.loaded, plan=plan, pool=pool, kv=kv)
+
+    def kept_verdict(self) -> Verdict | None:
+        """The verdict an earlier start kept for exactly this model, code, CPU and
+        configuration (`_checkcache`), when verdicts are kept and the model came from its
+        file on the CPU; else None (and the key, for keeping this start's)."""
+        cfg, loaded = self.config, self.loaded
+        if cfg.check_cache is None or loaded.source is None or cfg.device != "cpu":
+            return None
+        self.material = key_material(cfg, loaded.identity.sha256, loaded.kernels, loaded_library())
+        self.key = verdict_key(self.material)
+        return read_verdict(cfg.check_cache, self.key)
+
+    def adopt(self, kept: Verdict) -> None:
+        """Take a kept verdict's decisions, and say so in place of the check's report."""
+        self.self_check = kept.self_check
+        self.kv_dtype = kept.kv_dtype  # the kept one is the kind asked for: sizing stands
+        self.batch_sizes = list(kept.batch_sizes)
+        self.together_rows = kept.together_rows
+        self.batch_invariant = True  # only invariant verdicts are kept
+        self.speculative = kept.speculative
+        self.native_top_p = kept.native_top_p
+        self.native_top_k = kept.native_top_k
+        self.log.info(
+            "self_check",
+            kernels=self.loaded.kernels,
+            seconds=0.0,
+            passed=[r.path for r in kept.self_check],
+            refused=[],
+            kept_from=kept.checked_at,
+            key=self.key,
+        )
+
+    def keep_verdict(self, check: SelfCheck) -> None:
+        """Keep this start's verdict for the next (`_checkcache`) when it can be adopted
+        without changing a thing: every path passed, nothing narrowed, batches invariant,
+        speculation as asked."""
+        cfg = self.config
+        if self.material is None or cfg.check_cache is None:
+            return
+        clean = (
+            all(r.ok for r in check.results)
+            and not self.narrowed
+            and self.batch_invariant
+            and self.speculative == cfg.spec
+        )
+        if not clean:
+            return
+        verdict = Verdict(
+            self_check=tuple(check.results),
+            kv_dtype=self.kv_dtype,
+            batch_sizes=tuple(self.batch_sizes),
+            together_rows=self.together_rows,
+            speculative=self.speculative,
+            native_top_p=self.native_top_p,
+            native_top_k=self.native_top_k,
+            seconds=round(check.seconds, 3),
+            checked_at=now_utc(),
+        )
+        why = write_verdict(cfg.check_cache, self.key, self.material, verdict)
+        if why:
+            self.log.warning("self_check_not_kept", directory=cfg.check_cache, error=why)
 
     def page_pool(self) -> tuple[KVSizing, PagePool]:
         """The pool's sizing (`size_pool`, for the KV dtype decided so far) and its pages'
@@ -358,6 +439,7 @@ class _Startup:
             better = narrow is not None and len(narrow) > len(sizes or ())
             if better and (check is None or check.narrowed()):
                 model.narrow_dense()
+                self.narrowed = True
                 self.log.info("dense_weights_narrowed", dtype="bfloat16", batch_sizes=narrow)
                 sizes = narrow
         self.batch_sizes = sizes or list(range(1, cfg.max_batch + 1))

@@ -1,0 +1,200 @@
+"""Start-up verdicts kept between starts: what the self-check and the batching checks
+decided, under a key of everything they computed from.
+
+The checks are deterministic: the same model bytes, run by the same engine code, kernels
+library, torch build and configuration on the same kind of CPU, give the same bits and
+so the same verdict. A start whose key matches a verdict kept by an earlier one adopts it
+instead of computing it again (a 1.7B model's checks took 4.9 s of its 11 s to ready).
+Only a verdict where every path passed and nothing was narrowed, refused or left
+uninvariant is kept, so adopting one changes nothing about the model as loaded and hides
+no warning; a start with any refusal checks again every time and says so. `--self-check
+always` checks at every start (engine.md, "The self-check").
+
+A verdict is one small JSON file, `<cache>/checks/<key>.json`, written whole (a temporary
+file renamed over), read only if it parses to exactly this version's fields; anything
+else is ignored and checked again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from ninfer.engine._contract import EngineConfig, PathCheck
+
+__all__ = [
+    "KEPT_VERDICTS",
+    "VERDICT_VERSION",
+    "Verdict",
+    "key_material",
+    "now_utc",
+    "read_verdict",
+    "verdict_key",
+    "write_verdict",
+]
+
+# Bumped when what a verdict holds, or what a key covers, changes.
+VERDICT_VERSION = 1
+# Verdicts kept, the most recently used (every change of the engine's code, a setting or
+# the model makes a new key; the oldest go).
+KEPT_VERDICTS = 64
+# EngineConfig fields no check reads: the pool's size, the prefix cache, the template,
+# the cache directories themselves.
+_NOT_CHECKED = frozenset({"kv_capacity", "prefix_cache", "chat_template", "kernel_cache",
+                          "check_cache"})  # fmt: skip
+_ENGINE_DIR = Path(__file__).resolve().parent
+_CPUINFO_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags")
+
+
+@attrs.frozen
+class Verdict:
+    """What the start-up checks decided (the fields of `StartupPlan` they fix)."""
+
+    self_check: tuple[PathCheck, ...]
+    kv_dtype: str
+    batch_sizes: tuple[int, ...]
+    together_rows: int
+    speculative: str
+    native_top_p: bool
+    native_top_k: bool
+    seconds: float  # what the checks took when they ran
+    checked_at: str  # when, UTC, ISO 8601
+
+
+def _cpu() -> dict[str, str]:
+    """The CPU as the kernels see it: vendor, family, model, stepping and flags of the
+    first processor (Linux's /proc/cpuinfo), else the platform's words."""
+    out: dict[str, str] = {"machine": platform.machine(), "processor": platform.processor()}
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                break  # the first processor's block
+            name, _, value = line.partition(":")
+            if name.strip() in _CPUINFO_FIELDS:
+                out[name.strip()] = value.strip()
+    return out
+
+
+def _digest_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def key_material(config: EngineConfig, model_sha256: str, kernels: str,
+                 library: Path | None) -> dict[str, Any]:  # fmt: skip
+    """Everything a verdict was computed from, as plain values (hashed by verdict_key;
+    kept in the file for people)."""
+    settings = {
+        f.name: getattr(config, f.name)
+        for f in attrs.fields(EngineConfig)
+        if f.name not in _NOT_CHECKED
+    }
+    return {
+        "version": VERDICT_VERSION,
+        "model_sha256": model_sha256,
+        "kernels": kernels,
+        "library": None if library is None else _digest_files([library]),
+        "engine_source": _digest_files(sorted(_ENGINE_DIR.glob("*.py"))),
+        "torch": torch.__version__,
+        "torch_config": hashlib.sha256(torch.__config__.show().encode()).hexdigest(),
+        "torch_capability": torch.backends.cpu.get_cpu_capability(),
+        "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
+        "python": sys.version,
+        "cpu": _cpu(),
+        "settings": settings,
+    }
+
+
+def verdict_key(material: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def read_verdict(directory: str, key: str) -> Verdict | None:
+    """The verdict kept under `key`, or None (none kept, or not one this code wrote)."""
+    try:
+        raw = json.loads((Path(directory) / f"{key}.json").read_text(encoding="utf-8"))
+        v = raw["verdict"]
+        if raw.get("version") != VERDICT_VERSION or raw.get("key") != key:
+            return None
+        checks = tuple(
+            PathCheck(c["path"], bool(c["ok"]), float(c["error"]), float(c["tolerance"]))
+            for c in v["self_check"]
+        )
+        verdict = Verdict(
+            self_check=checks,
+            kv_dtype=str(v["kv_dtype"]),
+            batch_sizes=tuple(int(n) for n in v["batch_sizes"]),
+            together_rows=int(v["together_rows"]),
+            speculative=str(v["speculative"]),
+            native_top_p=bool(v["native_top_p"]),
+            native_top_k=bool(v["native_top_k"]),
+            seconds=float(v["seconds"]),
+            checked_at=str(v["checked_at"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not checks or not all(c.ok for c in checks) or not verdict.batch_sizes:
+        return None  # never written so: not to be trusted
+    with contextlib.suppress(OSError):
+        os.utime(Path(directory) / f"{key}.json")  # used: the last to be pruned
+    return verdict
+
+
+def write_verdict(directory: str, key: str, material: dict[str, Any], verdict: Verdict) -> str:
+    """Keep `verdict` under `key` (a temporary file renamed over: a reader sees the whole
+    file or none). Returns "" or why it could not be kept (the server serves either way)."""
+    body = {
+        "version": VERDICT_VERSION,
+        "key": key,
+        "material": material,
+        "verdict": {
+            **attrs.asdict(verdict, recurse=False),
+            "self_check": [c.as_dict() for c in verdict.self_check],
+        },
+    }
+    try:
+        where = Path(directory)
+        where.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=where, prefix=f".{key}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(body, f, indent=1, sort_keys=True)
+            os.replace(tmp, where / f"{key}.json")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        _prune(where)
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return ""
+
+
+def _prune(where: Path) -> None:
+    """All but the KEPT_VERDICTS most recently used verdicts removed."""
+    kept = []
+    for p in where.glob("*.json"):
+        with contextlib.suppress(OSError):
+            kept.append((p.stat().st_mtime, p))
+    kept.sort(reverse=True)
+    for _, p in kept[KEPT_VERDICTS:]:
+        with contextlib.suppress(OSError):
+            p.unlink()
+
+
+def now_utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
