@@ -103,7 +103,7 @@ class Lifespan:
                     kv_dtype=config.kv_dtype,
                     kernels=config.kernels,
                     threads=config.threads,
-                    kernel_cache=str(cache_dir(config.cache_dir, os.environ)),
+                    cache_dir=str(cache_dir(config.cache_dir, os.environ)),
                     check_cache=(
                         str(cache_dir(config.cache_dir, os.environ) / "checks")
                         if config.self_check == "cached"

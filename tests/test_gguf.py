@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import gguf
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from tinymodel import write_tiny_gguf
 
 from ninfer._errors import ArtifactError
+from ninfer.engine import _gguf
 from ninfer.engine._gguf import dequantize, file_sha256, open_gguf
 from ninfer.engine._loader import load_model
 from ninfer.engine._tokenizer import TextTokenizer, tokenizer_from_metadata
@@ -28,6 +31,36 @@ def test_identity_of_tiny_model(tiny_gguf: Path) -> None:
     assert ident.sha256 == file_sha256(tiny_gguf)
     assert ident.context_length == 512
     assert ident.vocab_size == m.tokenizer.vocab_size == m.transformer.embedding.shape[0]
+
+
+def test_a_files_digest_is_remembered_under_its_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a memo directory the digest is the file's; a file changed in the last
+    RACY_S seconds is not remembered; an older one is, and is then read back rather
+    than hashed (a planted digest comes back); the same path replaced (another inode)
+    or its modification time changed is hashed again; a memo that is not a digest is
+    not believed."""
+    f, memo = tmp_path / "m.gguf", tmp_path / "digests"
+    f.write_bytes(b"model bytes " * 1000)
+    true = hashlib.sha256(f.read_bytes()).hexdigest()
+    assert file_sha256(f) == file_sha256(f, memo) == true
+    assert list(memo.glob("*.sha256")) == []  # just written: racy
+    monkeypatch.setattr(_gguf, "RACY_S", -1.0)
+    assert file_sha256(f, memo) == true
+    (kept,) = memo.glob("*.sha256")
+    kept.write_text("ab" * 32 + "\n")
+    assert file_sha256(f, memo) == "ab" * 32  # remembered, not hashed
+    kept.write_text("not a digest")
+    assert file_sha256(f, memo) == true
+    kept.write_text("ab" * 32)
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert file_sha256(f, memo) == true
+    g = tmp_path / "n.gguf"
+    g.write_bytes(b"other bytes " * 1000)
+    os.replace(g, f)
+    assert file_sha256(f, memo) == hashlib.sha256(f.read_bytes()).hexdigest() != true
 
 
 @pytest.mark.parametrize(

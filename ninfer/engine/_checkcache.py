@@ -51,7 +51,7 @@ VERDICT_VERSION = 1
 KEPT_VERDICTS = 64
 # EngineConfig fields no check reads: the pool's size, the prefix cache, the template,
 # the cache directories themselves.
-_NOT_CHECKED = frozenset({"kv_capacity", "prefix_cache", "chat_template", "kernel_cache",
+_NOT_CHECKED = frozenset({"kv_capacity", "prefix_cache", "chat_template", "cache_dir",
                           "check_cache"})  # fmt: skip
 _ENGINE_DIR = Path(__file__).resolve().parent
 _CPUINFO_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags")

@@ -478,9 +478,10 @@ class EngineConfig:
     kernels: str = "auto"  # one of KERNEL_MODES
     # Threads of the engine's kernels (None: the CPUs this process may use)
     threads: int | None = None
-    # Where a native kernels library may be built when the package's own folder is not
-    # writable (the cache directory); None: only there
-    kernel_cache: str | None = None
+    # The cache directory: where a native kernels library may be built when the package's
+    # own folder is not writable, and where files' digests are remembered (digests/);
+    # None: the library only in the package, every digest computed
+    cache_dir: str | None = None
     # Where the start-up checks' verdicts are kept between starts (`_checkcache`); None:
     # none kept, every start checks (--self-check always)
     check_cache: str | None = None

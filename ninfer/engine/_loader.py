@@ -122,11 +122,13 @@ def load_model(
     weights: str = "int4",
     native: bool = False,
     chat_template: str | None = None,
+    digests: str | None = None,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> LoadedModel:
     """Read, verify and load a GGUF model; `max_positions` sizes the rotary table;
     `chat_template` (Jinja text) replaces the file's own. `native`: for ninfer's native
-    kernels (loaded and configured by the caller), where the model allows them."""
+    kernels (loaded and configured by the caller), where the model allows them.
+    `digests`: where the file's sha256 is remembered (`file_sha256`), if anywhere."""
     prime_vector_math()  # before any of torch's math runs on two threads
     t0 = time.perf_counter()
     progress(f"reading {path}")
@@ -139,7 +141,7 @@ def load_model(
         tokenizer_job = beside.submit(
             tokenizer_from_metadata, gguf.metadata, chat_template=chat_template
         )
-        sha = file_sha256(path)
+        sha = file_sha256(path, digests)
         tokenizer = tokenizer_job.result()
     progress(
         f"parsed {len(gguf.tensors)} tensors, vocabulary {tokenizer.vocab_size} "

@@ -100,7 +100,7 @@ def start_kernels(config: EngineConfig, progress: Callable[[str], None]) -> Kern
     if why is None and config.page_size % 16:
         why = f"pages of {config.page_size} tokens: the native attention reads keys 16 at a time"
     if why is None:
-        cache = Path(config.kernel_cache) if config.kernel_cache else None
+        cache = Path(config.cache_dir) if config.cache_dir else None
         built = build_kernels(cache, progress=progress)
         if built.path is None:
             why = f"the native kernels could not be built: {built.reason}"
@@ -181,6 +181,7 @@ def create_engine(
             weights=config.weights,
             native=kernels.native,
             chat_template=config.chat_template,
+            digests=str(Path(config.cache_dir) / "digests") if config.cache_dir else None,
             progress=progress,
         )
         if loaded.transformer.native is None and loaded.kernels != "torch":
