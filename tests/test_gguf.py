@@ -247,6 +247,38 @@ def test_sentencepiece_merges_the_best_scored_pair_first() -> None:
         assert [base[i] for i in tok.encode("abc")] == pieces
 
 
+def test_a_sentencepiece_merge_order_is_kept_and_read_back(tmp_path: Path) -> None:
+    """With a directory to keep it in, the merge order is written once and read back by
+    the next build (a planted order is what the tokenizer then merges by: ab + c where
+    the scores say a + bc); the tokenizer is the same as one built without it; a file
+    of another length or with an id outside the vocabulary is not believed."""
+    base = ["<unk>", "<s>", "</s>", "a", "b", "c", "ab", "bc"]
+    scores = [0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -10.0, -5.0]
+    plain = {"tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_space_prefix": False}
+    kept = tmp_path / "tokenizers"
+
+    def built(**extra: object) -> TextTokenizer:
+        types = [3 if t.startswith("<") else 1 for t in base]
+        return tokenizer_from_metadata({
+            "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": base,
+            "tokenizer.ggml.token_type": types, "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, **plain,
+        }, **extra)  # type: ignore[arg-type]  # fmt: skip
+
+    alone = built()
+    first = built(merges_kept=str(kept))
+    (order,) = kept.glob("*.merges")
+    assert first.tokenizer.to_str() == alone.tokenizer.to_str()
+    assert [base[i] for i in built(merges_kept=str(kept)).encode("abc")] == ["a", "bc"]
+    np.asarray([2, 3, 4, 4, 5], dtype="<i4").tofile(order)  # a + b first, then b + c
+    assert [base[i] for i in built(merges_kept=str(kept)).encode("abc")] == ["ab", "c"]
+    for spoiled in ([3, 3, 4], [2, 3, 4, 4, 99], [2, -1, 4, 4, 5]):
+        np.asarray(spoiled, dtype="<i4").tofile(order)
+        again = built(merges_kept=str(kept))
+        assert again.tokenizer.to_str() == alone.tokenizer.to_str()
+        assert np.fromfile(order, dtype="<i4").tolist() == [2, 4, 5, 3, 4]
+
+
 def test_sentencepiece_vocabulary_of_a_gemma_file(tmp_path: Path) -> None:
     """Gemma's kind: spaces as U+2581, no space prefix, BOS first (once), a character no
     piece covers spelled as its UTF-8 bytes; decoding and the streamed bytes give the

@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -122,13 +123,14 @@ def load_model(
     weights: str = "int4",
     native: bool = False,
     chat_template: str | None = None,
-    digests: str | None = None,
+    cache_dir: str | None = None,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> LoadedModel:
     """Read, verify and load a GGUF model; `max_positions` sizes the rotary table;
     `chat_template` (Jinja text) replaces the file's own. `native`: for ninfer's native
     kernels (loaded and configured by the caller), where the model allows them.
-    `digests`: where the file's sha256 is remembered (`file_sha256`), if anywhere."""
+    `cache_dir`: where the file's sha256 (digests/, `file_sha256`) and a SentencePiece
+    vocabulary's merge order (tokenizers/) are kept between starts, if anywhere."""
     prime_vector_math()  # before any of torch's math runs on two threads
     t0 = time.perf_counter()
     progress(f"reading {path}")
@@ -138,10 +140,14 @@ def load_model(
     # on a core; the layers' packing then has both cores (the three at once took longer:
     # the 1B's 3.8 s against 2.9 s, docs/benchmarks.md).
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ninfer-tokenizer") as beside:
+        kept = (lambda part: str(Path(cache_dir) / part)) if cache_dir else (lambda _p: None)
         tokenizer_job = beside.submit(
-            tokenizer_from_metadata, gguf.metadata, chat_template=chat_template
+            tokenizer_from_metadata,
+            gguf.metadata,
+            chat_template=chat_template,
+            merges_kept=kept("tokenizers"),
         )
-        sha = file_sha256(path, digests)
+        sha = file_sha256(path, kept("digests"))
         tokenizer = tokenizer_job.result()
     progress(
         f"parsed {len(gguf.tensors)} tensors, vocabulary {tokenizer.vocab_size} "

@@ -181,7 +181,7 @@ def create_engine(
             weights=config.weights,
             native=kernels.native,
             chat_template=config.chat_template,
-            digests=str(Path(config.cache_dir) / "digests") if config.cache_dir else None,
+            cache_dir=config.cache_dir,
             progress=progress,
         )
         if loaded.transformer.native is None and loaded.kernels != "torch":
