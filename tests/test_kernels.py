@@ -130,6 +130,34 @@ def test_a_panel_packs_to_the_same_bytes_whole_or_a_row_at_a_time(kind: str) -> 
     assert torch.equal(shorts[0], shorts[1])
 
 
+def test_the_arena_packs_each_matrix_as_a_buffer_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Matrices packed side by side in an arena's chunk (every type, some of odd row
+    counts) are byte for byte what each packs to alone, each 64-byte aligned and
+    computing the same products; a matrix of half a chunk or more gets a buffer of its
+    own, and a chunk too full for the next matrix is followed by a new one."""
+    monkeypatch.setattr(_native.PackArena, "CHUNK", 96 << 10)
+    arena = _native.PackArena()
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(2))
+    bases = []
+    for i, kind in enumerate(TYPES):
+        raw, _ = raw_tensor(kind, 16 + 7 * (i % 3), 512, seed=i)
+        fmt = int(OPS.pack_format([kind]))
+        alone = OPS.pack([raw], [kind], 512, fmt)
+        part = arena.take(int(OPS.packed_size(fmt, raw.shape[0], 512)))
+        OPS.pack_into([raw], [kind], 512, fmt, part)
+        assert torch.equal(part, alone), kind
+        assert part.data_ptr() % 64 == 0
+        n = int(raw.shape[0])
+        both = Packed(part, fmt, n, 512, (kind,)), Packed(alone, fmt, n, 512, (kind,))
+        assert torch.equal(both[0](x), both[1](x)), kind
+        bases.append(part.untyped_storage().data_ptr())
+    assert 1 < len(set(bases)) < len(bases)  # several matrices a chunk, several chunks
+    big = arena.take(_native.PackArena.CHUNK // 2)
+    assert big.untyped_storage().nbytes() == _native.PackArena.CHUNK // 2
+
+
 @pytest.mark.parametrize("kind", TYPES)
 def test_a_matmul_is_float64_close_and_the_same_bits_everywhere(kind: str) -> None:
     """x W^T within 2e-6 of float64 of the file's values, and the same bits in every

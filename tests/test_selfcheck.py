@@ -163,8 +163,8 @@ def test_a_wrong_row_between_the_sampled_ones_is_refused_by_the_whole_layer_chec
     real = _model.pack_tensors
     changed: list[list[int]] = []
 
-    def one_panel_wrong(gguf: Any, names: Any) -> native.Packed:
-        m = real(gguf, names)
+    def one_panel_wrong(gguf: Any, names: Any, arena: Any = None) -> native.Packed:
+        m = real(gguf, names, arena)
         if names[0] == "blk.1.ffn_gate.weight":
             ids = torch.arange(m.out_features)
             before = m.rows(ids)

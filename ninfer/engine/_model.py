@@ -28,7 +28,7 @@ from ninfer.engine import _native
 from ninfer.engine._gguf import GGUFFile, ModelArgs, decode_blocks
 from ninfer.engine._invariance import attention_row_quantum
 from ninfer.engine._kvpool import KVPages
-from ninfer.engine._native import NativeLayers, Packed, pack_tensors
+from ninfer.engine._native import NativeLayers, PackArena, Packed, pack_tensors
 
 __all__ = [
     "WEIGHT_MODES", "Dense", "Embedding", "Int4", "KernelState", "Linear", "Rotations",
@@ -898,7 +898,8 @@ def load_transformer(
 
     linear: Callable[..., Linear]
     if native:
-        linear = lambda *names: pack_tensors(gguf, names)  # noqa: E731
+        arena = PackArena()
+        linear = lambda *names: pack_tensors(gguf, names, arena)  # noqa: E731
     else:
         linear = _torch_linears(gguf, dtype=dtype, device=device, weights=weights)
 

@@ -25,9 +25,11 @@ from typing import Any
 import torch
 
 from ninfer.engine._gguf import GGUFFile, ModelArgs
+from ninfer.engine._memory import advise_huge_pages
 
 __all__ = [
     "NativeLayers",
+    "PackArena",
     "Packed",
     "attention",
     "device_unsupported",
@@ -90,14 +92,50 @@ class Packed:
                       self.kinds)  # fmt: skip
 
 
-def pack_tensors(gguf: GGUFFile, names: Sequence[str]) -> Packed:
-    """The file's tensors `names`, stacked along their outputs, packed as one matrix."""
+class PackArena:
+    """Memory for a model's packed matrices: parts of CHUNK-byte buffers, each asking the
+    system for transparent huge pages before its first store (`_memory.advise_huge_pages`;
+    Linux's common "madvise" setting honours it). A decode step streams every packed byte, and on
+    4 KiB pages a 1B model's step took 43.6-43.9 ms against 39.8-40.1 on 2 MiB ones; the
+    matrices of a small model (most of SmolLM2's are under 1 MiB) only get them side by
+    side. A matrix of half a chunk or more has a buffer of its own. What a chunk holds
+    past its last matrix is never written, so never resident."""
+
+    CHUNK = 64 << 20
+    ALIGN = 64  # the kernels' loads want each matrix 64-byte aligned, as torch's buffers
+
+    def __init__(self) -> None:
+        self._chunk: torch.Tensor | None = None
+        self._used = 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """`nbytes` of fresh uint8 memory, 64-byte aligned."""
+        if nbytes * 2 >= self.CHUNK:
+            return _huge(nbytes)
+        if self._chunk is None or self._used + nbytes > self.CHUNK:
+            self._chunk, self._used = _huge(self.CHUNK), 0
+        part = self._chunk[self._used : self._used + nbytes]
+        self._used += -(-nbytes // self.ALIGN) * self.ALIGN
+        return part
+
+
+def _huge(nbytes: int) -> torch.Tensor:
+    out = torch.empty(nbytes, dtype=torch.uint8)
+    advise_huge_pages(out)
+    return out
+
+
+def pack_tensors(gguf: GGUFFile, names: Sequence[str], arena: PackArena | None = None) -> Packed:
+    """The file's tensors `names`, stacked along their outputs, packed as one matrix (in
+    memory from `arena`, else a buffer of its own)."""
     kinds, raws = zip(*(gguf.stored(n) for n in names), strict=True)
     shapes = [gguf.tensors[n].shape for n in names]
     k = int(shapes[0][0])  # GGUF lists a matrix's inputs first
     fmt = int(_ops().pack_format(list(kinds)))
-    data = _ops().pack(list(raws), list(kinds), k, fmt)
     n = sum(int(r.shape[0]) for r in raws)
+    size = int(_ops().packed_size(fmt, n, k))
+    data = arena.take(size) if arena is not None else _huge(size)
+    _ops().pack_into(list(raws), list(kinds), k, fmt, data)
     return Packed(data, fmt, n, k, tuple(kinds))
 
 

@@ -111,10 +111,17 @@ void huge_pages(void* data, size_t bytes) {
 #endif
 }
 
+int64_t packed_size(int64_t format, int64_t n, int64_t k) {
+  return static_cast<int64_t>(packed_bytes(static_cast<int>(layout_of(static_cast<int>(format)).format),
+                                           static_cast<int>(n), static_cast<int>(k)));
+}
+
 // The tensors (each (rows, bytes a row) uint8, as the file stores them) stacked along
-// their outputs, packed in `format` (pack_format of their types): a uint8 tensor.
-at::Tensor pack(std::vector<at::Tensor> raws, std::vector<std::string> types, int64_t k,
-                int64_t format) {
+// their outputs, packed in `format` (pack_format of their types) into `out` (a contiguous
+// uint8 CPU tensor of packed_size bytes, 64-byte aligned, not yet written: the engine
+// hands out parts of large buffers that ask for huge pages, `Packed`'s arena).
+void pack_into(std::vector<at::Tensor> raws, std::vector<std::string> types, int64_t k,
+               int64_t format, at::Tensor out) {
   TORCH_CHECK(raws.size() == types.size() && !raws.empty(), "one type a tensor");
   TORCH_CHECK(k % 32 == 0, "inputs must be a whole number of 32-input blocks");
   int64_t n = 0;
@@ -133,11 +140,11 @@ at::Tensor pack(std::vector<at::Tensor> raws, std::vector<std::string> types, in
   // the pages of the panels it packs.
   const int fmt = static_cast<int>(format);
   const size_t panel_bytes = packed_bytes(fmt, 16, static_cast<int>(k));
-  at::Tensor out = at::empty({static_cast<int64_t>(packed_bytes(fmt, static_cast<int>(n),
-                                                                static_cast<int>(k)))},
-                             at::kByte);
+  TORCH_CHECK(out.dtype() == at::kByte && out.is_contiguous() && out.device().is_cpu() &&
+                  static_cast<size_t>(out.numel()) == packed_bytes(fmt, static_cast<int>(n), static_cast<int>(k)),
+              "pack_into: a contiguous uint8 CPU tensor of the packed size");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 64 == 0, "pack_into: 64-byte aligned");
   uint8_t* dst = out.data_ptr<uint8_t>();
-  huge_pages(dst, static_cast<size_t>(out.numel()));
   for (int64_t i = 0, at_row = 0; i <= static_cast<int64_t>(raws.size()); i++) {
     // the panel a later tensor's first row falls in past its start, and the last, part
     // empty
@@ -191,6 +198,17 @@ at::Tensor pack(std::vector<at::Tensor> raws, std::vector<std::string> types, in
     for (const auto& e : errors) TORCH_CHECK(e.empty(), "packing ", t, ": ", e);
     base += rows;
   }
+}
+
+// pack_into a buffer of its own, asking for huge pages.
+at::Tensor pack(std::vector<at::Tensor> raws, std::vector<std::string> types, int64_t k,
+                int64_t format) {
+  TORCH_CHECK(!raws.empty() && raws.size() == types.size(), "one type a tensor");
+  int64_t n = 0;
+  for (const auto& r : raws) n += r.dim() == 2 ? r.size(0) : 0;
+  at::Tensor out = at::empty({packed_size(format, n, k)}, at::kByte);
+  huge_pages(out.data_ptr(), static_cast<size_t>(out.numel()));
+  pack_into(std::move(raws), std::move(types), k, format, out);
   return out;
 }
 
@@ -821,6 +839,9 @@ TORCH_LIBRARY(ninfer, m) {
   m.def("top_k(Tensor logits, int k) -> Tensor", &ninfer::top_k);
   m.def("pack_format(str[] types) -> int", &ninfer::pack_format);
   m.def("pack(Tensor[] raws, str[] types, int k, int format) -> Tensor", &ninfer::pack);
+  m.def("packed_size(int format, int n, int k) -> int", &ninfer::packed_size);
+  m.def("pack_into(Tensor[] raws, str[] types, int k, int format, Tensor(a!) out) -> ()",
+        &ninfer::pack_into);
   m.def("linear(Tensor x, Tensor packed, int format, int n) -> Tensor", &ninfer::linear);
   m.def("dequant(Tensor packed, int format, int n, int k, Tensor rows) -> Tensor", &ninfer::dequant);
   m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor", &ninfer::rmsnorm);
