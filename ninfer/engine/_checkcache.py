@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import attrs
 import torch
 
 from ninfer.engine._contract import EngineConfig, PathCheck
+from ninfer.engine._kept import keep_file, mark_used
 
 __all__ = [
     "KEPT_VERDICTS",
@@ -149,8 +149,7 @@ def read_verdict(directory: str, key: str) -> Verdict | None:
         return None
     if not checks or not all(c.ok for c in checks) or not verdict.batch_sizes:
         return None  # never written so: not to be trusted
-    with contextlib.suppress(OSError):
-        os.utime(Path(directory) / f"{key}.json")  # used: the last to be pruned
+    mark_used(Path(directory) / f"{key}.json")
     return verdict
 
 
@@ -167,33 +166,14 @@ def write_verdict(directory: str, key: str, material: dict[str, Any], verdict: V
         },
     }
     try:
-        where = Path(directory)
-        where.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=where, prefix=f".{key}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(body, f, indent=1, sort_keys=True)
-            os.replace(tmp, where / f"{key}.json")
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        _prune(where)
+        keep_file(
+            Path(directory) / f"{key}.json",
+            json.dumps(body, indent=1, sort_keys=True).encode(),
+            keep=KEPT_VERDICTS,
+        )
     except OSError as e:
         return f"{type(e).__name__}: {e.strerror or e}"
     return ""
-
-
-def _prune(where: Path) -> None:
-    """All but the KEPT_VERDICTS most recently used verdicts removed."""
-    kept = []
-    for p in where.glob("*.json"):
-        with contextlib.suppress(OSError):
-            kept.append((p.stat().st_mtime, p))
-    kept.sort(reverse=True)
-    for _, p in kept[KEPT_VERDICTS:]:
-        with contextlib.suppress(OSError):
-            p.unlink()
 
 
 def now_utc() -> str:

@@ -15,7 +15,6 @@ import hashlib
 import mmap
 import os
 import re
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from ninfer.engine._errors import ArtifactError
+from ninfer.engine._kept import keep_file, mark_used
 
 __all__ = ["GGUFFile", "ModelArgs", "decode_blocks", "dequantize", "file_sha256", "open_gguf"]
 
@@ -202,7 +202,7 @@ def file_sha256(path: str | os.PathLike[str], memo: str | os.PathLike[str] | Non
             with contextlib.suppress(OSError, UnicodeDecodeError):
                 known = remembered.read_text(encoding="ascii").strip()
                 if re.fullmatch(r"[0-9a-f]{64}", known):
-                    os.utime(remembered)  # used: the last to be pruned
+                    mark_used(remembered)
                     return known
         h = hashlib.sha256()
         if st.st_size > 0:  # an empty file cannot be mapped
@@ -210,27 +210,9 @@ def file_sha256(path: str | os.PathLike[str], memo: str | os.PathLike[str] | Non
                 h.update(view)
     digest = h.hexdigest()
     if remembered is not None and time.time() - max(st.st_mtime, st.st_ctime) >= RACY_S:
-        _remember(remembered, digest)
+        with contextlib.suppress(OSError):  # not kept: the next start hashes again
+            keep_file(remembered, f"{digest}\n".encode(), keep=KEPT_DIGESTS)
     return digest
-
-
-def _remember(where: Path, digest: str) -> None:
-    """`digest` written to `where` whole (a temporary file renamed over), the oldest beyond
-    KEPT_DIGESTS removed; a directory that cannot be written is no error (the next start
-    hashes again)."""
-    with contextlib.suppress(OSError):
-        where.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=where.parent, prefix=".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="ascii") as f:
-                f.write(digest + "\n")
-            os.replace(tmp, where)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)  # gone already once renamed
-        kept = sorted(((p.stat().st_mtime, p) for p in where.parent.glob("*.sha256")), reverse=True)
-        for _, old in kept[KEPT_DIGESTS:]:
-            old.unlink(missing_ok=True)
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:

@@ -20,8 +20,6 @@ import functools
 import hashlib
 import itertools
 import json
-import os
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +47,7 @@ from ninfer.engine._contract import (
 )
 from ninfer.engine._controltext import ControlText
 from ninfer.engine._errors import ArtifactError
+from ninfer.engine._kept import keep_file, mark_used
 
 __all__ = [
     "ChatTemplate",
@@ -465,24 +464,13 @@ def _kept_merges(
         if len(ids) >= 1 and len(ids) == 1 + 2 * int(ids[0]):
             pairs = ids[1:]
             if len(pairs) == 0 or (int(pairs.min()) >= 0 and int(pairs.max()) < len(tokens)):
-                os.utime(path)  # used: the last to be pruned
+                mark_used(path)
                 it = iter(pairs.tolist())
                 return list(zip(it, it, strict=True))
     merges = _score_merges(tokens, types, scores)
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(np.asarray([len(merges), *itertools.chain.from_iterable(merges)],
-                                   dtype="<i4").tobytes())  # fmt: skip
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)  # gone already once renamed
-        kept = sorted(((p.stat().st_mtime, p) for p in path.parent.glob("*.merges")), reverse=True)
-        for _, old in kept[KEPT_MERGES:]:
-            old.unlink(missing_ok=True)
+    data = np.asarray([len(merges), *itertools.chain.from_iterable(merges)], dtype="<i4")
+    with contextlib.suppress(OSError):  # not kept: the next start ranks them again
+        keep_file(path, data.tobytes(), keep=KEPT_MERGES)
     return merges
 
 
