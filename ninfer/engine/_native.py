@@ -94,12 +94,13 @@ class Packed:
 
 class PackArena:
     """Memory for a model's packed matrices: parts of CHUNK-byte buffers, each asking the
-    system for transparent huge pages before its first store (`_memory.advise_huge_pages`;
-    Linux's common "madvise" setting honours it). A decode step streams every packed byte, and on
-    4 KiB pages a 1B model's step took 43.6-43.9 ms against 39.8-40.1 on 2 MiB ones; the
-    matrices of a small model (most of SmolLM2's are under 1 MiB) only get them side by
-    side. A matrix of half a chunk or more has a buffer of its own. What a chunk holds
-    past its last matrix is never written, so never resident."""
+    system for transparent huge pages before its first store
+    (`_memory.advise_huge_pages`; Linux's common "madvise" setting honours it). A decode
+    step streams every packed byte, and on 4 KiB pages a 1B model's step took 43.6-43.9
+    ms against 39.8-40.1 on 2 MiB ones; the matrices of a small model (most of SmolLM2's
+    are under 1 MiB) only get them side by side. A matrix of half a chunk or more has a
+    buffer of its own. What a chunk holds past its last matrix is never written, so never
+    resident (but for the rest of a huge page the last matrix ends in)."""
 
     CHUNK = 64 << 20
     ALIGN = 64  # the kernels' loads want each matrix 64-byte aligned, as torch's buffers

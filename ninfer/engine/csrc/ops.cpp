@@ -96,9 +96,10 @@ std::pair<int, int> share(int items, int unit, int t, int tasks) {
 int64_t pack_format(std::vector<std::string> types) { return stack_format(types); }
 
 // Transparent huge pages asked for over the 2 MiB-aligned part of a fresh buffer, before
-// its first store (Linux; "madvise" is the common system setting): a 1.7B model's packed
-// matrices are 1.1 GB, 280,000 pages of 4 KiB faulted in one by one while packing, and
-// every decode step streams all of them through the TLB.
+// its first store (Linux; "madvise" is the common system setting): every decode step
+// streams all of a model's packed matrices (a 1.7B model's 1.1 GB: 280,000 pages of 4
+// KiB). `pack`'s own buffers; the engine's come from _native.PackArena, which asks the
+// same of its chunks.
 void huge_pages(void* data, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHuge = uintptr_t{1} << 21;
@@ -119,7 +120,7 @@ int64_t packed_size(int64_t format, int64_t n, int64_t k) {
 // The tensors (each (rows, bytes a row) uint8, as the file stores them) stacked along
 // their outputs, packed in `format` (pack_format of their types) into `out` (a contiguous
 // uint8 CPU tensor of packed_size bytes, 64-byte aligned, not yet written: the engine
-// hands out parts of large buffers that ask for huge pages, `Packed`'s arena).
+// packs a model into parts of large buffers that ask for huge pages, _native.PackArena).
 void pack_into(std::vector<at::Tensor> raws, std::vector<std::string> types, int64_t k,
                int64_t format, at::Tensor out) {
   TORCH_CHECK(raws.size() == types.size() && !raws.empty(), "one type a tensor");
