@@ -3,12 +3,13 @@ into one frozen `StartupPlan` that the loop reads and `Engine.served` reports.
 
 In order (`start_up`): the KV pool's size against the memory left after the weights;
 the self-check of the kernels (a wrong native kernel falls back, `_selfcheck`); the
-KV tensors (the native layers keep their keys transposed); the batch sizes whose rows
-are computed as alone (`_invariance`; narrowed bfloat16 matrices where that gives
-more of them and the self-check agrees); whether prompts are prefilled together;
-whether decode batches are invariant (else every step padded to the largest); the
-speculative backend (only where a verifying pass changes no bit); the report of all
-of it; a warm-up pass; the cost of a pass per row (what drafting is worth).
+batch sizes whose rows are computed as alone (`_invariance`; narrowed bfloat16
+matrices where that gives more of them and the self-check agrees); whether prompts are
+prefilled together; whether decode batches are invariant (else every step padded to
+the largest); the speculative backend (only where a verifying pass changes no bit); the
+report of all of it (all of which a later start of the same everything adopts instead,
+`_checkcache`); the KV tensors (the native layers keep their keys transposed); a
+warm-up pass; the cost of a pass per row (what drafting is worth).
 """
 
 from __future__ import annotations
@@ -232,44 +233,19 @@ class _Startup:
         cfg = self.config
         sizing, pool = self.page_pool()
         model = self.loaded.transformer
-        check = None
         kept = self.kept_verdict()
         if kept is not None:  # checked by an earlier start of the same everything
             self.adopt(kept)
-        elif self.loaded.source is not None:  # a model from its file: check what runs it
-            tokens = probe_tokens(self.loaded.tokenizer, self.loaded.identity.vocab_size)
-            check = SelfCheck(model, self.loaded.source, tokens, weights=cfg.weights,
-                              kv_dtype=self.kv_dtype)  # fmt: skip
-            check.kernels()  # falls back where a kernel is wrong; raises where none is right
-            if model.native is None and self.loaded.kernels.startswith("native"):
-                refused = "torch (the self-check refused the native kernels)"
-                self.loaded = attrs.evolve(self.loaded, kernels=refused)
-            if self.kv_dtype == "float16" and not check.kv_float16():
-                if cfg.kv_dtype == "float16":
-                    raise SelfCheckFailed("the float16 KV pool computes wrong")
-                self.kv_dtype = "float32"  # auto: the float32 pool, sized again
-                check.kv_dtype = self.kv_dtype  # and the whole passes checked on one
-                sizing, pool = self.page_pool()
-        if kept is None:
-            # The native kernels' top-p where they serve: checked against the full sort
-            # when the model came from its file (else taken as their tests found it).
-            self.native_top_p = model.native is not None and (check is None or check.top_p())
-            self.native_top_k = model.native is not None and (check is None or check.top_k())
+        else:
+            sizing, pool = self.checked(sizing, pool)
+        if self.loaded.source is not None:
+            self.loaded = attrs.evolve(self.loaded, source=None)  # the file's map goes
+            trim_heap()
         # After the kernel check: the native layers keep their keys transposed, torch's not.
         kv = KVPages.allocate(
             model.args, n_pages=pool.n_pages, page_size=cfg.page_size, dtype=model.dtype,
             device=cfg.device, kv_dtype=self.kv_dtype, keys_transposed=model.native is not None,
         )  # fmt: skip
-        if kept is None:
-            self.batches(check)
-            if cfg.spec != "none":
-                self.speculation(check)
-        if check is not None:
-            self.report(check)
-            self.keep_verdict(check)
-        if self.loaded.source is not None and (check is not None or kept is not None):
-            self.loaded = attrs.evolve(self.loaded, source=None)  # the file's map goes
-            trim_heap()
         if model.native is not None:
             # The native kernels have their own threads; torch's ops between their calls
             # (sampling, a step's bookkeeping) are small, and on torch's threads they left
@@ -295,6 +271,40 @@ class _Startup:
         if self.speculative != "none":
             plan = attrs.evolve(plan, row_cost=self.measure_row_cost(pool, kv))
         return Started(model=self.loaded, plan=plan, pool=pool, kv=kv)
+
+    def checked(self, sizing: KVSizing, pool: PagePool) -> tuple[KVSizing, PagePool]:
+        """Every start-up check, in order: a model loaded from its file has its kernels
+        checked (falling back where one is wrong, raising where none is right) and the
+        float16 pool (auto falls to a float32 one, sized again: the sizing and pool
+        returned); then top-p and top-k, the batches and speculation; the self-check
+        reported, and its verdict kept where it is clean."""
+        cfg, model = self.config, self.loaded.transformer
+        check = None
+        if self.loaded.source is not None:
+            tokens = probe_tokens(self.loaded.tokenizer, self.loaded.identity.vocab_size)
+            check = SelfCheck(model, self.loaded.source, tokens, weights=cfg.weights,
+                              kv_dtype=self.kv_dtype)  # fmt: skip
+            check.kernels()  # falls back where a kernel is wrong; raises where none is right
+            if model.native is None and self.loaded.kernels.startswith("native"):
+                refused = "torch (the self-check refused the native kernels)"
+                self.loaded = attrs.evolve(self.loaded, kernels=refused)
+            if self.kv_dtype == "float16" and not check.kv_float16():
+                if cfg.kv_dtype == "float16":
+                    raise SelfCheckFailed("the float16 KV pool computes wrong")
+                self.kv_dtype = "float32"  # auto: the float32 pool, sized again
+                check.kv_dtype = self.kv_dtype  # and the whole passes checked on one
+                sizing, pool = self.page_pool()
+        # The native kernels' top-p where they serve: checked against the full sort when
+        # the model came from its file (else taken as their tests found it).
+        self.native_top_p = model.native is not None and (check is None or check.top_p())
+        self.native_top_k = model.native is not None and (check is None or check.top_k())
+        self.batches(check)
+        if cfg.spec != "none":
+            self.speculation(check)
+        if check is not None:
+            self.report(check)
+            self.keep_verdict(check)
+        return sizing, pool
 
     def kept_verdict(self) -> Verdict | None:
         """The verdict an earlier start kept for exactly this model, code, CPU and

@@ -19,10 +19,6 @@
 #include <utility>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #include "api.h"
 #include "pack.h"
 #include "pool.h"
@@ -94,23 +90,6 @@ std::pair<int, int> share(int items, int unit, int t, int tasks) {
 // ---- packing ---------------------------------------------------------------------------
 
 int64_t pack_format(std::vector<std::string> types) { return stack_format(types); }
-
-// Transparent huge pages asked for over the 2 MiB-aligned part of a fresh buffer, before
-// its first store (Linux; "madvise" is the common system setting): every decode step
-// streams all of a model's packed matrices (a 1.7B model's 1.1 GB: 280,000 pages of 4
-// KiB). `pack`'s own buffers; the engine's come from _native.PackArena, which asks the
-// same of its chunks.
-void huge_pages(void* data, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-  (void)data;
-  (void)bytes;
-#endif
-}
 
 int64_t packed_size(int64_t format, int64_t n, int64_t k) {
   return static_cast<int64_t>(packed_bytes(static_cast<int>(layout_of(static_cast<int>(format)).format),
@@ -201,14 +180,14 @@ void pack_into(std::vector<at::Tensor> raws, std::vector<std::string> types, int
   }
 }
 
-// pack_into a buffer of its own, asking for huge pages.
+// pack_into a buffer of its own (the engine packs into _native.PackArena's, which ask for
+// huge pages).
 at::Tensor pack(std::vector<at::Tensor> raws, std::vector<std::string> types, int64_t k,
                 int64_t format) {
   TORCH_CHECK(!raws.empty() && raws.size() == types.size(), "one type a tensor");
   int64_t n = 0;
   for (const auto& r : raws) n += r.dim() == 2 ? r.size(0) : 0;
   at::Tensor out = at::empty({packed_size(format, n, k)}, at::kByte);
-  huge_pages(out.data_ptr(), static_cast<size_t>(out.numel()));
   pack_into(std::move(raws), std::move(types), k, format, out);
   return out;
 }
