@@ -158,12 +158,20 @@ static inline void block_sums(const float* x, int k, int qb, float* sums) {
 
 // MR rows (1..4) by P panels at once, each code decoded once and used by every row. nb:
 // blocks a panel; the rows' sums are a scale group's (nb * NS a row).
-template <class F, int MR, int P>
+// Mem: the outputs' sums kept in memory between scale groups (loaded, folded and stored
+// once a group, as the GEMM's are), so the registers hold only the group's partial sums,
+// a code vector and the inputs: on AVX2 (16 registers, a V16 two of them) 2 rows by 2
+// panels or 4 rows by 1 hold 8 partial-sum chains without spilling.
+template <class F, int MR, int P, bool Mem = false>
 static inline void gemv(const float* x, int ldx, const float* sums, const uint8_t* w, int nb,
                         int p0, float* y, int ldy, int n_out) {
-  V16 acc[MR][P];
+  V16 acc[Mem ? 1 : MR][Mem ? 1 : P];
+  alignas(64) float accm[Mem ? MR * P * 16 : 16];
   for (int i = 0; i < MR; i++)
-    for (int j = 0; j < P; j++) acc[i][j] = vzero();
+    for (int j = 0; j < P; j++) {
+      if constexpr (Mem) vstore(accm + (i * P + j) * 16, vzero());
+      else acc[i][j] = vzero();
+    }
   const size_t panel_bytes = static_cast<size_t>(nb) * F::block_bytes;
   const int ns = nb * F::NS;
   for (int b = 0; b < nb; b++) {
@@ -193,8 +201,15 @@ static inline void gemv(const float* x, int ldx, const float* sums, const uint8_
       }
       for (int j = 0; j < P; j++) {
         const typename F::Scales sc = sb[j].at(blk[j], s);
-        for (int i = 0; i < MR; i++)
-          acc[i][j] = F::fold(acc[i][j], part[i][j], sc, sums[i * ns + b * F::NS + s]);
+        for (int i = 0; i < MR; i++) {
+          const float x_sum = sums[i * ns + b * F::NS + s];
+          if constexpr (Mem) {
+            float* a = accm + (i * P + j) * 16;
+            vstore(a, F::fold(vload(a), part[i][j], sc, x_sum));
+          } else {
+            acc[i][j] = F::fold(acc[i][j], part[i][j], sc, x_sum);
+          }
+        }
       }
     }
   }
@@ -202,7 +217,8 @@ static inline void gemv(const float* x, int ldx, const float* sums, const uint8_
   for (int i = 0; i < MR; i++)
     for (int j = 0; j < P; j++) {
       const int n0 = (p0 + j) * 16;
-      vstore(out, acc[i][j]);
+      if constexpr (Mem) vstore(out, vload(accm + (i * P + j) * 16));
+      else vstore(out, acc[i][j]);
       const int count = std::min(16, n_out - n0);
       for (int l = 0; l < count; l++) y[i * ldy + n0 + l] = out[l];
     }
@@ -268,10 +284,14 @@ constexpr int GEMV_P2 = 2;
 // panel is already two registers here.
 constexpr int GEMM_MR = 4;
 constexpr int GEMM_NP = 1;
-constexpr int GEMV_P1 = 3;
-// two rows a panel at a time: two rows by two panels' sums and partial sums are all 16 of
-// AVX2's registers, and spilled (the 1B's two-row step 1.2-1.35x slower than this)
-constexpr int GEMV_P2 = 1;
+// one row by 4 panels, its sums in memory (gemv's Mem): 8 partial sums (3 panels with the
+// sums in registers before: 6 chains, and 1.05x the step's time)
+constexpr int GEMV_P1 = 4;
+// two rows by two panels with their sums in memory (gemv's Mem): in registers, sums and
+// partial sums were all 16 of AVX2's registers, and spilled (the 1B's two-row step
+// 1.2-1.35x slower than one panel); one panel left 4 chains of fused multiply-adds,
+// each waiting on the one before
+constexpr int GEMV_P2 = 2;
 #else
 constexpr int GEMM_MR = 4;
 constexpr int GEMM_NP = 1;
@@ -285,8 +305,13 @@ constexpr int GEMV_P2 = 1;
 // had 4 or 1 rows' chains of fused multiply-adds to keep busy. More rows: the GEMM path.
 #if defined(NINFER_ISA_AVX512)
 constexpr int GEMV_MAX = 11;
+constexpr bool GEMV_MEM = false;  // 32 registers: every row's sums fit beside the parts
+#elif defined(NINFER_ISA_AVX2)
+constexpr int GEMV_MAX = 4;  // 4 rows by one panel, sums in memory (the GEMM path: 1.2x slower)
+constexpr bool GEMV_MEM = true;
 #else
 constexpr int GEMV_MAX = 3;
+constexpr bool GEMV_MEM = false;
 #endif
 
 template <class F>
@@ -295,14 +320,17 @@ static void gemv_rows(const float* x, int m, int ldx, const float* sums, const M
   const int nb = w.k / F::QB;
   int p = p0;
   if (m == 1) {
-    for (; p + GEMV_P1 <= p1; p += GEMV_P1) gemv<F, 1, GEMV_P1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    for (; p + GEMV_P1 <= p1; p += GEMV_P1) gemv<F, 1, GEMV_P1, GEMV_MEM>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
     for (; p < p1; p++) gemv<F, 1, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
   } else if (m == 2) {
-    for (; p + GEMV_P2 <= p1; p += GEMV_P2) gemv<F, 2, GEMV_P2>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    for (; p + GEMV_P2 <= p1; p += GEMV_P2) gemv<F, 2, GEMV_P2, GEMV_MEM>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
     for (; p < p1; p++) gemv<F, 2, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
   } else if (m == 3) {
-    for (; p < p1; p++) gemv<F, 3, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    for (; p < p1; p++) gemv<F, 3, 1, GEMV_MEM>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
   } else {
+    if (GEMV_MEM) {
+      for (; p < p1; p++) gemv<F, 4, 1, true>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    }
     for (; p + 2 <= p1; p += 2) gemv<F, 4, 2>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
     for (; p < p1; p++) gemv<F, 4, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
     if (m > 4)
