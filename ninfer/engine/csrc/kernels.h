@@ -275,8 +275,12 @@ constexpr size_t GEMM_TILE_BYTES = 512 * 1024;
 // products; 8 x 2 and 14 x 2 in between)
 constexpr int GEMM_MR = 6;
 constexpr int GEMM_NP = 4;
+// the matrix-vector path's panels at once for 1, 2, 3 and 4 rows (gemv_mem below: which
+// keep their sums in memory); one row by 8 panels measured 1.05x slower than 4
 constexpr int GEMV_P1 = 4;
-constexpr int GEMV_P2 = 2;
+constexpr int GEMV_P2 = 4;
+constexpr int GEMV_P3 = 3;
+constexpr int GEMV_P4 = 2;
 #elif defined(NINFER_ISA_AVX2)
 // 4, not 6: 6 rows' sums are 12 of AVX2's 16 registers, leaving none once a block's two
 // code vectors and the broadcast input are loaded; 6 measured slower than 4 on the 1B's
@@ -292,27 +296,42 @@ constexpr int GEMV_P1 = 4;
 // 1.2-1.35x slower than one panel); one panel left 4 chains of fused multiply-adds,
 // each waiting on the one before
 constexpr int GEMV_P2 = 2;
+constexpr int GEMV_P3 = 1;
+constexpr int GEMV_P4 = 1;
 #else
 constexpr int GEMM_MR = 4;
 constexpr int GEMM_NP = 1;
 constexpr int GEMV_P1 = 1;
 constexpr int GEMV_P2 = 1;
+constexpr int GEMV_P3 = 1;
+constexpr int GEMV_P4 = 1;
 #endif
 
 // Up to GEMV_MAX rows: each code decoded in registers for every row it multiplies; on
-// AVX-512 four rows at a time (4 rows x 2 panels of sums fit its 32 registers; AVX2's 16
-// would spill them): at 4-11 rows 1.1-1.7x the GEMM path's speed there, whose micro-kernel
-// had 4 or 1 rows' chains of fused multiply-adds to keep busy. More rows: the GEMM path.
+// AVX-512 four rows at a time (4 rows x 2 panels of sums fit its 32 registers): at 4-11
+// rows 1.1-1.7x the GEMM path's speed there, whose micro-kernel had 4 or 1 rows' chains
+// of fused multiply-adds to keep busy. More rows: the GEMM path.
 #if defined(NINFER_ISA_AVX512)
 constexpr int GEMV_MAX = 11;
-constexpr bool GEMV_MEM = false;  // 32 registers: every row's sums fit beside the parts
+// which row counts keep their sums in memory (gemv's Mem): two and three rows, whose 4 and
+// 3 chains became 8 and 9 (the 1B's two-row step 63-66 -> 52 ms, three rows 69-76 ->
+// 64-65); one row and four keep theirs in registers (in memory: 1.05x and 1.04x slower)
+constexpr bool gemv_mem(int mr) { return mr == 2 || mr == 3; }
 #elif defined(NINFER_ISA_AVX2)
 constexpr int GEMV_MAX = 4;  // 4 rows by one panel, sums in memory (the GEMM path: 1.2x slower)
-constexpr bool GEMV_MEM = true;
+constexpr bool gemv_mem(int) { return true; }
 #else
 constexpr int GEMV_MAX = 3;
-constexpr bool GEMV_MEM = false;
+constexpr bool gemv_mem(int) { return false; }
 #endif
+
+// MR rows by P panels from p while whole groups of P remain, then one panel at a time.
+template <class F, int MR, int P, bool Mem = gemv_mem(MR)>
+static inline void gemv_panels(const float* x, int ldx, const float* sums, const Matrix& w, int nb, int& p,
+                               int p1, float* y, int ldy) {
+  for (; p + P <= p1; p += P) gemv<F, MR, P, Mem>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+  for (; p < p1; p++) gemv<F, MR, 1, Mem>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+}
 
 template <class F>
 static void gemv_rows(const float* x, int m, int ldx, const float* sums, const Matrix& w, int p0,
@@ -320,19 +339,13 @@ static void gemv_rows(const float* x, int m, int ldx, const float* sums, const M
   const int nb = w.k / F::QB;
   int p = p0;
   if (m == 1) {
-    for (; p + GEMV_P1 <= p1; p += GEMV_P1) gemv<F, 1, GEMV_P1, GEMV_MEM>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
-    for (; p < p1; p++) gemv<F, 1, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    gemv_panels<F, 1, GEMV_P1>(x, ldx, sums, w, nb, p, p1, y, ldy);
   } else if (m == 2) {
-    for (; p + GEMV_P2 <= p1; p += GEMV_P2) gemv<F, 2, GEMV_P2, GEMV_MEM>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
-    for (; p < p1; p++) gemv<F, 2, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    gemv_panels<F, 2, GEMV_P2>(x, ldx, sums, w, nb, p, p1, y, ldy);
   } else if (m == 3) {
-    for (; p < p1; p++) gemv<F, 3, 1, GEMV_MEM>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    gemv_panels<F, 3, GEMV_P3>(x, ldx, sums, w, nb, p, p1, y, ldy);
   } else {
-    if (GEMV_MEM) {
-      for (; p < p1; p++) gemv<F, 4, 1, true>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
-    }
-    for (; p + 2 <= p1; p += 2) gemv<F, 4, 2>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
-    for (; p < p1; p++) gemv<F, 4, 1>(x, ldx, sums, w.data, nb, p, y, ldy, w.n);
+    gemv_panels<F, 4, GEMV_P4>(x, ldx, sums, w, nb, p, p1, y, ldy);
     if (m > 4)
       gemv_rows<F>(x + static_cast<size_t>(4) * ldx, m - 4, ldx, sums + static_cast<size_t>(4) * nb * F::NS, w, p0,
                    p1, y + static_cast<size_t>(4) * ldy, ldy);
