@@ -156,7 +156,7 @@ static inline void block_sums(const float* x, int k, int qb, float* sums) {
   }
 }
 
-// MR rows (1..4) by P panels at once, each code decoded once and used by every row. nb:
+// MR rows (1..8) by P panels at once, each code decoded once and used by every row. nb:
 // blocks a panel; the rows' sums are a scale group's (nb * NS a row).
 // Mem: the outputs' sums kept in memory between scale groups (loaded, folded and stored
 // once a group, as the GEMM's are), so the registers hold only the group's partial sums,
@@ -317,12 +317,18 @@ constexpr int GEMV_MAX = 11;
 // 3 chains became 8 and 9 (the 1B's two-row step 63-66 -> 52 ms, three rows 69-76 ->
 // 64-65); one row and four keep theirs in registers (in memory: 1.05x and 1.04x slower)
 constexpr bool gemv_mem(int mr) { return mr == 2 || mr == 3; }
+// the most rows one pass over the codes takes: 8 rows by 2 panels are 16 partial sums,
+// 2 code vectors and 8 inputs in 32 registers, their sums in memory (two passes, 4 rows
+// and the rest, read every code twice: the 1B's 6-row step 121 against 86 ms)
+constexpr int GEMV_PASS = 8;
 #elif defined(NINFER_ISA_AVX2)
 constexpr int GEMV_MAX = 4;  // 4 rows by one panel, sums in memory (the GEMM path: 1.2x slower)
 constexpr bool gemv_mem(int) { return true; }
+constexpr int GEMV_PASS = 4;
 #else
 constexpr int GEMV_MAX = 3;
 constexpr bool gemv_mem(int) { return false; }
+constexpr int GEMV_PASS = 4;
 #endif
 
 // MR rows by P panels from p while whole groups of P remain, then one panel at a time.
@@ -344,11 +350,21 @@ static void gemv_rows(const float* x, int m, int ldx, const float* sums, const M
     gemv_panels<F, 2, GEMV_P2>(x, ldx, sums, w, nb, p, p1, y, ldy);
   } else if (m == 3) {
     gemv_panels<F, 3, GEMV_P3>(x, ldx, sums, w, nb, p, p1, y, ldy);
-  } else {
+  } else if (m == 4 || GEMV_PASS == 4) {
     gemv_panels<F, 4, GEMV_P4>(x, ldx, sums, w, nb, p, p1, y, ldy);
     if (m > 4)
       gemv_rows<F>(x + static_cast<size_t>(4) * ldx, m - 4, ldx, sums + static_cast<size_t>(4) * nb * F::NS, w, p0,
                    p1, y + static_cast<size_t>(4) * ldy, ldy);
+  } else if constexpr (GEMV_PASS > 4) {
+    // 5-8 rows by 2 panels in one pass over the codes, their sums in memory
+    const int r = std::min(m, GEMV_PASS);
+    if (r == 5) gemv_panels<F, 5, 2, true>(x, ldx, sums, w, nb, p, p1, y, ldy);
+    else if (r == 6) gemv_panels<F, 6, 2, true>(x, ldx, sums, w, nb, p, p1, y, ldy);
+    else if (r == 7) gemv_panels<F, 7, 2, true>(x, ldx, sums, w, nb, p, p1, y, ldy);
+    else gemv_panels<F, 8, 2, true>(x, ldx, sums, w, nb, p, p1, y, ldy);
+    if (m > r)
+      gemv_rows<F>(x + static_cast<size_t>(r) * ldx, m - r, ldx, sums + static_cast<size_t>(r) * nb * F::NS, w, p0,
+                   p1, y + static_cast<size_t>(r) * ldy, ldy);
   }
 }
 
