@@ -161,7 +161,8 @@ static inline void block_sums(const float* x, int k, int qb, float* sums) {
 // Mem: the outputs' sums kept in memory between scale groups (loaded, folded and stored
 // once a group, as the GEMM's are), so the registers hold only the group's partial sums,
 // a code vector and the inputs: on AVX2 (16 registers, a V16 two of them) 2 rows by 2
-// panels or 4 rows by 1 hold 8 partial-sum chains without spilling.
+// panels or 4 rows by 1 hold 8 partial-sum chains without spilling, on AVX-512 8 rows
+// by 2 panels 16 (gemv_mem, GEMV_PASS below).
 template <class F, int MR, int P, bool Mem = false>
 static inline void gemv(const float* x, int ldx, const float* sums, const uint8_t* w, int nb,
                         int p0, float* y, int ldy, int n_out) {
@@ -314,8 +315,8 @@ constexpr int GEMV_P4 = 1;
 #if defined(NINFER_ISA_AVX512)
 constexpr int GEMV_MAX = 11;
 // which row counts keep their sums in memory (gemv's Mem): two and three rows, whose 4 and
-// 3 chains became 8 and 9 (the 1B's two-row step 63-66 -> 52 ms, three rows 69-76 ->
-// 64-65); one row and four keep theirs in registers (in memory: 1.05x and 1.04x slower)
+// 3 chains became 8 and 9 (the 1B's two-row step 60-66 -> 49-52 ms, three rows 67-76 ->
+// 62-65); one row and four keep theirs in registers (in memory: 1.05x and 1.04x slower)
 constexpr bool gemv_mem(int mr) { return mr == 2 || mr == 3; }
 // the most rows one pass over the codes takes: 8 rows by 2 panels are 16 partial sums,
 // 2 code vectors and 8 inputs in 32 registers, their sums in memory (two passes, 4 rows
