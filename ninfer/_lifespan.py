@@ -85,6 +85,7 @@ class Lifespan:
         self._argv = redacted_argv(list(argv if argv is not None else sys.argv), config.api_key)
         self._model_path = model_path
         if engine is None:
+            cache = cache_dir(config.cache_dir, os.environ)
             engine = ThreadedEngine(
                 self._resolve_model,
                 EngineConfig(
@@ -103,12 +104,8 @@ class Lifespan:
                     kv_dtype=config.kv_dtype,
                     kernels=config.kernels,
                     threads=config.threads,
-                    cache_dir=str(cache_dir(config.cache_dir, os.environ)),
-                    check_cache=(
-                        str(cache_dir(config.cache_dir, os.environ) / "checks")
-                        if config.self_check == "cached"
-                        else None
-                    ),
+                    cache_dir=str(cache),
+                    check_cache=str(cache / "checks") if config.self_check == "cached" else None,
                 ),
                 threads=config.threads,
                 log=self.diagnostics,
