@@ -187,6 +187,13 @@ class ServerConfig:
         "keep the reasoning of earlier, closed turns in the prompt by default, where the "
         "chat template takes preserve_thinking (most drop it after each user turn)",
     )
+    no_packed_cache: bool = setting(
+        False,
+        "pack the native kernels' matrices from the model file at every start instead of "
+        "keeping them under the cache directory's packed/ for the next start to map (about "
+        "the model file's size again on disk, the 3 most recently used kept; engine.md, "
+        "'Packed matrices kept between starts')",
+    )
     no_prefix_cache: bool = setting(
         False,
         "compute every prompt whole instead of reusing the keys and values of a cached prefix: "

@@ -106,6 +106,7 @@ class Lifespan:
                     threads=config.threads,
                     cache_dir=str(cache),
                     check_cache=str(cache / "checks") if config.self_check == "cached" else None,
+                    packed_cache=None if config.no_packed_cache else str(cache / "packed"),
                 ),
                 threads=config.threads,
                 log=self.diagnostics,

@@ -37,8 +37,11 @@ __all__ = [
     "KEPT_VERDICTS",
     "VERDICT_VERSION",
     "Verdict",
+    "engine_source_digest",
+    "file_digest",
     "key_material",
     "now_utc",
+    "processor",
     "read_verdict",
     "verdict_key",
     "write_verdict",
@@ -52,7 +55,7 @@ KEPT_VERDICTS = 64
 # EngineConfig fields no check reads: the pool's size, the prefix cache, the template,
 # the cache directories themselves.
 _NOT_CHECKED = frozenset({"kv_capacity", "prefix_cache", "chat_template", "cache_dir",
-                          "check_cache"})  # fmt: skip
+                          "check_cache", "packed_cache"})  # fmt: skip
 _ENGINE_DIR = Path(__file__).resolve().parent
 _CPUINFO_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags")
 
@@ -72,7 +75,7 @@ class Verdict:
     checked_at: str  # when, UTC, ISO 8601
 
 
-def _cpu() -> dict[str, str]:
+def processor() -> dict[str, str]:
     """The CPU as the kernels see it: vendor, family, model, stepping and flags of the
     first processor (Linux's /proc/cpuinfo), else the platform's words."""
     out: dict[str, str] = {"machine": platform.machine(), "processor": platform.processor()}
@@ -94,6 +97,16 @@ def _digest_files(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+def file_digest(path: Path) -> str:
+    """A file's name and bytes, hashed (the kernels library a key covers)."""
+    return _digest_files([path])
+
+
+def engine_source_digest() -> str:
+    """The engine package's Python source, hashed (any change of it is another key)."""
+    return _digest_files(sorted(_ENGINE_DIR.glob("*.py")))
+
+
 def key_material(config: EngineConfig, model_sha256: str, kernels: str,
                  library: Path | None) -> dict[str, Any]:  # fmt: skip
     """Everything a verdict was computed from, as plain values (hashed by verdict_key;
@@ -107,14 +120,14 @@ def key_material(config: EngineConfig, model_sha256: str, kernels: str,
         "version": VERDICT_VERSION,
         "model_sha256": model_sha256,
         "kernels": kernels,
-        "library": None if library is None else _digest_files([library]),
-        "engine_source": _digest_files(sorted(_ENGINE_DIR.glob("*.py"))),
+        "library": None if library is None else file_digest(library),
+        "engine_source": engine_source_digest(),
         "torch": torch.__version__,
         "torch_config": hashlib.sha256(torch.__config__.show().encode()).hexdigest(),
         "torch_capability": torch.backends.cpu.get_cpu_capability(),
         "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
         "python": sys.version,
-        "cpu": _cpu(),
+        "cpu": processor(),
         "settings": settings,
     }
 

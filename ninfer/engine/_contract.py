@@ -485,6 +485,9 @@ class EngineConfig:
     # Where the start-up checks' verdicts are kept between starts (`_checkcache`); None:
     # none kept, every start checks (--self-check always)
     check_cache: str | None = None
+    # Where the native kernels' packed matrices are kept between starts and mapped by the
+    # next (`_packcache`); None: every start packs them from the file (--no-packed-cache)
+    packed_cache: str | None = None
 
 
 @attrs.frozen

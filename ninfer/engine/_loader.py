@@ -20,8 +20,10 @@ import torch
 from ninfer.engine._contract import PRESET_FIELDS, ModelIdentity, Pooling, SamplingPreset
 from ninfer.engine._gguf import GGUFFile, file_sha256, open_gguf
 from ninfer.engine._invariance import prime_vector_math
+from ninfer.engine._kernels import loaded_library
 from ninfer.engine._model import Transformer, load_transformer
-from ninfer.engine._native import native_unsupported
+from ninfer.engine._native import PackArena, native_unsupported
+from ninfer.engine._packcache import FileArena, MappedArena, PackCache, StalePack
 from ninfer.engine._tokenizer import TextTokenizer, tokenizer_from_metadata
 
 __all__ = ["LoadedModel", "load_model", "trim_heap"]
@@ -39,6 +41,9 @@ class LoadedModel:
     source: GGUFFile | None = attrs.field(default=None, eq=False, repr=False)
     # Which kernels run it ("native <isa>, <n> threads", or "torch" and why)
     kernels: str = "torch"
+    # The kept pack its native matrices were mapped from (`_packcache`); "": packed
+    # from the file by this start (or not native)
+    packed_from: str = ""
 
 
 # GGUF's recommended-sampling keys (llama.cpp reads the same) and the fields they set.
@@ -114,6 +119,27 @@ def trim_heap() -> None:
             ctypes.CDLL(name).malloc_trim(0)
 
 
+def _arena(
+    packs: PackCache | None,
+    expected: int,
+    progress: Callable[[str], None],
+    *,
+    mapped: bool = True,
+) -> PackArena:
+    """Where the native matrices go: a kept pack's map (`mapped`), else a new pack file,
+    else fresh memory."""
+    if packs is None:
+        return PackArena()
+    kept = packs.open() if mapped else None
+    if kept is not None:
+        return kept
+    arena = packs.create(expected)
+    if isinstance(arena, str):
+        progress(f"packed matrices not kept: {arena}")
+        return PackArena()
+    return arena
+
+
 def load_model(
     path: str,
     *,
@@ -124,13 +150,15 @@ def load_model(
     native: bool = False,
     chat_template: str | None = None,
     cache_dir: str | None = None,
+    packed_cache: str | None = None,
     progress: Callable[[str], None] = lambda _msg: None,
 ) -> LoadedModel:
     """Read, verify and load a GGUF model; `max_positions` sizes the rotary table;
     `chat_template` (Jinja text) replaces the file's own. `native`: for ninfer's native
     kernels (loaded and configured by the caller), where the model allows them.
     `cache_dir`: where the file's sha256 (digests/, `file_sha256`) and a SentencePiece
-    vocabulary's merge order (tokenizers/) are kept between starts, if anywhere."""
+    vocabulary's merge order (tokenizers/) are kept between starts, if anywhere;
+    `packed_cache`: where the native kernels' packed matrices are (`_packcache`)."""
     prime_vector_math()  # before any of torch's math runs on two threads
     t0 = time.perf_counter()
     progress(f"reading {path}")
@@ -159,10 +187,35 @@ def load_model(
     if unsupported is not None:
         kernels = f"torch (the native kernels cannot run this model: {unsupported})"
         progress(f"kernels: {kernels}")
-    transformer = load_transformer(
-        gguf, dtype=dtype, device=device, max_positions=max_positions, weights=weights,
-        native=native and unsupported is None,
-    )  # fmt: skip
+    native = native and unsupported is None
+    packs = PackCache(packed_cache, sha, loaded_library()) if native and packed_cache else None
+    arena = _arena(packs, os.path.getsize(path), progress)
+
+    def load(arena: PackArena) -> Transformer:
+        return load_transformer(
+            gguf, dtype=dtype, device=device, max_positions=max_positions, weights=weights,
+            native=native, arena=arena,
+        )  # fmt: skip
+
+    try:
+        transformer = load(arena)
+        if isinstance(arena, MappedArena):
+            arena.finish()
+    except StalePack as e:
+        progress(f"the kept packed matrices do not fit ({e}): packing them again")
+        arena = _arena(packs, os.path.getsize(path), progress, mapped=False)
+        transformer = load(arena)
+    except BaseException:
+        if isinstance(arena, FileArena):
+            arena.discard()
+        raise
+    packed_from = str(arena.path) if isinstance(arena, MappedArena) else ""
+    if packed_from:
+        progress(f"packed matrices mapped from {packed_from}, kept by an earlier start")
+    elif packs is not None and isinstance(arena, FileArena):
+        why = packs.keep(arena)
+        progress(f"packed matrices not kept: {why}" if why else
+                 f"packed matrices kept for the next start: {packs.bin}")  # fmt: skip
     trim_heap()
     elapsed = time.perf_counter() - t0
     a = transformer.args
@@ -185,4 +238,5 @@ def load_model(
         sampling_preset=sampling_preset(gguf.metadata, progress),
         source=gguf,
         kernels=kernels,
+        packed_from=packed_from,
     )

@@ -731,7 +731,7 @@ class Transformer:
             for slot, names in LAYER_TENSORS.items():
                 setattr(layer, slot, linear(*(f"blk.{i}.{n}" for n in names)))
         self.embedding, self.lm_head = _embedding_and_head(
-            gguf, dtype=self.dtype, device=self.device, native=False
+            gguf, dtype=self.dtype, device=self.device, arena=None
         )
         self.native = None
         self.packed = weights == "int4" and self.device == "cpu"
@@ -880,11 +880,14 @@ def load_transformer(
     max_positions: int,
     weights: str = "int4",
     native: bool = False,
+    arena: PackArena | None = None,
 ) -> Transformer:
     """Build the model from a GGUF file: fuse QKV and gate/up, tie the head.
 
     `native`: every matrix packed from the file's blocks for ninfer's native kernels
-    (`_native`), and the layers run there (the library must be loaded and configured).
+    (`_native`), in `arena`'s memory (a fresh one where None; a kept pack's map gives
+    them packed already), and the layers run there (the library must be loaded and
+    configured).
     Else the torch path: with weights="int4" (CPU only), Q4_0/Q4_1/Q4_K matrices stay in
     their 4-bit blocks and run through torch's int4 kernel; every other tensor is
     dequantized to `dtype`. The rotary tables cover `max_positions`, never more than the
@@ -897,8 +900,8 @@ def load_transformer(
         return gguf.tensor(name, torch.float32).to(dtype).to(device)
 
     linear: Callable[..., Linear]
-    if native:
-        arena = PackArena()
+    arena = (arena if arena is not None else PackArena()) if native else None
+    if arena is not None:
         linear = lambda *names: pack_tensors(gguf, names, arena)  # noqa: E731
     else:
         linear = _torch_linears(gguf, dtype=dtype, device=device, weights=weights)
@@ -930,7 +933,7 @@ def load_transformer(
                 local=a.is_local(i),
             )
         )
-    embedding, lm_head = _embedding_and_head(gguf, dtype=dtype, device=device, native=native)
+    embedding, lm_head = _embedding_and_head(gguf, dtype=dtype, device=device, arena=arena)
     rope_freqs = (
         gguf.tensor("rope_freqs.weight", torch.float32).reshape(-1)
         if gguf.has_tensor("rope_freqs.weight")
@@ -957,7 +960,7 @@ def load_transformer(
 
 
 def _embedding_and_head(
-    gguf: GGUFFile, *, dtype: torch.dtype, device: str, native: bool
+    gguf: GGUFFile, *, dtype: torch.dtype, device: str, arena: PackArena | None
 ) -> tuple[Embedding, Linear]:
     """The token embedding and the output head (tied to it when the file has no
     output.weight). Natively the head is packed from the file's blocks and a tied
@@ -971,8 +974,9 @@ def _embedding_and_head(
     tied = not gguf.has_tensor("output.weight")
     kind = gguf.tensors["token_embd.weight"].tensor_type.name
     lm_head: Linear
-    if native:
-        lm_head = pack_tensors(gguf, ["output.weight" if not tied else "token_embd.weight"])
+    if arena is not None:  # native
+        head = "output.weight" if not tied else "token_embd.weight"
+        lm_head = pack_tensors(gguf, [head], arena)
         if tied:
             assert isinstance(lm_head, Packed)
             embedding = Embedding(kind, None, a.dim, dtype, packed=lm_head)

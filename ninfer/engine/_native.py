@@ -100,24 +100,47 @@ class PackArena:
     ms against 39.8-40.1 on 2 MiB ones; the matrices of a small model (most of SmolLM2's
     are under 1 MiB) only get them side by side. A matrix of half a chunk or more has a
     buffer of its own. What a chunk holds past its last matrix is never written, so never
-    resident (but for the rest of a huge page the last matrix ends in)."""
+    resident (but for the rest of a huge page the last matrix ends in). The arena
+    remembers its buffers and parts, for keeping them between starts (`_packcache`,
+    whose `MappedArena` gives a kept pack's parts back, `filled`)."""
 
     CHUNK = 64 << 20
     ALIGN = 64  # the kernels' loads want each matrix 64-byte aligned, as torch's buffers
+    filled = False  # True: the parts `take` gives hold their matrices already
 
     def __init__(self) -> None:
         self._chunk: torch.Tensor | None = None
         self._used = 0
+        self._buffers: list[list[Any]] = []  # [buffer, bytes up to its last part's end]
+        self._parts: list[tuple[torch.Tensor, int, int]] = []  # (buffer, offset, bytes)
 
     def take(self, nbytes: int) -> torch.Tensor:
         """`nbytes` of fresh uint8 memory, 64-byte aligned."""
         if nbytes * 2 >= self.CHUNK:
-            return _huge(nbytes)
+            own = self._buffer(nbytes)
+            self._buffers.append([own, nbytes])
+            self._parts.append((own, 0, nbytes))
+            return own
         if self._chunk is None or self._used + nbytes > self.CHUNK:
-            self._chunk, self._used = _huge(self.CHUNK), 0
+            self._chunk, self._used = self._buffer(self.CHUNK), 0
+            self._buffers.append([self._chunk, 0])
         part = self._chunk[self._used : self._used + nbytes]
+        self._parts.append((self._chunk, self._used, nbytes))
+        self._buffers[-1][1] = self._used + nbytes
         self._used += -(-nbytes // self.ALIGN) * self.ALIGN
         return part
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        """A fresh buffer (a pack file's arena maps a part of that file instead)."""
+        return _huge(nbytes)
+
+    def buffers(self) -> list[tuple[torch.Tensor, int]]:
+        """Each buffer taken from, with the bytes of it its parts reach, in order."""
+        return [(b, int(n)) for b, n in self._buffers]
+
+    def parts(self) -> list[tuple[torch.Tensor, int, int]]:
+        """Each part given, in order: its buffer, its offset there, its bytes."""
+        return list(self._parts)
 
 
 def _huge(nbytes: int) -> torch.Tensor:
@@ -128,7 +151,8 @@ def _huge(nbytes: int) -> torch.Tensor:
 
 def pack_tensors(gguf: GGUFFile, names: Sequence[str], arena: PackArena | None = None) -> Packed:
     """The file's tensors `names`, stacked along their outputs, packed as one matrix (in
-    memory from `arena`, else a buffer of its own)."""
+    memory from `arena`, else a buffer of its own; an arena `filled` from a kept pack
+    gives the matrix packed already)."""
     kinds, raws = zip(*(gguf.stored(n) for n in names), strict=True)
     shapes = [gguf.tensors[n].shape for n in names]
     k = int(shapes[0][0])  # GGUF lists a matrix's inputs first
@@ -136,7 +160,8 @@ def pack_tensors(gguf: GGUFFile, names: Sequence[str], arena: PackArena | None =
     n = sum(int(r.shape[0]) for r in raws)
     size = int(_ops().packed_size(fmt, n, k))
     data = arena.take(size) if arena is not None else _huge(size)
-    _ops().pack_into(list(raws), list(kinds), k, fmt, data)
+    if arena is None or not arena.filled:
+        _ops().pack_into(list(raws), list(kinds), k, fmt, data)
     return Packed(data, fmt, n, k, tuple(kinds))
 
 

@@ -182,6 +182,7 @@ def create_engine(
             native=kernels.native,
             chat_template=config.chat_template,
             cache_dir=config.cache_dir,
+            packed_cache=config.packed_cache,
             progress=progress,
         )
         if loaded.transformer.native is None and loaded.kernels != "torch":
