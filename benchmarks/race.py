@@ -81,12 +81,17 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], path: str, timeout: flo
 
 @contextlib.contextmanager
 def _running(
-    cmd: list[str], url: str, ready_path: str, log: Path, env: dict[str, str] | None = None
+    cmd: list[str],
+    url: str,
+    ready_path: str,
+    log: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Iterator[tuple[subprocess.Popen[bytes], float]]:
-    """The server `cmd` started (with `env`, else this process's environment), ready at
-    `ready_path`; stopped on leaving."""
+    """The server `cmd` started (with `env`, else this process's environment; in `cwd`),
+    ready at `ready_path`; stopped on leaving."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         try:
             ready = _wait_ready(url, proc, ready_path, timeout=300)
             yield proc, ready

@@ -126,6 +126,13 @@ def main() -> None:
         "to: set ATEN_CPU_CAPABILITY=avx2 for an AVX2 CPU's) or on torch's",
     )
     ap.add_argument("--kv-dtype", choices=["float16", "float32", "int8"], default="float16")
+    ap.add_argument(
+        "--packed-cache",
+        metavar="DIR",
+        help="the packed matrices kept in DIR as a server keeps them (its cache directory's "
+        "packed/): mapped where kept, else packed into a file there and kept; default: "
+        "packed into memory, as a server with --no-packed-cache",
+    )
     args = ap.parse_args()
     bandwidth = read_bandwidth(args.threads)
     torch.set_num_threads(args.threads)
@@ -140,7 +147,7 @@ def main() -> None:
         print("kernels:", torch.ops.ninfer.configure(torch_isa(), args.threads, 100))
     loaded = load_model(
         str(path), dtype=torch.float32, device="cpu", max_positions=max(4096, args.context + 1),
-        native=native,
+        native=native, packed_cache=args.packed_cache, progress=print,
     )  # fmt: skip
     pages_needed = max(512, max(int(r) for r in args.rows.split(",")) * (args.context // PAGE + 1))
     kv = KVPages.allocate(
