@@ -16,9 +16,10 @@ import torch
 from conftest import start_engine, stop_engine
 from tinymodel import write_tiny_gguf
 
-from ninfer.engine import EngineConfig, GenerationRequest, _native, _packcache
+from ninfer.engine import EngineConfig, GenerationRequest, _native, _packcache, _startup
 from ninfer.engine._kernels import loaded_library
 from ninfer.engine._native import Packed
+from ninfer.engine._startup import KV_HEADROOM_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -259,3 +260,33 @@ def test_the_filesystem_is_the_longest_mount_above_the_path(tmp_path: Path) -> N
         assert kind in why
         assert cache.open() is None
     assert list(tmp_path.glob("*.tmp")) == []
+
+
+def test_mapped_matrices_are_not_memory_the_pool_may_take(
+    model_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MemAvailable counts the page cache as memory to be had; a pack file's matrices
+    are in it. --kv-capacity auto sizes the pool against MemAvailable less them, and
+    says so (a cgroup's room already counts them, and is taken as it is)."""
+    where = tmp_path / "packed"
+    first = start_engine(model_file, EngineConfig(max_batch=2, packed_cache=str(where)))
+    mapped = first.model.mapped_bytes
+    stop_engine(first)
+    if first.model.transformer.native is None:
+        pytest.skip("the native kernels are not built here")
+    assert mapped > 0
+    available = KV_HEADROOM_BYTES + mapped + (64 << 20)
+    for source, left in (("MemAvailable", available - mapped), ("cgroup memory limit", available)):
+        monkeypatch.setattr(_startup, "available_memory", lambda _d, s=source: (available, s))
+        config = EngineConfig(max_batch=2, packed_cache=str(where), kv_capacity="auto",
+                              max_context=256)  # fmt: skip
+        running = start_engine(model_file, config)
+        try:
+            assert running.model.packed_from != ""
+            assert running.model.mapped_bytes == mapped
+            sizing = running.engine.served().kv_sizing
+            assert sizing is not None
+            assert sizing.available_bytes == left
+            assert ("mapped matrices" in sizing.memory_source) == (source == "MemAvailable")
+        finally:
+            stop_engine(running)

@@ -44,6 +44,8 @@ class LoadedModel:
     # The kept pack its native matrices were mapped from (`_packcache`); "": packed
     # from the file by this start (or not native)
     packed_from: str = ""
+    # Bytes of its matrices in a pack file's map (page cache, not the process's own)
+    mapped_bytes: int = 0
 
 
 # GGUF's recommended-sampling keys (llama.cpp reads the same) and the fields they set.
@@ -239,4 +241,5 @@ def load_model(
         source=gguf,
         kernels=kernels,
         packed_from=packed_from,
+        mapped_bytes=arena.mapped_bytes(),
     )

@@ -134,6 +134,10 @@ class PackArena:
         """A fresh buffer (a pack file's arena maps a part of that file instead)."""
         return _huge(nbytes)
 
+    def mapped_bytes(self) -> int:
+        """Bytes of its matrices in a file's map (none here: fresh memory)."""
+        return 0
+
     def buffers(self) -> list[tuple[torch.Tensor, int]]:
         """Each buffer taken from, with the bytes of it its parts reach, in order."""
         return [(b, int(n)) for b, n in self._buffers]

@@ -145,6 +145,9 @@ class MappedArena(PackArena):
         self._next += 1
         return self._whole[offset : offset + size]
 
+    def mapped_bytes(self) -> int:
+        return sum(size for _, size in self._kept)
+
     def finish(self) -> None:
         """Raises StalePack where the load took fewer parts than the pack holds."""
         if self._next != len(self._kept):
@@ -202,6 +205,9 @@ class FileArena(PackArena):
             self._spare.append(super()._buffer(nbytes))
             return self._spare[-1]
         return part
+
+    def mapped_bytes(self) -> int:
+        return sum(used for t, used in self.buffers() if id(t) in self._at)
 
     def discard(self) -> None:
         """The file gone (a load that failed): its maps stay until their tensors go."""

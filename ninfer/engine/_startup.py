@@ -389,7 +389,7 @@ class _Startup:
         kv_dtype = self.kv_dtype
         per_token = KVPages.bytes_per_token(args, dtype, kv_dtype)
         page_bytes = per_token * cfg.page_size
-        available, source = available_memory(cfg.device)
+        available, source = self.available()
         free = f"{_gib(available)} are free after the weights ({source})"
         if cfg.kv_capacity == "auto":  # the padding and scratch pages fit too
             pages = max(0, (available - KV_HEADROOM_BYTES) // page_bytes - 2)
@@ -430,7 +430,17 @@ class _Startup:
         if device.startswith("cuda"):
             return None
         per_page = self.config.page_size * sizing.bytes_per_token
-        return lambda: (available_memory(device)[0] - KV_MEMORY_FLOOR_BYTES) // per_page
+        return lambda: (self.available()[0] - KV_MEMORY_FLOOR_BYTES) // per_page
+
+    def available(self) -> tuple[int, str]:
+        """`available_memory`, less the matrices mapped from a pack file where the figure
+        is the kernel's MemAvailable: that counts the page cache as memory to be had, and
+        those pages are the model's (a cgroup's usage already counts them)."""
+        available, source = available_memory(self.config.device)
+        mapped = self.loaded.mapped_bytes
+        if source == "MemAvailable" and mapped:
+            return available - mapped, f"MemAvailable less {mapped >> 20} MiB of mapped matrices"
+        return available, source
 
     def batches(self, check: SelfCheck | None) -> None:
         """The batch sizes, prefilling together, and whether batches are invariant."""
