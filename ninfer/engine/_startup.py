@@ -204,6 +204,17 @@ def start_up(loaded: LoadedModel, config: EngineConfig, log: FilteringBoundLogge
     return _Startup(loaded, config, log).run()
 
 
+def _less_mapped(reading: tuple[int, str], mapped: int) -> tuple[int, str]:
+    """An `available_memory` reading less `mapped` bytes of matrices mapped from a pack
+    file, where the reading is the kernel's MemAvailable: that counts the page cache as
+    memory to be had, and those pages are the model's (a cgroup's usage already counts
+    them)."""
+    available, source = reading
+    if source == "MemAvailable" and mapped:
+        return available - mapped, f"MemAvailable less {mapped >> 20} MiB of mapped matrices"
+    return available, source
+
+
 class _Startup:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, log: FilteringBoundLogger):
         self.loaded = loaded
@@ -389,7 +400,7 @@ class _Startup:
         kv_dtype = self.kv_dtype
         per_token = KVPages.bytes_per_token(args, dtype, kv_dtype)
         page_bytes = per_token * cfg.page_size
-        available, source = self.available()
+        available, source = _less_mapped(available_memory(cfg.device), self.loaded.mapped_bytes)
         free = f"{_gib(available)} are free after the weights ({source})"
         if cfg.kv_capacity == "auto":  # the padding and scratch pages fit too
             pages = max(0, (available - KV_HEADROOM_BYTES) // page_bytes - 2)
@@ -430,17 +441,10 @@ class _Startup:
         if device.startswith("cuda"):
             return None
         per_page = self.config.page_size * sizing.bytes_per_token
-        return lambda: (self.available()[0] - KV_MEMORY_FLOOR_BYTES) // per_page
-
-    def available(self) -> tuple[int, str]:
-        """`available_memory`, less the matrices mapped from a pack file where the figure
-        is the kernel's MemAvailable: that counts the page cache as memory to be had, and
-        those pages are the model's (a cgroup's usage already counts them)."""
-        available, source = available_memory(self.config.device)
-        mapped = self.loaded.mapped_bytes
-        if source == "MemAvailable" and mapped:
-            return available - mapped, f"MemAvailable less {mapped >> 20} MiB of mapped matrices"
-        return available, source
+        mapped = self.loaded.mapped_bytes  # (the closure holds no more than this number)
+        return lambda: (
+            (_less_mapped(available_memory(device), mapped)[0] - KV_MEMORY_FLOOR_BYTES) // per_page
+        )
 
     def batches(self, check: SelfCheck | None) -> None:
         """The batch sizes, prefilling together, and whether batches are invariant."""
