@@ -4,12 +4,12 @@ next.
 Packing copies every matrix of the file into the kernels' panels (`_native.pack_tensors`):
 a deterministic function of the file's bytes and the packing code. llama-server maps its
 file and serves from the blocks in place; ninfer packed into fresh memory at every
-start, ~1 s for a 1.7B model on 4 KiB pages and 2 s on huge pages in a virtual machine
-whose host supplies each fresh one (benchmarks.md, "Start-up"). Now a start packs into
-a new file under the cache directory's `packed/`, mapped shared (`FileArena`: the page
-cache's pages, where the filesystem keeps large folios, ext4 and XFS on Linux 6.16 and
-later, mapped as 2 MiB pages, and filled faster than anonymous huge pages, which the
-kernel compacts memory for), and keeps it; the next start of the same model file,
+start, ~1 s for a 1.7B model on 4 KiB pages and 2-3.5 s on huge pages in a virtual
+machine whose host supplies each fresh one (benchmarks.md, "Packed matrices mapped").
+Now a start packs into a new file under the cache directory's `packed/`, mapped shared
+(`FileArena`: the page cache's pages, mapped as 2 MiB pages where the filesystem keeps
+large folios, XFS and ext4 from Linux 6.16; a first start takes about as long as
+before), and keeps it; the next start of the same model file,
 kernels library, engine code and CPU maps that file and skips packing (`MappedArena`).
 Either way the matrices' pages are then read-only: nothing writes a packed matrix, and
 a bug that tried would stop the process rather than change the model or the kept file.
