@@ -43,9 +43,11 @@ def _matrices(model: Any) -> list[Packed]:
     return [*out, t.lm_head]
 
 
-def _start(path: Path, where: Path, lines: list[str] | None = None) -> Any:
-    """Served tokens for three prompts, the matrices' bytes and where they came from."""
-    config = EngineConfig(max_batch=4, packed_cache=str(where))
+def _start(path: Path, where: Path | None, lines: list[str] | None = None) -> Any:
+    """Served tokens for three prompts, the matrices' bytes and where they came from, and
+    the permissions of their maps (packs kept in `where`; None: packed into memory, as
+    a start without a cache packs them)."""
+    config = EngineConfig(max_batch=4, packed_cache=None if where is None else str(where))
     running = start_engine(path, config, (lines if lines is not None else []).append)
     try:
         model = running.model
@@ -104,24 +106,9 @@ def test_a_start_keeps_its_packed_matrices_and_the_next_maps_them(
     assert again == tokens
     assert _start(model_file, where)[2] == str(kept)  # and the next start again
     # and against matrices packed into memory, as a start without a cache packs them
-    plain_tokens, plain, _, _ = _start_plain(model_file)
+    plain_tokens, plain, _, _ = _start(model_file, None)
     assert _same(first, plain)
     assert plain_tokens == tokens
-
-
-def _start_plain(path: Path) -> Any:
-    running = start_engine(path, EngineConfig(max_batch=4))
-    try:
-        handles = [
-            running.engine.submit(GenerationRequest(f"r{i}", tuple(range(3 + i, 20 + 3 * i)), 8))
-            for i in range(3)
-        ]
-        running.sink.wait_done(*handles)
-        tokens = [running.sink.tokens[h.id] for h in handles]
-        model = running.model
-        return tokens, [m.data.clone() for m in _matrices(model)], "", []
-    finally:
-        stop_engine(running)
 
 
 def _flip_a_byte(kept: Path, layout: dict[str, Any]) -> None:
@@ -194,7 +181,7 @@ def test_a_pack_without_room_is_not_kept(
     assert list(where.glob("*.bin")) == []
     assert "s" not in set("".join(modes))  # fresh memory, private
     monkeypatch.undo()
-    plain_tokens, plain, _, _ = _start_plain(model_file)
+    plain_tokens, plain, _, _ = _start(model_file, None)
     assert (tokens, _same(first, plain)) == (plain_tokens, True)
 
 

@@ -31,7 +31,7 @@ import attrs
 import torch
 
 from ninfer.engine._contract import EngineConfig, PathCheck
-from ninfer.engine._kept import keep_file, mark_used
+from ninfer.engine._kept import keep_file, mark_used, os_error
 
 __all__ = [
     "KEPT_VERDICTS",
@@ -185,7 +185,7 @@ def write_verdict(directory: str, key: str, material: dict[str, Any], verdict: V
             keep=KEPT_VERDICTS,
         )
     except OSError as e:
-        return f"{type(e).__name__}: {e.strerror or e}"
+        return os_error(e)
     return ""
 
 

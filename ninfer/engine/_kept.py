@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["keep_file", "mark_used"]
+__all__ = ["keep_file", "mark_used", "os_error"]
 
 
 def keep_file(path: Path, data: bytes, *, keep: int) -> None:
@@ -40,3 +40,8 @@ def mark_used(path: Path) -> None:
     """`path` marked as just used (its modification time), the last to be pruned."""
     with contextlib.suppress(OSError):
         os.utime(path)
+
+
+def os_error(e: OSError) -> str:
+    """Why a kept file could not be written or read, in a line (the console's)."""
+    return f"{type(e).__name__}: {e.strerror or e}"

@@ -191,7 +191,8 @@ def load_model(
         progress(f"kernels: {kernels}")
     native = native and unsupported is None
     packs = PackCache(packed_cache, sha, loaded_library()) if native and packed_cache else None
-    arena = _arena(packs, os.path.getsize(path), progress)
+    size = os.path.getsize(path)  # a pack is about the file's size
+    arena = _arena(packs, size, progress)
 
     def load(arena: PackArena) -> Transformer:
         return load_transformer(
@@ -205,7 +206,7 @@ def load_model(
             arena.finish()
     except StalePack as e:
         progress(f"the kept packed matrices do not fit ({e}): packing them again")
-        arena = _arena(packs, os.path.getsize(path), progress, mapped=False)
+        arena = _arena(packs, size, progress, mapped=False)
         transformer = load(arena)
     except BaseException:
         if isinstance(arena, FileArena):

@@ -7,26 +7,30 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import mmap
 import os
 import sys
 from pathlib import Path
 
 import torch
 
-__all__ = ["HUGE_PAGE", "advise_huge_pages", "available_memory"]
+__all__ = ["HUGE_PAGE", "advise_huge_pages", "available_memory", "read_only"]
 
 # Linux's transparent huge page on x86-64 and arm64 (4 KiB base pages), and madvise's code
-# asking for them.
+# asking for them; mprotect's for read-only pages.
 HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14
+_PROT_READ = 1
 
 
 @functools.cache
-def _madvise() -> object | None:
+def _libc(name: str) -> object | None:
+    """libc's madvise or mprotect (both (address, length, int) -> int) on Linux, else
+    None."""
     if not sys.platform.startswith("linux"):
         return None
     with contextlib.suppress(OSError, AttributeError):
-        fn = ctypes.CDLL(None, use_errno=True).madvise
+        fn = ctypes.CDLL(None, use_errno=True)[name]
         fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
         fn.restype = ctypes.c_int
         return fn
@@ -37,7 +41,7 @@ def advise_huge_pages(t: torch.Tensor) -> bool:
     """Ask for transparent huge pages over the 2 MiB-aligned part of a fresh CPU tensor's
     memory, before its first store (Linux; honoured where the system's setting is
     "madvise" or "always", a no-op elsewhere). Whether the call was made and accepted."""
-    fn = _madvise()
+    fn = _libc("madvise")
     if fn is None or t.device.type != "cpu" or not t.is_contiguous():
         return False
     start = t.data_ptr()
@@ -46,6 +50,18 @@ def advise_huge_pages(t: torch.Tensor) -> bool:
     if end <= begin:
         return False
     return bool(fn(begin, end - begin, _MADV_HUGEPAGE) == 0)  # type: ignore[operator]
+
+
+def read_only(t: torch.Tensor) -> bool:
+    """The pages under a contiguous CPU tensor that is a whole mapping (page-aligned)
+    made read-only (Linux; a no-op elsewhere). Whether the call was made and accepted."""
+    fn = _libc("mprotect")
+    if fn is None or t.device.type != "cpu" or not t.is_contiguous():
+        return False
+    page = mmap.PAGESIZE
+    start = t.data_ptr() // page * page
+    end = -(-(t.data_ptr() + t.numel() * t.element_size()) // page) * page
+    return bool(fn(start, end - start, _PROT_READ) == 0)  # type: ignore[operator]
 
 
 def available_memory(device: str) -> tuple[int, str]:

@@ -28,14 +28,12 @@ server maps is replaced by a rename, never truncated).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import json
 import mmap
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 import warnings
@@ -46,8 +44,8 @@ from typing import Any
 import torch
 
 from ninfer.engine._checkcache import engine_source_digest, file_digest, processor
-from ninfer.engine._kept import keep_file, mark_used
-from ninfer.engine._memory import HUGE_PAGE
+from ninfer.engine._kept import keep_file, mark_used, os_error
+from ninfer.engine._memory import HUGE_PAGE, read_only
 from ninfer.engine._native import PackArena
 
 __all__ = [
@@ -68,7 +66,6 @@ KEPT_PACKS = 3
 _SPARE = 1 << 30
 _SPOT = 4096  # bytes checksummed at each end of a buffer
 _STALE_TMP_S = 3600.0  # a temporary pack file untouched this long is a stopped start's
-_PROT_READ = 1
 # Filesystems another machine may change under a map (a file replaced or pruned there
 # is gone here too, and a page the kernel evicted then faults): packs are not kept on
 # them. Any FUSE filesystem too (fuse.sshfs, fuse.gcsfuse, ...).
@@ -80,19 +77,6 @@ _SHARED_FILESYSTEMS = frozenset({
 
 class StalePack(Exception):
     """A kept pack's layout is not this load's: pack from the file instead."""
-
-
-def _read_only(t: torch.Tensor) -> None:
-    """The pages of a mapped tensor made read-only (Linux; elsewhere left as they are)."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-        page = mmap.PAGESIZE
-        start = t.data_ptr() // page * page
-        end = -(-(t.data_ptr() + t.numel()) // page) * page
-        libc.mprotect(start, end - start, _PROT_READ)
 
 
 def filesystem(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
@@ -165,14 +149,13 @@ class FileArena(PackArena):
         super().__init__()
         self.fd = fd
         self.path = path  # the temporary file
-        self.offsets: list[int] = []  # each buffer's, in the file
-        self._at: dict[int, int] = {}  # a buffer's id -> its offset
+        self._at: dict[int, int] = {}  # a mapped buffer's id -> its offset in the file
         self._end = 0
         self._spare: list[torch.Tensor] = []  # parts given from memory once broken
         self.broken = ""
 
     def _fail(self, e: OSError) -> None:
-        self.broken = f"{type(e).__name__}: {e.strerror or e}"
+        self.broken = os_error(e)
 
     def _buffer(self, nbytes: int) -> torch.Tensor:
         if not self.broken:
@@ -187,7 +170,6 @@ class FileArena(PackArena):
                 with contextlib.suppress(OSError, AttributeError):
                     m.madvise(mmap.MADV_HUGEPAGE)
                 out = torch.frombuffer(m, dtype=torch.uint8)  # holds the map
-                self.offsets.append(offset)
                 self._at[id(out)] = offset
                 self._end = offset + nbytes
                 return out
@@ -199,12 +181,16 @@ class FileArena(PackArena):
         if self.broken or id(buffer) not in self._at:
             return part
         try:
-            os.posix_fallocate(self.fd, self._at[id(buffer)] + at, nbytes)
+            os.posix_fallocate(self.fd, self.offset(buffer) + at, nbytes)
         except OSError as e:
             self._fail(e)
             self._spare.append(super()._buffer(nbytes))
             return self._spare[-1]
         return part
+
+    def offset(self, buffer: torch.Tensor) -> int:
+        """Where a mapped `buffer` is in the file."""
+        return self._at[id(buffer)]
 
     def mapped_bytes(self) -> int:
         return sum(used for t, used in self.buffers() if id(t) in self._at)
@@ -283,7 +269,7 @@ class PackCache:
                 return f"{expected >> 20} MiB would leave under {_SPARE >> 30} GiB free on its disk"
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".", suffix=".tmp")
         except OSError as e:
-            return f"{type(e).__name__}: {e.strerror or e}"
+            return os_error(e)
         return FileArena(fd, Path(tmp))
 
     def keep(self, arena: FileArena) -> str:
@@ -292,13 +278,11 @@ class PackCache:
         try:
             if arena.broken:
                 return arena.broken
-            starts = {}
             buffers = []
-            for (tensor, used), offset in zip(arena.buffers(), arena.offsets, strict=True):
-                _read_only(tensor)
-                starts[id(tensor)] = offset
-                buffers.append([offset, used, _spots(tensor[:used])])
-            parts = [[starts[id(t)] + o, n] for t, o, n in arena.parts()]
+            for tensor, used in arena.buffers():  # all mapped: not broken
+                read_only(tensor)
+                buffers.append([arena.offset(tensor), used, _spots(tensor[:used])])
+            parts = [[arena.offset(t) + o, n] for t, o, n in arena.parts()]
             os.replace(arena.path, self.bin)
             st = os.fstat(arena.fd)
             layout = {
@@ -311,7 +295,7 @@ class PackCache:
             }
             keep_file(self.meta, json.dumps(layout).encode(), keep=KEPT_PACKS)
         except OSError as e:
-            return f"{type(e).__name__}: {e.strerror or e}"
+            return os_error(e)
         finally:
             arena.discard()  # the descriptor closed, the maps kept; renamed: nothing to unlink
         self._prune()
