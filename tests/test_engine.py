@@ -365,6 +365,64 @@ def test_waiting_prompts_are_prefilled_together_with_the_tokens_each_gets_alone(
     assert together == [_alone(path, r) for r in reqs]
 
 
+def test_a_prompt_beside_streams_shares_their_decode_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where prompts are prefilled together (a Q4 model: its layer matrices compute a row
+    the same in any number of rows), a prompt arriving while others decode is computed in
+    their decode steps' passes, a chunk a step, its first token sampled in the pass of its
+    last chunk; no pass of its own. Every request, the streams too, gets exactly the
+    tokens it gets alone."""
+    from ninfer.engine import _engine
+
+    path = write_tiny_gguf(tmp_path / "packed.gguf", packed_layers=True)
+    config = EngineConfig(max_batch=4, kv_capacity=4096, page_size=16, prefill_chunk=64)
+    mixed: list[tuple[int, list[int]]] = []  # each mixed pass: its decode rows, its chunks
+    alone: list[list[int]] = []  # each prompt pass of its own: its chunks
+    real_mixed, real_pass = _engine.Engine._mixed_step, _engine.Engine._prefill_pass
+
+    def mixed_step(self: Any, rows: list[Any], group: list[Any], sizes: list[int]) -> None:
+        mixed.append((len(rows), list(sizes)))
+        real_mixed(self, rows, group, sizes)
+
+    def prefill_pass(self: Any, group: list[Any], sizes: list[int]) -> None:
+        alone.append(list(sizes))
+        real_pass(self, group, sizes)
+
+    monkeypatch.setattr(_engine.Engine, "_mixed_step", mixed_step)
+    monkeypatch.setattr(_engine.Engine, "_prefill_pass", prefill_pass)
+    streams = [
+        GenerationRequest("s0", _prompt(6, 1), 80, ignore_eos=True),
+        GenerationRequest("s1", _prompt(9, 2), 80, SamplingParams(temperature=0.9, seed=3),
+                          ignore_eos=True),
+    ]  # fmt: skip
+    prompts = [
+        GenerationRequest("long", _prompt(150, 3), 6, SamplingParams(temperature=0.8, seed=4)),
+        GenerationRequest("short", _prompt(12, 4), 6, ignore_eos=True),
+    ]
+    running = start_engine(path, config)
+    try:
+        eng, sink = running.engine, running.sink
+        assert eng.served().prefill_together_rows == 64
+        handles = []
+        for r in streams:
+            handles.append(eng.submit(r))
+            sink.wait_for(lambda h=handles[-1]: len(sink.tokens.get(h.id, [])) >= 2)  # type: ignore[misc]
+        passes_before = len(alone)
+        handles += [eng.submit(r) for r in prompts]
+        sink.wait_done(*handles)
+        got = [sink.tokens[h.id] for h in handles]
+    finally:
+        stop_engine(running)
+    # every prompt after the first stream's went with the streams' steps (the second
+    # stream's too), the long one's 150 tokens in chunks of at most 64 less their rows
+    assert len(alone) == passes_before == 1, alone
+    assert sum(sum(sizes) for _, sizes in mixed) == 9 + 150 + 12, mixed
+    assert all(rows >= 1 and rows + sum(sizes) <= 64 for rows, sizes in mixed), mixed
+    assert len(mixed) >= 3
+    assert got == [_alone(path, r) for r in [*streams, *prompts]]
+
+
 def test_shared_prompt_pages_give_the_same_tokens(
     tiny_gguf: Path, tiny_engine: RunningEngine
 ) -> None:

@@ -533,6 +533,26 @@ def test_prompts_that_change_each_other_are_not_prefilled_together(
     assert served.prefill_together_rows == 0
 
 
+def test_a_prompt_that_changes_a_decode_row_beside_it_is_not_prefilled_together(
+    packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass in which a decode row and a prompt change each other's numbers (planted:
+    only where one of the groups is a decode step's) is refused for prefilling together,
+    and so for a prompt in a decode step's pass: one prompt a pass."""
+    real = _model.Transformer.hidden_many
+
+    def leaky(self: _model.Transformer, groups: Any, kv: _model.KVPages) -> list[torch.Tensor]:
+        out = real(self, groups, kv)
+        beside = len(groups) > 1 and any(int(g[0].shape[1]) == 1 for g in groups)
+        return [x + 1e-6 if beside else x for x in out]
+
+    monkeypatch.setattr(_model.Transformer, "hidden_many", leaky)
+    served, _ = _checks(packed_gguf, EngineConfig(max_batch=4))
+    checks = _by_path(served.self_check)
+    assert not checks["prefill_together"].ok
+    assert served.prefill_together_rows == 0
+
+
 def test_a_native_product_whose_rows_depend_on_their_count_is_not_prefilled_together(
     packed_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -680,7 +700,7 @@ def _check_the_real_model(real_gguf: Path, *, native_kernels: bool) -> dict[str,
     with torch.inference_mode():
         check = SelfCheck(m.transformer, m.source, probe_tokens(m.tokenizer, 49152))
         check.kernels()
-        assert check.together(16)
+        assert check.together(16, lambda n: n)
         assert check.decode_batch(16, lambda n: n)
         assert check.speculative(16, lambda n: n)
     return {r.path: r for r in check.results}

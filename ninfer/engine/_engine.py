@@ -11,11 +11,13 @@ speculation) and read from the plan. Each step then:
    from the prefix cache where they were computed before); run as one pass where the
    start-up measured that rows are computed the same in any number of rows, else one
    pass each; a prompt whose tokens are scored runs alone, and at most once every
-   SCORE_EVERY decode steps while others decode;
+   SCORE_EVERY decode steps while others decode; while rows decode, the chunks run
+   together join the decode step's pass where they fit in its rows (`_mixes`);
 2. sends the prompts' first tokens;
 3. decodes every running row that is not paused, as one batch padded to a batch size
-   whose rows are computed as alone; with --spec, rows with a draft verify it in the
-   same pass and keep the tokens a plain step would have sampled.
+   whose rows are computed as alone, with the prompt chunks that join it; with --spec,
+   rows with a draft verify it in the same pass and keep the tokens a plain step would
+   have sampled.
 
 Each request's row (`_sequence.Row`) applies its own stop rules and builds its events;
 the engine moves rows between the queues, gives and takes their pages, and sends a
@@ -495,14 +497,20 @@ class Engine:
     def _step(self) -> None:
         if self._waiting:  # a prompt's setting up (pages, cached prefixes) comes first
             self._flush()
-        self._prefill()
+        group, sizes = self._prefill()
+        # Beside running streams the prompts' chunks join their decode step's pass (one
+        # pass where there were two: a stream's token waits for the prompt's chunk, not
+        # for it and then a step); else they run first, alone.
+        if group and not self._mixes(sizes):
+            self._prefill_pass(group, sizes)
+            group, sizes = [], []
         # A prompt's first token goes out before the decode step below, not after it
         # (which would hold it back a whole step: 17 ms of SmolLM2's time to first token):
         # as its pass starts (`_loop`), or now.
         if self._streaming():
             if not self._flush_at_pass:
                 self._flush()
-            self._decode_step()
+            self._decode_step(group, sizes)
         else:
             self._flush()
             self._last_decode_end = None  # the next step's interval starts anew
@@ -522,7 +530,7 @@ class Engine:
 
     # ---- prefill: waiting prompts, their pages reserved --------------------------------
 
-    def _prefill(self) -> None:
+    def _prefill(self) -> tuple[list[Row], list[int]]:
         """Prefill chunks up to --prefill-chunk tokens in all, across as many waiting
         requests as fit whole, in order: a burst of short prompts starts decoding
         together instead of one per decode step. Every row is computed on its own, so
@@ -530,18 +538,25 @@ class Engine:
         (docs/engine.md, "Prefix cache"). When the model's matmuls compute a row the same
         in any number of rows (measured at start-up and by the self-check: the int4
         kernel and oneDNN's float32 matmul do), the chunks run as one pass, which pays a
-        pass's fixed cost once; else one pass each."""
+        pass's fixed cost once; else one pass each. Passes that run alone (a scored
+        prompt's, one past the rows a pass may have) run here; returns the group that
+        runs together and its chunks' sizes, for `_step` to run (with the decode step's
+        rows where they fit: `_mixes`)."""
         decoding = self._streaming()
         chunk = float(self.config.prefill_chunk)  # in tokens at depth 0 (see _chunk_at)
         if decoding:  # cut to the time budget (before any pass was measured: a guess)
             unit = self._counters.unit_rate()
             budget_units = STREAM_PASS_S / unit if unit > 0 else float(COLD_STREAM_CHUNK)
             chunk = min(chunk, max(float(MIN_DEEP_CHUNK), budget_units))
+        rows = 0  # of the group's pass
+        if decoding and self._can_mix():  # the decode step's rows share it (`_mixes`)
+            rows = self._p.padded(self._stream_rows())
+            room = self._p.together_rows - rows
+            if room >= MIN_DEEP_CHUNK:
+                chunk = min(chunk, float(room))
         budget = chunk
         group: list[Row] = []
         sizes: list[int] = []  # the group's chunks
-        rows = 0  # of the group's pass
-        background = False  # the group holds an embedding request's chunk
         for a in list(self._waiting):
             scoring = a.request.prompt_logprobs is not None
             embedding = a.request.embed is not None
@@ -561,7 +576,6 @@ class Engine:
                 group.append(a)
                 sizes.append(size)
                 rows += size
-                background = background or embedding
             else:  # alone, as every prompt row's logits (prompt logprobs) need it
                 self._prefill_pass([a], [size])
                 if scoring or embedding:
@@ -570,10 +584,30 @@ class Engine:
                         trim_heap()  # its passes' logits: hundreds of MB, given back
             if size < left:
                 break  # its next chunk comes before anyone behind it
-        if group:
-            self._prefill_pass(group, sizes)
-            if background:
-                self._since_score = 0
+        if any(a.request.embed is not None for a in group):
+            self._since_score = 0  # the group holds an embedding request's chunk
+        return group, sizes
+
+    def _stream_rows(self) -> int:
+        """The rows the next decode step computes (those not paused)."""
+        return sum(not a.paused for a in self._decoding)
+
+    def _can_mix(self) -> bool:
+        """Whether prompts' chunks may share a decode step's pass: where prompts are
+        prefilled together (the layers' matrices compute a row the same in any number
+        of rows up to `together_rows`, measured), and without drafts to verify (whose
+        rows a step plans after choosing its prompts)."""
+        return self._p.together_rows > 0 and self._p.speculative == "none"
+
+    def _mixes(self, sizes: list[int]) -> bool:
+        """Whether chunks of `sizes` tokens share the decode step's pass (`_can_mix`):
+        while rows decode, and all of them fit in the rows a pass may have."""
+        streams = self._stream_rows()
+        return (
+            streams > 0
+            and self._can_mix()
+            and self._p.padded(streams) + sum(sizes) <= self._p.together_rows
+        )
 
     def _chunk_at(self, depth: int, chunk: float | None = None) -> int:
         """The most prompt tokens one prefill pass takes of a prompt already `depth`
@@ -661,47 +695,76 @@ class Engine:
         """One pass over the next chunk of each request of `group` (of `sizes` tokens,
         as `_prefill` chose them); those whose prompt is done get their first token and
         move on to decoding."""
-        dev = self.config.device
-        S = self.config.page_size
-        chunks = [
+        chunks = self._chunks(group, sizes)
+        began = time.perf_counter()
+        beside = self._streaming()  # a pass the budget sized
+        try:
+            xs = self._transformer.hidden_many(self._chunk_groups(group, chunks), self._cache)
+            rows, scoring = self._prompt_heads(group, xs)
+        except Exception:
+            for a in group:
+                self._fail(a, "prefill")
+            return
+        self._prefilled(group, chunks, rows, time.perf_counter() - began, scoring, beside)
+
+    def _chunks(self, group: list[Row], sizes: list[int]) -> list[Sequence[int]]:
+        """Each request's next prompt chunk of its size, its pages up to it zeroed."""
+        chunks: list[Sequence[int]] = [
             a.request.prompt_ids[a.prefilled : a.prefilled + size]
             for a, size in zip(group, sizes, strict=True)
         ]
         for a, c in zip(group, chunks, strict=True):
             self._zero_ahead(a, a.prefilled + len(c))
-        began = time.perf_counter()
-        beside = self._streaming()  # a pass the budget sized
+        return chunks
+
+    def _chunk_groups(
+        self, group: list[Row], chunks: list[Sequence[int]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        S, dev = self.config.page_size, self.config.device
+        return [a.chunk_group(c, S, dev) for a, c in zip(group, chunks, strict=True)]
+
+    def _prompt_heads(self, group: list[Row], xs: list[torch.Tensor]) -> tuple[torch.Tensor, float]:
+        """What a pass's prompt chunks (hidden states `xs`, (1, T, dim) each) give: the
+        logits of the last position of each that samples (an embedding request's states
+        are its answer; it keeps them), and each scored prompt's logprobs. Returns those
+        logits (rows, V) and the seconds spent scoring."""
+        model = self._transformer
+        # The head for the rows that sample: padded to a batch size whose rows it
+        # computes as alone.
+        heads = [x[:, -1] for a, x in zip(group, xs, strict=True) if a.request.embed is None]
+        rows = torch.empty(0)
+        if len(heads) == 1:
+            rows = model.logits(heads[0]).float().cpu()  # as `forward(last_only=True)`
+        elif heads:
+            n = self._p.padded(len(heads))
+            last = torch.cat(heads + [heads[0]] * (n - len(heads)))
+            rows = model.logits(last)[: len(heads)].float().cpu()  # (n, V)
+        scoring = 0.0
+        for a, x in zip(group, xs, strict=True):
+            if a.request.embed is not None:
+                a.keep_states(a.prefilled, model.final_norm(x[0]))
+            if a.prompt_lps is not None:
+                t = time.perf_counter()
+                a.score_prompt(a.prefilled, model.logits(x[0]).cpu())
+                scoring += time.perf_counter() - t
+        return rows, scoring
+
+    def _prefilled(
+        self,
+        group: list[Row],
+        chunks: list[Sequence[int]],
+        rows: torch.Tensor,
+        seconds: float,
+        scoring: float,
+        beside: bool,
+    ) -> None:
+        """`group`'s chunks were computed in `seconds` (`rows`: `_prompt_heads`); those
+        whose prompt is done sample their first token and move on to decoding."""
+        tokens = sum(len(c) for c in chunks)
         units = sum(
             self._p.prefill_units(len(c), a.prefilled) for a, c in zip(group, chunks, strict=True)
         )
-        scoring = 0.0  # seconds of it spent scoring prompt tokens
-        try:
-            model = self._transformer
-            passes = [a.chunk_group(c, S, dev) for a, c in zip(group, chunks, strict=True)]
-            xs = model.hidden_many(passes, self._cache)  # (1, T, dim) each
-            # The head for the rows that sample (an embedding request's states are its
-            # answer): padded to a batch size whose rows it computes as alone.
-            heads = [x[:, -1] for a, x in zip(group, xs, strict=True) if a.request.embed is None]
-            rows = torch.empty(0)
-            if len(heads) == 1:
-                rows = model.logits(heads[0]).float().cpu()  # as `forward(last_only=True)`
-            elif heads:
-                n = self._p.padded(len(heads))
-                last = torch.cat(heads + [heads[0]] * (n - len(heads)))
-                rows = model.logits(last)[: len(heads)].float().cpu()  # (n, V)
-            for a, x in zip(group, xs, strict=True):
-                if a.request.embed is not None:
-                    a.keep_states(a.prefilled, model.final_norm(x[0]))
-                if a.prompt_lps is not None:
-                    t = time.perf_counter()
-                    a.score_prompt(a.prefilled, model.logits(x[0]).cpu())
-                    scoring += time.perf_counter() - t
-        except Exception:
-            for a in group:
-                self._fail(a, "prefill")
-            return
-        tokens = sum(len(c) for c in chunks)
-        self._counters.add_prefill(tokens, time.perf_counter() - began, scoring, units, beside)
+        self._counters.add_prefill(tokens, seconds, scoring, units, beside)
         i = -1  # the row's place in `rows` (the rows that sample)
         for a, chunk in zip(group, chunks, strict=True):
             i += a.request.embed is None
@@ -764,10 +827,19 @@ class Engine:
         a.pages.extend(pages)
         return True
 
-    def _decode_step(self) -> None:
+    def _decode_step(
+        self, prompts: list[Row] | None = None, sizes: list[int] | None = None
+    ) -> None:
         """One pass over every decode-ready row: rows with a draft (--spec) verify it in
-        the same pass, in groups of rows whose drafts have one length (`_speculative`)."""
+        the same pass, in groups of rows whose drafts have one length (`_speculative`);
+        the chunks of `sizes` tokens of `prompts` too (`_mixes`)."""
         rows = self._grow([a for a in self._decoding if not a.paused])
+        if prompts and sizes:
+            if rows:
+                self._mixed_step(rows, prompts, sizes)
+            else:  # every row ended (out of pages)
+                self._prefill_pass(prompts, sizes)
+            return
         if not rows:
             self._flush()  # no pass follows
             return
@@ -805,24 +877,75 @@ class Engine:
             for a in rows:
                 self._fail(a, "decode")
             return
-        c.decode_steps += 1
-        c.decode_rows += len(rows)
-        now = time.perf_counter()
-        if self._last_decode_end is not None:
-            with self._stats_lock:
-                self._counters.pace.add(now - self._last_decode_end)
-        self._last_decode_end = now
         before = c.generated
-        for a, token, lp in zip(plain, tokens, scored, strict=True):
-            a.position += 1
-            if a.spec is not None:
-                a.spec.fallback_steps += 1
-            self._accept(a, token, lp)
+        self._decoded(rows, plain, tokens, scored)
         row_logits = [row for span in spans for row in span]  # (k + 1, V) each
         for (a, draft), logits in zip(drafted, row_logits, strict=True):
             self._verify(a, draft, logits)
         if self._p.speculative != "none":  # what a step gives a row: for how long requests take
             c.row_tokens = _ema(c.row_tokens, (c.generated - before) / len(rows))
+
+    def _decoded(
+        self,
+        rows: list[Row],
+        plain: list[Row],
+        tokens: list[int],
+        scored: list[TokenLogprob | None],
+    ) -> None:
+        """A decode step over `rows` is done: the pace, and the plain rows' tokens."""
+        c = self._counters
+        c.decode_steps += 1
+        c.decode_rows += len(rows)
+        now = time.perf_counter()
+        if self._last_decode_end is not None:
+            with self._stats_lock:
+                c.pace.add(now - self._last_decode_end)
+        self._last_decode_end = now
+        for a, token, lp in zip(plain, tokens, scored, strict=True):
+            a.position += 1
+            if a.spec is not None:
+                a.spec.fallback_steps += 1
+            self._accept(a, token, lp)
+
+    def _mixed_step(self, rows: list[Row], group: list[Row], sizes: list[int]) -> None:
+        """The decode step of `rows` (no drafts) and the prompt chunks of `group` as one
+        pass (`_mixes`): the layers' matrices run once over the decode rows and the
+        prompts' positions, attention a group each, so each row is what its own pass
+        computes (the matrices compute a row the same in any number of rows up to
+        `together_rows`: measured), and the head runs for the decode rows as a step's
+        does, then for the prompts' last positions as their own pass's does."""
+        model = self._transformer
+        S, dev = self.config.page_size, self.config.device
+        self._since_score += 1
+        chunks = self._chunks(group, sizes)
+        tokens: list[int] = []
+        scored: list[TokenLogprob | None] = []
+        try:
+            padded, scratch = self._p.padded(len(rows)), self._cache.scratch_page
+            began = time.perf_counter()
+            xs = model.hidden_many(
+                [plain_group(rows, S, dev, padded, scratch), *self._chunk_groups(group, chunks)],
+                self._cache,
+            )
+            layers = time.perf_counter()
+            host = model.logits(xs[0][:, -1]).float().cpu()  # as `forward(last_only=True)`
+            heads = time.perf_counter()
+            prompt_rows, scoring = self._prompt_heads(group, xs[1:])
+            # The prompts' share of the pass: its layers (the decode rows' few beside
+            # their positions) and their own head.
+            seconds = (layers - began) + (time.perf_counter() - heads)
+            tokens = sample_rows(host[: len(rows)], [a.sampler for a in rows])
+            scored = [
+                a.logprob(host[i], t) for i, (a, t) in enumerate(zip(rows, tokens, strict=True))
+            ]
+        except Exception:
+            for a in rows:
+                self._fail(a, "decode")
+            for a in group:
+                self._fail(a, "prefill")
+            return
+        self._decoded(rows, rows, tokens, scored)
+        self._prefilled(group, chunks, prompt_rows, seconds, scoring, beside=True)
 
     def _propose(self, a: Row, planned: int) -> list[int]:
         """`a`'s draft for this step, at most `planned` tokens ([]: a plain step), with

@@ -24,8 +24,9 @@ tolerance:
   and evenly spaced ones between), within 1e-5;
 - `attention`: `_model._attention` on layer 0's real queries, keys and values with a
   causal mask, within 1e-5;
-- `prefill_together`, `decode_batch`: prompts in one prefill pass, rows of different
-  lengths in one padded decode batch, bit-identical to each alone;
+- `prefill_together`, `decode_batch`: prompts in one prefill pass (and a prompt in a
+  decode step's pass, beside its row), rows of different lengths in one padded decode
+  batch, bit-identical to each alone;
 - `speculative` (with --spec): a row verifying a draft beside a plain row, in one
   pass, gets at every drafted position the logits plain one-token steps give there,
   bit for bit.
@@ -886,12 +887,27 @@ class SelfCheck:
 
     # ---- whole passes: rows together against rows alone ----------------------------
 
-    def together(self, page_size: int) -> bool:
-        """Two prompts in one prefill pass get the hidden states each gets alone."""
+    def together(self, page_size: int, padded: Callable[[int], int]) -> bool:
+        """Two prompts in one prefill pass get the hidden states each gets alone; and a
+        prompt in a decode step's pass (the engine's mixed step: a decode row, padded as
+        the engine pads it, beside the long prompt) gets its hidden states alone, the
+        decode row the logits its step alone gives."""
         started = time.perf_counter()
         kv, alone = self._prefilled(page_size)
-        both = self.model.hidden_many(self._prompts(page_size), kv)
+        prompts = self._prompts(page_size)
+        both = self.model.hidden_many(prompts, kv)
         same = all(torch.equal(x, y) for x, y in zip(both, alone, strict=True))
+        if same:
+            short, _ = self._lengths()
+            row = [(self.tokens[short], short, self._tables(page_size)[0])]
+            kv, _ = self._prefilled(page_size)
+            step_alone = self._decode(row, padded, kv)
+            kv, _ = self._prefilled(page_size)
+            step, prompt = self.model.hidden_many(
+                [self._plain_group(row, padded, kv), prompts[1]], kv
+            )
+            logits = self.model.logits(step[:, -1]).float().cpu()[:1]
+            same = torch.equal(prompt, alone[1]) and torch.equal(logits, step_alone)
         self.seconds += time.perf_counter() - started
         return self._record("prefill_together", 0.0 if same else 1.0, 0.0, "one prompt a pass")
 

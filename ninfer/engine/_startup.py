@@ -474,7 +474,7 @@ class _Startup:
         independent = sizes is not None and rows_independent_of_count(
             [_measured(m) for m in model.layer_maps()], max_rows=together, device=cfg.device
         )
-        if independent and (check is None or check.together(cfg.page_size)):
+        if independent and (check is None or check.together(cfg.page_size, self.padded)):
             self.together_rows = together
         # bfloat16 is never promised: batched rows were seen to drift from the same rows
         # alone on this CPU even with every linear shape measured invariant.
