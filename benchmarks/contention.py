@@ -64,9 +64,9 @@ def engine_steps(gguf: str, threads: int, rounds: int, tokens: int) -> dict[str,
     steps: list[float] = []
     plain = engine_module.Engine._decode_step
 
-    def timed(self: Any) -> None:
+    def timed(self: Any, *prompts: Any) -> None:
         began = time.perf_counter()
-        plain(self)
+        plain(self, *prompts)
         if len(self._decoding) == 4:
             steps.append(time.perf_counter() - began)
 

@@ -709,10 +709,10 @@ def test_scoring_a_prompt_yields_to_the_streams(
             steps.append("p")
         real_pass(self, group, sizes)
 
-    def decode_step(self: Any) -> None:
+    def decode_step(self: Any, *prompts: Any) -> None:
         if any(a.request.request_id == "stream" for a in self._decoding):
             steps.append("d")
-        real_step(self)
+        real_step(self, *prompts)
 
     monkeypatch.setattr(_engine.Engine, "_prefill_pass", prefill_pass)
     monkeypatch.setattr(_engine.Engine, "_decode_step", decode_step)
@@ -741,28 +741,38 @@ def test_a_prompt_beside_streams_is_prefilled_in_passes_of_the_time_budget(
     """While another request decodes, a prefill pass is cut to what STREAM_PASS_S buys at
     the measured seconds a cost unit (here fixed: 40 units), so the stream's next token
     waits for about that long, not a whole --prefill-chunk; alone, the same prompt gets
-    whole chunks. The prompt's tokens are the same either way."""
+    whole chunks. The prompt's tokens are the same either way. (Its chunks beside the
+    stream go in the stream's decode steps where the model prefills prompts together:
+    counted the same.)"""
     from ninfer.engine import _engine
 
     path = write_tiny_gguf(tmp_path / "budget.gguf", context=2048)
     prompt = _prompt(300, salt=5)
     config = EngineConfig(max_batch=4, kv_capacity=2048, page_size=16, prefill_chunk=64)
     monkeypatch.setattr(_engine.Counters, "unit_rate", lambda _self: _engine.STREAM_PASS_S / 40)
-    real = _engine.Engine._prefill_pass
+    real, real_mixed = _engine.Engine._prefill_pass, _engine.Engine._mixed_step
 
     def run(beside: bool) -> tuple[list[tuple[int, float]], list[int]]:
         """(tokens, cost in units) of each pass over the long prompt, and its greedy
         tokens."""
         costs: list[tuple[int, float]] = []
 
-        def counted(self: Any, group: list[Any], sizes: list[int]) -> None:
+        def count(self: Any, group: list[Any], sizes: list[int]) -> None:
             keys = self._p.keys_per_token
             costs.extend((size, size * (1 + a.prefilled / keys))
                          for a, size in zip(group, sizes, strict=True)
                          if a.request.request_id == "long")  # fmt: skip
+
+        def counted(self: Any, group: list[Any], sizes: list[int]) -> None:
+            count(self, group, sizes)
             real(self, group, sizes)
 
+        def mixed(self: Any, rows: list[Any], group: list[Any], sizes: list[int]) -> None:
+            count(self, group, sizes)
+            real_mixed(self, rows, group, sizes)
+
         monkeypatch.setattr(_engine.Engine, "_prefill_pass", counted)
+        monkeypatch.setattr(_engine.Engine, "_mixed_step", mixed)
         running = start_engine(path, config)
         try:
             stream = None
