@@ -837,9 +837,8 @@ class Engine:
         if prompts and sizes:
             if rows:
                 self._mixed_step(rows, prompts, sizes)
-            else:  # every row ended (out of pages)
-                self._prefill_pass(prompts, sizes)
-            return
+                return
+            self._prefill_pass(prompts, sizes)  # every row ended (out of pages): alone
         if not rows:
             self._flush()  # no pass follows
             return
@@ -931,8 +930,8 @@ class Engine:
             host = model.logits(xs[0][:, -1]).float().cpu()  # as `forward(last_only=True)`
             heads = time.perf_counter()
             prompt_rows, scoring = self._prompt_heads(group, xs[1:])
-            # The prompts' share of the pass: its layers (the decode rows' few beside
-            # their positions) and their own head.
+            # The prompts' share of the pass, what their rate is learned from: the
+            # layers (the decode rows are a few of its rows) and their own head.
             seconds = (layers - began) + (time.perf_counter() - heads)
             tokens = sample_rows(host[: len(rows)], [a.sampler for a in rows])
             scored = [
