@@ -156,6 +156,22 @@ static inline void block_sums(const float* x, int k, int qb, float* sums) {
   }
 }
 
+// The packed matrices' lines PREFETCH_BYTES ahead of the block being multiplied, asked
+// for a scale group's share of a block's lines at a time (spread over the block: a whole
+// Q4_K block's 36 lines asked for at once filled the core's line buffers and made the
+// 1B's one-row step 1.2-1.4x slower). The hardware's own prefetchers left the products of
+// a few rows waiting on memory: AVX2, Gemma 3's 262,144 x 640 Q8_0 head at 4 rows read
+// 9.6 GB/s (18.5 ms) and spent ~40% of its samples on the first load of each code line;
+// with these, 16.0-17.2 GB/s (10.4-11.2 ms). Where to read changes, never what is summed:
+// the same bits. 1,024 bytes measured as well as 2,048 and 4,096 (docs/benchmarks.md).
+constexpr int PREFETCH_BYTES = 1024;
+template <class F>
+static inline void prefetch_ahead(const uint8_t* block, int s) {
+  constexpr int lines = (F::block_bytes + 63) / 64;
+  for (int l = s * lines / F::NS; l < (s + 1) * lines / F::NS; l++)
+    __builtin_prefetch(block + PREFETCH_BYTES + l * 64, 0, 3);
+}
+
 // MR rows (1..8) by P panels at once, each code decoded once and used by every row. nb:
 // blocks a panel; the rows' sums are a scale group's (nb * NS a row).
 // Mem: the outputs' sums kept in memory between scale groups (loaded, folded and stored
@@ -184,6 +200,7 @@ static inline void gemv(const float* x, int ldx, const float* sums, const uint8_
     }
     for (int s = 0; s < F::NS; s++) {
       const int k0 = b * F::QB + s * F::SB;
+      for (int j = 0; j < P; j++) prefetch_ahead<F>(blk[j].p, s);
       V16 part[MR][P];
       for (int i = 0; i < MR; i++)
         for (int j = 0; j < P; j++) part[i][j] = vzero();
@@ -401,6 +418,7 @@ static void gemm_panels(const float* xp, int rows, const float* st, int ns, cons
       sb[j].fill(blk[j]);
     }
     for (int s = 0; s < F::NS; s++) {
+      for (int j = 0; j < NP; j++) prefetch_ahead<F>(blk[j].p, s);
       typename F::Scales sc[NP];
       for (int j = 0; j < NP; j++) {
         for (int k = 0; k < F::SB; k++) vstore(wbuf + (j * F::SB + k) * 16, blk[j].q(s * F::SB + k));
