@@ -867,11 +867,7 @@ class Engine:
             tokens: list[int] = []
             scored: list[TokenLogprob | None] = []
             if host is not None:
-                tokens = sample_rows(host[: len(plain)], [a.sampler for a in plain])
-                scored = [
-                    a.logprob(host[i], t)
-                    for i, (a, t) in enumerate(zip(plain, tokens, strict=True))
-                ]
+                tokens, scored = self._picks(plain, host)
         except Exception:
             for a in rows:
                 self._fail(a, "decode")
@@ -883,6 +879,14 @@ class Engine:
             self._verify(a, draft, logits)
         if self._p.speculative != "none":  # what a step gives a row: for how long requests take
             c.row_tokens = _ema(c.row_tokens, (c.generated - before) / len(rows))
+
+    @staticmethod
+    def _picks(rows: list[Row], host: torch.Tensor) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Each plain decode row's token, sampled from its logits (host's first rows), and
+        its logprob where asked."""
+        tokens = sample_rows(host[: len(rows)], [a.sampler for a in rows])
+        scored = [a.logprob(host[i], t) for i, (a, t) in enumerate(zip(rows, tokens, strict=True))]
+        return tokens, scored
 
     def _decoded(
         self,
@@ -933,10 +937,7 @@ class Engine:
             # The prompts' share of the pass, what their rate is learned from: the
             # layers (the decode rows are a few of its rows) and their own head.
             seconds = (layers - began) + (time.perf_counter() - heads)
-            tokens = sample_rows(host[: len(rows)], [a.sampler for a in rows])
-            scored = [
-                a.logprob(host[i], t) for i, (a, t) in enumerate(zip(rows, tokens, strict=True))
-            ]
+            tokens, scored = self._picks(rows, host)
         except Exception:
             for a in rows:
                 self._fail(a, "decode")
