@@ -47,24 +47,42 @@ def compiler() -> str | None:
     return None
 
 
-def build(build_name: str, out_dir: Path, include: Path | None = None) -> Path | str:
+def built_library() -> Path | None:
+    """The package's kernels library as `ninfer build-kernels` built it, if it is."""
+    from ninfer._artifacts import cache_dir
+    from ninfer.engine._kernels import find_built
+
+    return find_built(cache_dir(None, os.environ))
+
+
+def build(build_name: str, out_dir: Path, include: Path | None = None,
+          library: Path | None = None) -> Path | str:  # fmt: skip
     """The program built as `build_name` in out_dir, or why it could not be (`include`:
     a folder whose headers are taken before the package's: a test's planted pool.h).
-    The plain kernels are compiled once a build into out_dir and linked from there."""
+    The optimized build given the package's built `library` links its plain kernels,
+    as shipped; otherwise the plain kernels are compiled once a build into out_dir (the
+    ThreadSanitizer build always: its kernels' accesses are instrumented) and linked
+    from there."""
     cxx = compiler()
     if cxx is None:
         return "no C++ compiler found"
     flags = [*BUILDS[build_name], *FLAGS, *(f"-I{d}" for d in (include, CSRC) if d is not None)]
-    kernels = out_dir / f"isa_default_{build_name}.o"
     exe = out_dir / f"pool_stress_{build_name}{'_' + include.name if include else ''}"
-    # The kernels' object without -g: its debug information tripled the ThreadSanitizer
-    # build (49 s against 16 on 2 cores); a report in them still names the function, and
-    # the program (pool.h with it) keeps -g for its lines.
-    plain = [f for f in flags if f != "-g"]
-    steps = [[cxx, *plain, "-c", str(CSRC / "isa_default.cpp"), "-o", str(kernels)]]
-    if kernels.exists():
-        steps = []
-    steps.append([cxx, *flags, "-o", str(exe), str(PROGRAM), str(kernels)])
+    if build_name == "optimized" and library is not None:
+        # the library's own plain build (30 s of a 2-core machine's compiling saved); it
+        # loads torch's libraries, which the rpath it was linked with finds
+        steps = [[cxx, *flags, "-o", str(exe), str(PROGRAM), str(library),
+                  f"-Wl,-rpath,{library.parent}"]]  # fmt: skip
+    else:
+        kernels = out_dir / f"isa_default_{build_name}.o"
+        # The kernels' object without -g: its debug information tripled the
+        # ThreadSanitizer build (49 s against 16 on 2 cores); a report in them still
+        # names the function, and the program (pool.h with it) keeps -g for its lines.
+        plain = [f for f in flags if f != "-g"]
+        steps = [[cxx, *plain, "-c", str(CSRC / "isa_default.cpp"), "-o", str(kernels)]]
+        if kernels.exists():
+            steps = []
+        steps.append([cxx, *flags, "-o", str(exe), str(PROGRAM), str(kernels)])
     for cmd in steps:
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
@@ -102,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ninfer-pool-stress-") as tmp:
         runs = [("optimized", args.calls, args.kernel_calls),
                 ("tsan", args.tsan_calls, args.tsan_kernel_calls)]  # fmt: skip
+        library = built_library()
         for name, calls, kernel_calls in runs:
-            exe = build(name, Path(tmp))
+            exe = build(name, Path(tmp), library=library)
             if isinstance(exe, str):
                 print(exe)
                 failed = True
