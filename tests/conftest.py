@@ -90,13 +90,22 @@ def plant_sampling_failure(monkeypatch: pytest.MonkeyPatch, message: str) -> Non
     from ninfer.engine import _sampling
 
     real = _sampling.RowSampler.pick
+    real_batched = _sampling.native_sample
 
     def broken(self: _sampling.RowSampler, logits: torch.Tensor) -> int:
         if self.params.seed == FAILING_SEED:
             raise RuntimeError(message)
         return real(self, logits)
 
+    def broken_batched(
+        logits: torch.Tensor, rows: list[int], samplers: list[_sampling.RowSampler]
+    ) -> list[int]:  # the step's one native call, for the rows the server's defaults send there
+        if any(s.params.seed == FAILING_SEED for s in samplers):
+            raise RuntimeError(message)
+        return real_batched(logits, rows, samplers)
+
     monkeypatch.setattr(_sampling.RowSampler, "pick", broken)
+    monkeypatch.setattr(_sampling, "native_sample", broken_batched)
 
 
 class CollectingSink:

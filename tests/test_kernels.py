@@ -19,10 +19,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ninfer.engine import _native
+from ninfer.engine._contract import SamplingParams
 from ninfer.engine._kernels import ISAS, build_kernels, load_kernels
 from ninfer.engine._kvpool import KVPages
 from ninfer.engine._native import Packed
-from ninfer.engine._sampling import native_top_k_ids, native_top_p_kept, top_k_ids, top_p_kept
+from ninfer.engine._sampling import (
+    RowSampler,
+    native_sample,
+    native_top_k_ids,
+    native_top_p_kept,
+    reference_pick,
+    top_k_ids,
+    top_p_kept,
+)
 
 OPS: Any = None
 
@@ -668,3 +677,86 @@ def test_native_top_k_keeps_what_torchs_keeps(seed: int, k: int, ties: bool, ban
     if banned:
         logits[torch.arange(5000) % 7 != 0] = float("-inf")
     assert torch.equal(native_top_k_ids(logits, k), top_k_ids(logits, k))
+
+
+def _samplers(cases: list[tuple[int, float, float, float, int]], vocab: int) -> list[RowSampler]:
+    return [
+        RowSampler.create(
+            SamplingParams(temperature=t, top_k=k, min_p=mp, top_p=tp, seed=seed),
+            vocab,
+            native_sample=True,
+        )
+        for k, t, mp, tp, seed in cases
+    ]
+
+
+def _first_uniform(seed: int) -> float:
+    """The draw a fresh sampler seeded `seed` takes first (`native_sample` takes one a row)."""
+    gen = torch.Generator().manual_seed(seed)
+    return float(torch.rand(1, generator=gen, dtype=torch.float64))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    k=st.sampled_from([1, 2, 5, 40, 300]),
+    temperature=st.sampled_from([1e-6, 0.3, 0.8, 1.0, 2.0]),
+    min_p=st.sampled_from([0.0, 0.05, 0.5]),
+    top_p=st.sampled_from([0.1, 0.5, 0.95, 1.0]),
+    ties=st.booleans(),
+    banned=st.booleans(),
+)
+def test_the_batched_sampler_picks_its_float64_definitions_token(
+    seed: int, k: int, temperature: float, min_p: float, top_p: float, ties: bool, banned: bool
+) -> None:
+    """The step's one native sampling call picks, for each row, the token its float64
+    definition (`reference_pick`: top-k, temperature, min-p, top-p, the draw) picks from
+    the same generator draw, but where a boundary lies within 1e-5 of it (the float32
+    exponential's reach); the same token in every build; and a row's token is the same
+    alone as among other rows and other parameters."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 5000, generator=gen) * 4
+    if ties:
+        logits = torch.round(logits)
+    if banned:
+        logits[:, torch.arange(5000) % 3 != 0] = float("-inf")
+    cases = [(k, temperature, min_p, top_p, seed + r) for r in range(3)]
+    cases += [(40, 0.8, 0.05, 0.95, seed + 3)]  # a fourth row: row 0 again, other settings
+    rows = [0, 1, 2, 0]
+    OPS.configure("default", 1, 100)
+    picks = native_sample(logits, rows, _samplers(cases, 5000))
+    for isa in _isas():
+        for threads in (1, 3):
+            OPS.configure(isa, threads, 100)
+            assert native_sample(logits, rows, _samplers(cases, 5000)) == picks, (isa, threads)
+            alone = [
+                native_sample(logits, [r], _samplers([c], 5000))[0]
+                for r, c in zip(rows, cases, strict=True)
+            ]
+            assert alone == picks, (isa, threads)
+    steps = (-1e-5, 0.0, 1e-5)
+    slacks = [(a, b, c) for a in steps for b in steps for c in steps]
+    for r, (kk, t, mp, tp, s), token in zip(rows, cases, picks, strict=True):
+        u = _first_uniform(s)
+        near = {reference_pick(logits[r], kk, t, mp, tp, u, slack) for slack in slacks}
+        assert token == reference_pick(logits[r], kk, t, mp, tp, u) or token in near
+        assert logits[r, token] > float("-inf") or bool((logits[r] == float("-inf")).all())
+
+
+def test_the_batched_sampler_draws_as_pick_does_on_a_known_distribution() -> None:
+    """On a row whose kept tokens are known exactly, the draw lands where the cumulative
+    mass says: three tokens at e^0, e^-ln2, e^-ln4 (masses 4:2:1 after temperature 1) and
+    the rest far below min-p; a uniform draw in each one's share of the running mass (in
+    id order) gives it, and top-p 0.5 keeps the likeliest alone."""
+    V = 1000
+    row = torch.full((1, V), -100.0)
+    row[0, 7], row[0, 3], row[0, 500] = 0.0, -float(np.log(2)), -float(np.log(4))
+    # in id order the running mass is 2/7 (token 3), 6/7 (7), 1 (500): seeds whose first
+    # uniform draw falls in each part
+    wanted = {3: (0.0, 2 / 7), 7: (2 / 7, 6 / 7), 500: (6 / 7, 1.0)}
+    for token, (lo, hi) in wanted.items():
+        seed = next(s for s in range(10_000) if lo + 1e-3 < _first_uniform(s) < hi - 1e-3)
+        sampler = _samplers([(40, 1.0, 0.01, 1.0, seed)], V)
+        assert native_sample(row, [0], sampler) == [token]
+        only = _samplers([(40, 1.0, 0.01, 0.5, seed)], V)
+        assert native_sample(row, [0], only) == [7]

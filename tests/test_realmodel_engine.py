@@ -35,7 +35,8 @@ def test_chatml_prompt_tokenizes_and_greedy_reply_is_paris(real_gguf: Path) -> N
         assert all(c.ok for c in checks.values()), served.self_check
         assert served.kernels.startswith("native"), served.kernels
         native = {"native_dequant", "native_matmul", "native_head", "native_attention",
-                  "native_layers", "native_final_norm", "native_top_p", "native_top_k"}  # fmt: skip
+                  "native_layers", "native_final_norm", "native_top_p", "native_top_k",
+                  "native_sample"}  # fmt: skip
         assert native <= set(checks)
         tok = running.model.tokenizer
         assert tok.chat_template is not None

@@ -105,8 +105,8 @@ def test_every_native_path_passes_on_a_model_computed_right(
     checks = _by_path(served.self_check)
     pool_check = {"int8": {"native_kv_int8"}, "auto": {"native_kv_float16"}}.get(kv_dtype, set())
     assert set(checks) == NATIVE_PATHS | {
-        "dequantizer", "embedding", "native_top_p", "native_top_k", "prefill_together",
-        "decode_batch",
+        "dequantizer", "embedding", "native_top_p", "native_top_k", "native_sample",
+        "prefill_together", "decode_batch",
     } | pool_check  # fmt: skip
     assert all(c.ok and c.error <= c.tolerance for c in checks.values())
     assert checks["native_dequant"].error == 0.0
@@ -193,7 +193,9 @@ def test_the_torch_int8_pool_is_checked_where_torch_serves(packed_gguf: Path) ->
     checks = _by_path(served.self_check)
     assert checks["kv_int8"].ok
     assert 0 < checks["kv_int8"].error < 1e-5
-    assert not set(checks) & (NATIVE_PATHS | {"native_top_p", "native_top_k", "native_kv_int8"})
+    assert not set(checks) & (
+        NATIVE_PATHS | {"native_top_p", "native_top_k", "native_sample", "native_kv_int8"}
+    )
 
 
 @pytest.mark.parametrize(
@@ -281,6 +283,15 @@ def _short_top_p(real: Selection) -> Selection:
     return short
 
 
+def _sample_the_runner_up(real: Callable[..., list[int]]) -> Callable[..., list[int]]:
+    """A batched sampler that picks the next token up in id order from the right one."""
+
+    def next_up(logits: torch.Tensor, rows: list[int], samplers: list[Any]) -> list[int]:
+        return [min(t + 1, logits.shape[1] - 1) for t in real(logits, rows, samplers)]
+
+    return next_up
+
+
 def _top_k_without_ties(real: Selection) -> Selection:
     """A native top-k that leaves out the tokens tied with the k-th."""
 
@@ -297,17 +308,20 @@ def _top_k_without_ties(real: Selection) -> Selection:
          SamplingParams(temperature=1.5, top_p=0.9, seed=11)),
         ("native_top_k", "native_top_k_ids", _top_k_without_ties, "torch's top-k",
          SamplingParams(temperature=1.5, top_k=5, seed=3)),
+        ("native_sample", "native_sample", _sample_the_runner_up, "each row's torch calls",
+         SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=5)),
     ],
 )  # fmt: skip
 def test_a_wrong_native_sampler_selection_is_refused_for_torchs(
     path: str, native: str, wrong: Callable[[Selection], Selection],
     instead: str, sampling: SamplingParams, packed_gguf: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """A native top-p that drops the last token the full sort keeps, or a native top-k
-    that leaves out the tokens tied with the k-th (planted), is refused: the sampler
-    takes torch's way instead (the full sort; torch.topk and the ties), so a seeded
-    request gets the tokens it gets where the native one is right; the kernels and the
-    other selection still serve."""
+    """A native top-p that drops the last token the full sort keeps, a native top-k
+    that leaves out the tokens tied with the k-th, or a batched sampler that picks the
+    next token up in id order (planted), is refused: the sampler takes torch's way
+    instead (the full sort; torch.topk and the ties; each row's own torch calls), so a
+    seeded request gets the tokens it gets where the native one is right; the kernels
+    and the other selection still serve."""
     req = GenerationRequest(path, tuple(range(4, 24)), 16, sampling=sampling)
     right_checks, right = _sampled(packed_gguf, req)
     assert right_checks[path].ok
@@ -316,7 +330,8 @@ def test_a_wrong_native_sampler_selection_is_refused_for_torchs(
     assert not checks[path].ok
     assert checks[path].instead == instead
     assert all(checks[p].ok for p in NATIVE_PATHS)  # the kernels themselves still serve
-    other = {"native_top_p": "native_top_k", "native_top_k": "native_top_p"}[path]
+    other = {"native_top_p": "native_top_k", "native_top_k": "native_top_p",
+             "native_sample": "native_top_k"}[path]  # fmt: skip
     assert checks[other].ok
     assert tokens == right
 
@@ -945,7 +960,7 @@ def test_kept_verdicts_are_pruned_to_the_most_recently_used(tmp_path: Path) -> N
     verdict = _checkcache.Verdict(
         self_check=(PathCheck("head", True, 1e-7, 1e-5),), kv_dtype="float16",
         batch_sizes=(1, 2), together_rows=256, speculative="none", native_top_p=True,
-        native_top_k=True, seconds=1.0, checked_at="2026-12-07T00:00:00Z",
+        native_top_k=True, native_sample=True, seconds=1.0, checked_at="2026-12-07T00:00:00Z",
     )  # fmt: skip
     keys = [f"{i:032x}" for i in range(_checkcache.KEPT_VERDICTS + 1)]
     for age, key in enumerate(keys):

@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 # Bumped when what a verdict holds, or what a key covers, changes.
-VERDICT_VERSION = 1
+VERDICT_VERSION = 2
 # Verdicts kept, the most recently used (every change of the engine's code, a setting or
 # the model makes a new key; the oldest go).
 KEPT_VERDICTS = 64
@@ -71,6 +71,7 @@ class Verdict:
     speculative: str
     native_top_p: bool
     native_top_k: bool
+    native_sample: bool
     seconds: float  # what the checks took when they ran
     checked_at: str  # when, UTC, ISO 8601
 
@@ -155,6 +156,7 @@ def read_verdict(directory: str, key: str) -> Verdict | None:
             speculative=str(v["speculative"]),
             native_top_p=bool(v["native_top_p"]),
             native_top_k=bool(v["native_top_k"]),
+            native_sample=bool(v["native_sample"]),
             seconds=float(v["seconds"]),
             checked_at=str(v["checked_at"]),
         )

@@ -482,6 +482,7 @@ class Engine:
             self.model,
             native_top_p=self._p.native_top_p,
             native_top_k=self._p.native_top_k,
+            native_sample=self._p.native_sample,
             draft_tokens=self.config.draft_tokens if self._p.speculative != "none" else 0,
         )
         self._by_id[handle.id] = row

@@ -17,6 +17,13 @@ whole vocabulary would give (a dropped token adds an exact zero). So the token i
 one a full sort and a draw over the vocabulary pick, from the same generator draw
 (tests/test_sampling.py compares the two), at a fraction of the cost: a sort of 49,152
 logits took ~5 ms a row.
+
+On the native kernels, a step's rows that sample with top-k in the default order and
+nothing that changes their logits first (no penalty, bias or grammar: the server's
+defaults) are sampled in one C++ call for the step (`native_sample`,
+`torch.ops.ninfer.sample`): the same stages on the row's top-k tokens, with the kernels'
+own exponential and float64 sums (`reference_pick` is its definition in float64, which
+the self-check and the tests hold it to), one generator draw a row as `pick` takes.
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ from ninfer.engine._grammar import Constraint
 __all__ = [
     "RowSampler",
     "logprobs_of",
+    "native_sample",
     "native_top_k_ids",
     "native_top_p_kept",
+    "reference_pick",
     "sample_rows",
     "top_k_ids",
     "top_p_kept",
@@ -67,6 +76,9 @@ class RowSampler:
     top_k: Callable[[torch.Tensor, int], torch.Tensor] = attrs.field(
         default=lambda logits, k: top_k_ids(logits, k)
     )
+    # The step's batched native sampler may pick this row's tokens (`create`'s
+    # `native_sample`; `batchable` says for which parameters)
+    native: bool = False
 
     @classmethod
     def create(
@@ -76,9 +88,11 @@ class RowSampler:
         *,
         native_top_p: bool = False,
         native_top_k: bool = False,
+        native_sample: bool = False,
     ) -> RowSampler:
         """A request's sampler; `native_top_p`, `native_top_k`: top-p, top-k's tokens on
-        the native kernels (loaded)."""
+        the native kernels (loaded); `native_sample`: its picks in the step's one native
+        call where `batchable`."""
         seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED)
         gen = None
         if not params.greedy:
@@ -99,7 +113,23 @@ class RowSampler:
             sampler.top_p = native_top_p_kept
         if native_top_k:
             sampler.top_k = native_top_k_ids
+        sampler.native = native_sample
         return sampler
+
+    def batchable(self, vocab_size: int) -> bool:
+        """Its picks go to the step's one native call (`native_sample`): top-k in the
+        default order, and nothing that changes the logits before it."""
+        p = self.params
+        return (
+            self.native
+            and not p.greedy
+            and p.order == DEFAULT_ORDER
+            and 0 < p.top_k < vocab_size
+            and self.counts is None
+            and self.recent is None
+            and self.bias is None
+            and self.constraint is None
+        )
 
     @property
     def plain_greedy(self) -> bool:
@@ -271,15 +301,88 @@ def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def sample_rows(logits: torch.Tensor, samplers: list[RowSampler]) -> list[int]:
-    """One token per row of (B, V) float32 logits; plain greedy rows share one argmax."""
+    """One token per row of (B, V) float32 logits; plain greedy rows share one argmax,
+    `batchable` rows one native call."""
     assert logits.dim() == 2
     assert logits.shape[0] == len(samplers)
     plain = [s.plain_greedy for s in samplers]
     argmax = torch.argmax(logits, dim=-1).tolist() if any(plain) else []
+    V = logits.shape[1]
+    batched = [i for i, s in enumerate(samplers) if not plain[i] and s.batchable(V)]
+    drawn: dict[int, int] = {}
+    if batched:
+        picks = native_sample(logits, batched, [samplers[i] for i in batched])
+        drawn = dict(zip(batched, picks, strict=True))
     out = []
     for i, s in enumerate(samplers):
-        out.append(int(argmax[i]) if plain[i] else s.pick(logits[i]))
+        if plain[i]:
+            out.append(int(argmax[i]))
+        elif i in drawn:
+            out.append(drawn[i])
+        else:
+            out.append(s.pick(logits[i]))
     return out
+
+
+def _sample_params(s: RowSampler) -> tuple[float, float, float, float]:
+    p = s.params
+    return (float(p.top_k), max(p.temperature, MIN_TEMPERATURE), p.min_p, p.top_p)
+
+
+def native_sample(logits: torch.Tensor, rows: list[int], samplers: list[RowSampler]) -> list[int]:
+    """One token for each of `rows` of (B, V) float32 logits, row rows[i] by samplers[i]
+    (each `batchable`), in one native call: top-k, temperature, min-p and top-p on the
+    row's top-k tokens and a draw from the sampler's generator (one a row, as `pick`
+    takes), as `reference_pick` defines them."""
+    params = torch.tensor([_sample_params(s) for s in samplers], dtype=torch.float64)
+    draws = [torch.rand(1, generator=s.generator, dtype=torch.float64) for s in samplers]
+    uniform = torch.cat(draws)
+    out: torch.Tensor = torch.ops.ninfer.sample(
+        logits.float(), torch.tensor(rows, dtype=torch.long), params, uniform
+    )
+    return [int(t) for t in out.tolist()]
+
+
+def reference_pick(
+    row: torch.Tensor,
+    k: int,
+    temperature: float,
+    min_p: float,
+    top_p: float,
+    uniform: float,
+    slack: tuple[float, float, float] = (0.0, 0.0, 0.0),
+) -> int:
+    """What the native sampler (`native_sample`) picks from a (V,) float32 logits row,
+    computed in float64 from the row's values (0 < k < V, temperature > 0): the top-k
+    tokens (and ties, in id order); e = exp((logit - max) / temperature); min-p drops
+    e < min_p x max e; top-p keeps, most likely first (ties in id order), each token whose
+    mass before it is under top_p of the total, the likeliest always; the draw takes the
+    first kept token, in id order, whose running sum of e passes uniform x the kept
+    total. `slack` moves the draw's target, min-p's floor and top-p's bound by those
+    shares of themselves: the native call's float32 exponential may fall on the other
+    side of a boundary the float64 one is within ~1e-6 of."""
+    ids = top_k_ids(row, k)
+    v = row[ids].double()
+    best = float(v.max())
+    if best == float("-inf"):
+        return int(ids[0])
+    e = torch.exp((v - best) / temperature)
+    if min_p > 0.0:
+        e = torch.where(e < min_p * float(e.max()) * (1 + slack[1]), 0.0, e)
+    if top_p < 1.0:
+        order = torch.sort(e, descending=True, stable=True).indices
+        ranked = e[order]
+        before = torch.cumsum(ranked, 0) - ranked
+        dropped = before >= top_p * float(e.sum()) * (1 + slack[2])
+        dropped[0] = False
+        e = e.clone()
+        e[order[dropped]] = 0.0
+    cdf = torch.cumsum(e, 0)
+    target = uniform * float(cdf[-1]) * (1 + slack[0])
+    past = torch.nonzero(cdf > target).view(-1)
+    if past.numel() == 0:
+        return int(ids[int(torch.nonzero(e)[-1])])
+    return int(ids[int(past[0])])
 
 
 def logprobs_of(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:

@@ -72,6 +72,14 @@ kernels keeps exactly the ids the full sort keeps (`top_p_kept`), and draws the 
 tokens from them, on four of the probe rows' real distributions at several
 temperatures and top_p values and on rows of ties; refused, the sampler uses the full sort.
 
+`native_sample` (where the native kernels serve, and top-k and top-p passed): the
+step's batched sampler (`torch.ops.ninfer.sample`) picks the token its float64
+definition (`_sampling.reference_pick`) picks, on four of the probe rows, a row of ties
+and a row with banned tokens, at several temperatures, top-k, min-p and top-p values and
+draws, every row once in one call; where they differ the float64 pick moved by 1e-5 of
+the draw's target, min-p's floor or top-p's bound (the float32 exponential's reach) must
+give the native one; refused, each row is sampled alone with torch calls.
+
 A path that fails is not used: the engine falls back to the next exact path (int4
 kernel -> its matrices dequantized to float32; oneDNN -> MKL; torch embedding
 decoding -> numpy's; narrowing -> none; prefilling together -> one prompt a pass;
@@ -103,7 +111,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.engine import _native, _sampling
-from ninfer.engine._contract import PathCheck
+from ninfer.engine._contract import PathCheck, SamplingParams
 from ninfer.engine._errors import EngineError
 from ninfer.engine._gguf import GGUFFile, ModelArgs, decode_blocks
 from ninfer.engine._kvpool import KVPages, pages_for
@@ -166,6 +174,18 @@ TOP_P_DRAWS = 4
 TOP_P_ROWS = 4
 # ... and on rows of ties this long (`top_p`).
 TOP_P_TIE_ROW = 4099
+# The batched sampler's cases (`sample`): (k, temperature, min_p, top_p), each with
+# SAMPLE_DRAWS draws, on each row; SAMPLE_SLACK: a boundary's reach (see `sample`).
+SAMPLE_CASES = (
+    (40, 0.8, 0.05, 0.95),
+    (40, 1.0, 0.0, 1.0),
+    (1, 0.7, 0.0, 1.0),
+    (64, 2.0, 0.1, 0.5),
+    (1000, 0.5, 0.0, 0.9),
+    (5, 1e-6, 0.0, 1.0),
+)
+SAMPLE_DRAWS = 4
+SAMPLE_SLACK = 1e-5
 
 
 class SelfCheckFailed(EngineError):
@@ -492,6 +512,46 @@ class SelfCheck:
         )
         self.seconds += time.perf_counter() - started
         return self._record("native_top_k", 0.0 if same else 1.0, 0.0, "torch's top-k")
+
+    def sample(self) -> bool:
+        """The batched native sampler (`_sampling.native_sample`) against its float64
+        definition (`reference_pick`): SAMPLE_CASES on TOP_P_ROWS of the probe rows'
+        logits, a row of 8 tied levels and one with a third of its tokens banned, all in
+        one call per draw; a pick that differs must be the float64 pick with a boundary
+        moved by SAMPLE_SLACK of itself."""
+        started = time.perf_counter()
+        logits = self._probe_logits()
+        N, V = logits.shape
+        spread = torch.linspace(0, N - 1, min(N, TOP_P_ROWS)).long()
+        banned = logits[0].clone()
+        banned[::3] = float("-inf")
+        steps = torch.arange(V, dtype=torch.float32).remainder(8)
+        rows = torch.cat([logits[spread], steps[None], banned[None]])
+        cases = [c for c in SAMPLE_CASES if c[0] < V]
+        reach = (-SAMPLE_SLACK, 0.0, SAMPLE_SLACK)
+        moved = [(a, b, c) for a in reach for b in reach for c in reach]
+        same = True
+        for draw in range(SAMPLE_DRAWS):
+            samplers, which = [], []
+            for r in range(rows.shape[0]):
+                for j, (k, t, mp, tp) in enumerate(cases):
+                    params = SamplingParams(temperature=t, top_k=k, min_p=mp, top_p=tp,
+                                            seed=draw * 1000 + r * 10 + j)  # fmt: skip
+                    samplers.append(_sampling.RowSampler.create(params, V, native_sample=True))
+                    which.append(r)
+            us = [float(torch.rand(1, generator=torch.Generator().manual_seed(s.seed),
+                                   dtype=torch.float64)) for s in samplers]  # fmt: skip
+            got = _sampling.native_sample(rows, which, samplers)
+            for s, r, u, token in zip(samplers, which, us, got, strict=True):
+                p = s.params
+                args = (rows[r], p.top_k, p.temperature, p.min_p, p.top_p, u)
+                if token == _sampling.reference_pick(*args):
+                    continue
+                same = same and any(
+                    token == _sampling.reference_pick(*args, slack=m) for m in moved
+                )
+        self.seconds += time.perf_counter() - started
+        return self._record("native_sample", 0.0 if same else 1.0, 0.0, "each row's torch calls")
 
     def _native_dequant(self) -> float:
         """The worst difference between a packed matrix's values and the `gguf` package's

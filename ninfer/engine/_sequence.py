@@ -118,6 +118,7 @@ class Row:
         *,
         native_top_p: bool,
         native_top_k: bool = False,
+        native_sample: bool = False,
         draft_tokens: int,
     ) -> Row:
         """A new row of `request` on `model`: its sampler, its text stream, and its
@@ -131,6 +132,7 @@ class Row:
                 model.identity.vocab_size,
                 native_top_p=native_top_p,
                 native_top_k=native_top_k,
+                native_sample=native_sample,
             ),
             text=TextStream(decode=model.tokenizer.decode, stops=request.stop),
             submitted=submitted,

@@ -113,6 +113,9 @@ class StartupPlan:
     native_top_p: bool = False
     # top-k's tokens on the native kernels likewise (the self-check found them torch's)
     native_top_k: bool = False
+    # A step's top-k rows sampled in one native call (the self-check found its picks
+    # those of its float64 definition); else each row alone with torch calls
+    native_sample: bool = False
     # What a pass costs per row against its fixed cost, c1 / c0 inverted (measured
     # once the engine is warm, when it speculates; else the default).
     row_cost: float = DEFAULT_ROW_COST
@@ -228,6 +231,7 @@ class _Startup:
         self.speculative = "none"
         self.native_top_p = False
         self.native_top_k = False
+        self.native_sample = False
         self.self_check: tuple[PathCheck, ...] = ()
         self.kv_dtype = kv_store(config)
         self.narrowed = False
@@ -278,6 +282,7 @@ class _Startup:
             speculative=self.speculative,
             native_top_p=self.native_top_p,
             native_top_k=self.native_top_k,
+            native_sample=self.native_sample,
         )
         if self.speculative != "none":
             plan = attrs.evolve(plan, row_cost=self.measure_row_cost(pool, kv))
@@ -309,6 +314,10 @@ class _Startup:
         # the model came from its file (else taken as their tests found it).
         self.native_top_p = model.native is not None and (check is None or check.top_p())
         self.native_top_k = model.native is not None and (check is None or check.top_k())
+        # the batched sampler runs top-k and top-p's stages itself: checked where both passed
+        self.native_sample = (
+            self.native_top_k and self.native_top_p and (check is None or check.sample())
+        )
         self.batches(check)
         if cfg.spec != "none":
             self.speculation(check)
@@ -338,6 +347,7 @@ class _Startup:
         self.speculative = kept.speculative
         self.native_top_p = kept.native_top_p
         self.native_top_k = kept.native_top_k
+        self.native_sample = kept.native_sample
         self.log.info(
             "self_check",
             kernels=self.loaded.kernels,
@@ -371,6 +381,7 @@ class _Startup:
             speculative=self.speculative,
             native_top_p=self.native_top_p,
             native_top_k=self.native_top_k,
+            native_sample=self.native_sample,
             seconds=round(check.seconds, 3),
             checked_at=now_utc(),
         )

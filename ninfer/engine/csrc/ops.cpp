@@ -342,15 +342,11 @@ at::Tensor top_p(at::Tensor probs, double p, double floor) {
   }
 }
 
-// The ids of a (V,) row's k highest values and of every one tied with the k-th, in id order
-// (0 < k < V): the k-th found with a heap of k in one pass, then every id at or above it
-// in another. What `_sampling.top_k_ids` gives (torch.topk, then the ties).
-at::Tensor top_k(at::Tensor logits, int64_t k) {
-  TORCH_CHECK(logits.dtype() == at::kFloat && logits.dim() == 1, "logits: float32 (V,)");
-  at::Tensor row = logits.contiguous();
-  const float* v = row.data_ptr<float>();
-  const int64_t n = row.numel();
-  TORCH_CHECK(k > 0 && k < n, "k: 0 < k < V");
+// The ids of a row of n values' k highest and of every one tied with the k-th, in id
+// order (0 < k < n), into `kept`: the k-th found with a heap of k in one pass, then every
+// id at or above it in another. What `_sampling.top_k_ids` gives (torch.topk, then the
+// ties).
+void top_k_ids(const float* v, int64_t n, int64_t k, std::vector<int64_t>& kept) {
   // Runs of 64 with no value above the bound (at or above, for the ids) are passed over
   // whole: most of a row, once the heap holds a few large values. (A test without a
   // chain from one value to the next, so that it runs as vector compares.)
@@ -379,7 +375,7 @@ at::Tensor top_k(at::Tensor logits, int64_t k) {
     }
   }
   const float kth = heap.front();
-  std::vector<int64_t> kept;
+  kept.clear();
   kept.reserve(static_cast<size_t>(k));
   for (int64_t i0 = 0; i0 < n; i0 += kRun) {
     const int64_t i1 = std::min(n, i0 + kRun);
@@ -387,8 +383,126 @@ at::Tensor top_k(at::Tensor logits, int64_t k) {
     for (int64_t i = i0; i < i1; i++)
       if (v[i] >= kth) kept.push_back(i);
   }
+}
+
+// `top_k_ids` of a (V,) row, as a tensor.
+at::Tensor top_k(at::Tensor logits, int64_t k) {
+  TORCH_CHECK(logits.dtype() == at::kFloat && logits.dim() == 1, "logits: float32 (V,)");
+  at::Tensor row = logits.contiguous();
+  const int64_t n = row.numel();
+  TORCH_CHECK(k > 0 && k < n, "k: 0 < k < V");
+  std::vector<int64_t> kept;
+  top_k_ids(row.data_ptr<float>(), n, k, kept);
   at::Tensor out = at::empty({static_cast<int64_t>(kept.size())}, at::kLong);
   std::copy(kept.begin(), kept.end(), out.data_ptr<int64_t>());
+  return out;
+}
+
+// ---- sampling a step's rows ----------------------------------------------------------------
+
+// One token for each of the rows a step samples with top-k in the default order (top-k,
+// temperature, min-p, top-p, the draw): row i from logits[rows[i]], with
+// params[i] = (k, temperature, min_p, top_p) and uniform[i] its generator's draw in
+// [0, 1). The rows are independent (a row's token never depends on the others), spread
+// over the pool. On row i, with k < V:
+//   ids   top_k_ids (the k highest and the ties with the k-th, in id order)
+//   x_j   (logit_j - max) / temperature, in float32 (the best at 0, a banned one -inf)
+//   e_j   e^x_j with the kernels' own exponential (the same bits on every CPU; -inf: 0)
+//   min-p drops e_j < min_p * max e (in float64)
+//   top-p keeps, most likely first (ties in id order), each token whose float64 sum of
+//         e before it (the running sum less itself) is under top_p of the survivors'
+//         float64 total; the likeliest always
+//   draw  over the kept tokens in id order, the first whose float64 running sum of e
+//         passes uniform * their total (the last kept with any mass, if rounding passes
+//         none)
+// Softmax's normalization is left out: every stage compares or sums the e_j, whose ratios
+// are the probabilities'. What `_sampling.RowSampler.pick` computes with torch calls, in
+// one call for the step (~12 torch calls a row there, each dispatched and each giving the
+// GIL up).
+at::Tensor sample(at::Tensor logits, at::Tensor rows, at::Tensor params, at::Tensor uniform) {
+  TORCH_CHECK(logits.dtype() == at::kFloat && logits.dim() == 2, "logits: float32 (B, V)");
+  const int64_t n = rows.numel(), V = logits.size(1);
+  TORCH_CHECK(rows.dtype() == at::kLong && rows.dim() == 1, "rows: int64 (n,)");
+  TORCH_CHECK(params.dtype() == at::kDouble && params.dim() == 2 && params.size(0) == n &&
+                  params.size(1) == 4,
+              "params: float64 (n, 4): k, temperature, min_p, top_p");
+  TORCH_CHECK(uniform.dtype() == at::kDouble && uniform.numel() == n, "uniform: float64 (n,)");
+  at::Tensor lg = logits.contiguous(), rc = rows.contiguous(), pc = params.contiguous(),
+             uc = uniform.contiguous();
+  const int64_t* row = rc.data_ptr<int64_t>();
+  const double* par = pc.data_ptr<double>();
+  const double* u = uc.data_ptr<double>();
+  for (int64_t i = 0; i < n; i++) {
+    TORCH_CHECK(row[i] >= 0 && row[i] < lg.size(0), "a row outside the logits");
+    TORCH_CHECK(par[i * 4] >= 1 && par[i * 4] < V && par[i * 4] == std::floor(par[i * 4]),
+                "k: a whole number, 0 < k < V");
+    TORCH_CHECK(par[i * 4 + 1] > 0, "temperature: > 0");
+    TORCH_CHECK(u[i] >= 0 && u[i] < 1, "uniform: in [0, 1)");
+  }
+  at::Tensor out = at::empty({n}, at::kLong);
+  int64_t* chosen = out.data_ptr<int64_t>();
+  const float* base = lg.data_ptr<float>();
+  const Kernels* kr = kernels();
+  const int tasks = tasks_for(static_cast<int>(n), 1);
+  g_pool.run(tasks, [&](int t) {
+    const auto [r0, r1] = share(static_cast<int>(n), 1, t, tasks);
+    std::vector<int64_t> ids, order, kept;
+    std::vector<float> x, e;
+    for (int64_t r = r0; r < r1; r++) {
+      const float* v = base + row[r] * V;
+      const double* pr = par + r * 4;
+      top_k_ids(v, V, static_cast<int64_t>(pr[0]), ids);
+      const size_t m = ids.size();
+      float best = v[ids[0]];
+      for (int64_t id : ids) best = v[id] > best ? v[id] : best;
+      if (best == -INFINITY) {  // every candidate banned: the first of them
+        chosen[r] = ids[0];
+        continue;
+      }
+      const float temperature = static_cast<float>(pr[1]);
+      x.resize(m);
+      e.resize(m);
+      for (size_t j = 0; j < m; j++) x[j] = (v[ids[j]] - best) / temperature;
+      kr->elementwise(0, x.data(), static_cast<int>(m), e.data());
+      // min-p: against the likeliest (e = 1 at x = 0; its e taken as computed)
+      if (pr[2] > 0) {
+        float most = 0.0f;
+        for (size_t j = 0; j < m; j++) most = e[j] > most ? e[j] : most;
+        const double floor = pr[2] * static_cast<double>(most);
+        for (size_t j = 0; j < m; j++)
+          if (static_cast<double>(e[j]) < floor) e[j] = 0.0f;
+      }
+      // top-p: most likely first, ties in id order (ids ascend, so a stable sort)
+      if (pr[3] < 1.0) {
+        double total = 0.0;
+        for (size_t j = 0; j < m; j++) total += static_cast<double>(e[j]);
+        const double bound = pr[3] * total;
+        order.resize(m);
+        for (size_t j = 0; j < m; j++) order[j] = static_cast<int64_t>(j);
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return e[a] > e[b]; });
+        // the mass before a token is the running sum less itself, as `top_p_kept` has it
+        double sum = 0.0;
+        for (size_t q = 0; q < m; q++) {
+          const double w = static_cast<double>(e[order[q]]);
+          sum += w;
+          if (q > 0 && sum - w >= bound) e[order[q]] = 0.0f;  // dropped
+        }
+      }
+      // the draw: the kept tokens' running sum in id order
+      double total = 0.0;
+      for (size_t j = 0; j < m; j++) total += static_cast<double>(e[j]);
+      const double target = u[r] * total;
+      double sum = 0.0;
+      int64_t pick = -1, last = ids[0];
+      for (size_t j = 0; j < m; j++) {
+        if (e[j] <= 0.0f) continue;
+        last = ids[j];
+        sum += static_cast<double>(e[j]);
+        if (pick < 0 && sum > target) pick = ids[j];
+      }
+      chosen[r] = pick >= 0 ? pick : last;
+    }
+  });
   return out;
 }
 
@@ -817,6 +931,7 @@ TORCH_LIBRARY(ninfer, m) {
   m.def("pool_stats() -> int[]", &ninfer::pool_stats);
   m.def("top_p(Tensor probs, float p, float floor) -> Tensor", &ninfer::top_p);
   m.def("top_k(Tensor logits, int k) -> Tensor", &ninfer::top_k);
+  m.def("sample(Tensor logits, Tensor rows, Tensor params, Tensor uniform) -> Tensor", &ninfer::sample);
   m.def("pack_format(str[] types) -> int", &ninfer::pack_format);
   m.def("pack(Tensor[] raws, str[] types, int k, int format) -> Tensor", &ninfer::pack);
   m.def("packed_size(int format, int n, int k) -> int", &ninfer::packed_size);
