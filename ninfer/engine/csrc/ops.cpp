@@ -446,7 +446,7 @@ at::Tensor sample(at::Tensor logits, at::Tensor rows, at::Tensor params, at::Ten
   const int tasks = tasks_for(static_cast<int>(n), 1);
   g_pool.run(tasks, [&](int t) {
     const auto [r0, r1] = share(static_cast<int>(n), 1, t, tasks);
-    std::vector<int64_t> ids, order, kept;
+    std::vector<int64_t> ids, order;
     std::vector<float> x, e;
     for (int64_t r = r0; r < r1; r++) {
       const float* v = base + row[r] * V;
