@@ -44,6 +44,7 @@ __all__ = [
     "native_sample",
     "native_top_k_ids",
     "native_top_p_kept",
+    "near_reference",
     "reference_pick",
     "sample_rows",
     "top_k_ids",
@@ -383,6 +384,28 @@ def reference_pick(
     if past.numel() == 0:
         return int(ids[int(torch.nonzero(e)[-1])])
     return int(ids[int(past[0])])
+
+
+def near_reference(
+    token: int,
+    row: torch.Tensor,
+    k: int,
+    temperature: float,
+    min_p: float,
+    top_p: float,
+    uniform: float,
+    reach: float,
+) -> bool:
+    """Whether `token` is `reference_pick`'s, or its pick with any of the draw's target,
+    min-p's floor and top-p's bound moved by `reach` of itself either way (what the
+    native sampler may pick where its float32 exponential meets a boundary)."""
+    args = (row, k, temperature, min_p, top_p, uniform)
+    if token == reference_pick(*args):
+        return True
+    steps = (-reach, 0.0, reach)
+    return any(
+        token == reference_pick(*args, slack=(a, b, c)) for a in steps for b in steps for c in steps
+    )
 
 
 def logprobs_of(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
